@@ -1,0 +1,44 @@
+"""The one home of splat's constants and camera conventions.
+
+Cameras
+    ``viewmat`` is world -> camera in the OpenCV convention: x right, y down,
+    z forward.  ``K`` holds intrinsics in pixels.  The pixel at row ``i``,
+    column ``j`` has its centre at ``(j + 0.5, i + 0.5)``.  Loaders convert every
+    data-set convention to this one at the edge; nothing past a loader knows
+    any other.
+
+Depth
+    Camera-space z.  The depth-distortion loss uses the normalised depth
+    ``m(z) = far / (far - near) * (1 - near / z)``.
+
+The same numbers appear in ``cuda_rasterizer/core.h`` (the kernels cannot
+import Python).  ``tests/test_conventions.py`` parses that header and checks
+that both agree, so they cannot drift apart.
+"""
+
+#: Upper clamp of a surfel's alpha, so that 1 - alpha never reaches 0 and the
+#: backward pass can divide by it.
+ALPHA_MAX = 0.99
+#: A surfel whose alpha is below this at a pixel is skipped there.
+ALPHA_MIN = 1.0 / 255.0
+#: A pixel stops blending once its transmittance would fall below this.
+TRANSMITTANCE_MIN = 1e-4
+#: Median depth: the last surfel whose incoming transmittance is above this.
+MEDIAN_TRANSMITTANCE = 0.5
+#: Screen-space low-pass filter: rho_2d = LOWPASS_INV_VARIANCE * |pixel - centre|^2
+#: (a Gaussian of standard deviation 1/sqrt(2) pixels, as in 2DGS).
+LOWPASS_INV_VARIANCE = 2.0
+#: Tile edge in pixels.
+TILE_SIZE = 16
+#: Spherical-harmonic colours are offset by this before clamping at 0 (3DGS/gsplat).
+SH_COLOR_OFFSET = 0.5
+
+
+def pixel_centers_offset() -> float:
+    """Offset from a pixel's integer index to its centre, in pixels."""
+    return 0.5
+
+
+def normalized_depth(z, near: float, far: float):
+    """m(z) = far/(far-near) * (1 - near/z): 0 at the near plane, 1 at the far plane."""
+    return far / (far - near) * (1.0 - near / z)
