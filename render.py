@@ -1,0 +1,14 @@
+#!/usr/bin/env python
+"""Render a trained model: ``python render.py --model OUT [--data DIR] --split test``
+writes OUT/renders/test/{rgb,depth,normal,alpha}/<stem>.*; ``--mesh`` fuses the
+train views' depth into OUT/mesh.ply with open3d.  See splat/render.py."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run from a checkout without installing
+
+if __name__ == "__main__":
+    from splat.render import main
+
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Builds splat and its compiled kernels, splat._C.
+
+The C++ CPU backend is always built.  The CUDA backend is added when the
+installed torch is a CUDA build and nvcc is found (or SPLAT_BUILD_CUDA=1 forces
+it, SPLAT_BUILD_CUDA=0 disables it).
+
+Install with torch already present and without build isolation, so that pip
+does not fetch a different torch into a temporary build environment:
+
+    pip install torch==2.13.0
+    pip install -e . --no-build-isolation
+"""
+import glob
+import os
+import shutil
+
+from setuptools import find_packages, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+KERNELS = os.path.join("splat", "cuda_rasterizer")
+
+
+def _want_cuda() -> bool:
+    forced = os.environ.get("SPLAT_BUILD_CUDA")
+    if forced is not None:
+        return forced == "1"
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    return torch.version.cuda is not None and (CUDA_HOME is not None or shutil.which("nvcc"))
+
+
+def _extensions():
+    from torch.utils.cpp_extension import CppExtension, CUDAExtension
+
+    sources = [os.path.join(KERNELS, "bindings.cpp"), os.path.join(KERNELS, "cpu", "rasterize_cpu.cpp")]
+    cxx = ["-O3", "-std=c++17", "-fopenmp"]
+    include_dirs = [os.path.join(HERE, KERNELS)]
+    if _want_cuda():
+        sources += sorted(glob.glob(os.path.join(KERNELS, "cuda", "*.cu")))
+        sources += sorted(glob.glob(os.path.join(KERNELS, "cuda", "*.cpp")))
+        nvcc = ["-O3", "-std=c++17", "-DSPLAT_WITH_CUDA"]
+        return [
+            CUDAExtension(
+                "splat._C",
+                sources,
+                include_dirs=include_dirs,
+                extra_compile_args={"cxx": cxx + ["-DSPLAT_WITH_CUDA"], "nvcc": nvcc},
+                extra_link_args=["-fopenmp"],
+            )
+        ]
+    return [
+        CppExtension(
+            "splat._C",
+            sources,
+            include_dirs=include_dirs,
+            extra_compile_args={"cxx": cxx},
+            extra_link_args=["-fopenmp"],
+        )
+    ]
+
+
+def _build_ext():
+    from torch.utils.cpp_extension import BuildExtension
+
+    return BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)
+
+
+setup(
+    name="splat",
+    version="0.1.0",
+    description="Differentiable 2D Gaussian surfel rasterizer with exact depth-distortion gradients",
+    packages=find_packages(include=["splat", "splat.*"]),
+    package_data={"splat": ["cuda_rasterizer/*.h", "cuda_rasterizer/*.cpp", "cuda_rasterizer/cpu/*", "cuda_rasterizer/cuda/*"]},
+    python_requires=">=3.10",
+    # torch is deliberately not listed: any torch requirement lets pip replace the
+    # installed build with the newest one.  Install torch first (see README).
+    install_requires=["numpy", "plyfile>=1.0", "tqdm", "pyyaml", "pillow"],
+    extras_require={
+        "test": ["pytest"],
+        "mesh": ["open3d"],
+        "viewer": ["viser"],
+    },
+    ext_modules=_extensions(),
+    cmdclass={"build_ext": _build_ext()},
+)

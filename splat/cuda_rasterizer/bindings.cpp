@@ -1,0 +1,144 @@
+// Torch <-> raw-pointer glue: one op per entry point.  The kernels themselves
+// (cpu/*.cpp, cuda/*.cu) include no torch headers.
+#include <torch/extension.h>
+
+#include <vector>
+
+#include "core.h"
+#include "cpu/rasterize_cpu.h"
+#ifdef SPLAT_WITH_CUDA
+#include "cuda/bindings_cuda.h"
+#endif
+
+namespace {
+
+void check_input(const torch::Tensor& t, const char* name, int64_t n, int64_t cols,
+                 torch::ScalarType dtype) {
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ",
+              dtype);
+  TORCH_CHECK(t.size(0) == n, name, " has ", t.size(0), " rows, expected ", n);
+  if (cols > 0) TORCH_CHECK(t.dim() == 2 && t.size(1) == cols, name, " must be [N, ", cols, "]");
+}
+
+template <typename T>
+splat::SurfelArrays<T> surfel_arrays(const torch::Tensor& Tuvw, const torch::Tensor& center,
+                                     const torch::Tensor& normal, const torch::Tensor& color,
+                                     const torch::Tensor& opacity, const torch::Tensor& depth,
+                                     const torch::Tensor& tile_rect, int64_t width,
+                                     int64_t height, double near, double far) {
+  const int64_t n = Tuvw.size(0);
+  const auto dtype = Tuvw.scalar_type();
+  check_input(Tuvw, "Tuvw", n, 9, dtype);
+  check_input(center, "center", n, 2, dtype);
+  check_input(normal, "normal", n, 3, dtype);
+  check_input(color, "color", n, 3, dtype);
+  check_input(opacity, "opacity", n, 0, dtype);
+  check_input(depth, "depth", n, 0, dtype);
+  check_input(tile_rect, "tile_rect", n, 4, torch::kInt32);
+  TORCH_CHECK(n < (int64_t(1) << 31), "too many surfels");
+  return splat::SurfelArrays<T>{Tuvw.data_ptr<T>(),    center.data_ptr<T>(),
+                                normal.data_ptr<T>(),  color.data_ptr<T>(),
+                                opacity.data_ptr<T>(), depth.data_ptr<T>(),
+                                tile_rect.data_ptr<int32_t>(), n,
+                                static_cast<int>(width), static_cast<int>(height),
+                                static_cast<T>(near),  static_cast<T>(far)};
+}
+
+int tiles_along(int64_t pixels) {
+  return static_cast<int>((pixels + splat::kTileSize - 1) / splat::kTileSize);
+}
+
+std::vector<torch::Tensor> forward_cpu(const torch::Tensor& Tuvw, const torch::Tensor& center,
+                                       const torch::Tensor& normal, const torch::Tensor& color,
+                                       const torch::Tensor& opacity, const torch::Tensor& depth,
+                                       const torch::Tensor& tile_rect, int64_t width,
+                                       int64_t height, double near, double far) {
+  const auto opts = Tuvw.options();
+  const auto iopts = opts.dtype(torch::kInt32);
+  auto color_sum = torch::empty({height, width, 3}, opts);
+  auto transmittance = torch::empty({height, width}, opts);
+  auto depth_sum = torch::empty({height, width}, opts);
+  auto normal_sum = torch::empty({height, width, 3}, opts);
+  auto distortion = torch::empty({height, width}, opts);
+  auto median_depth = torch::empty({height, width}, opts);
+  auto end = torch::empty({height, width}, iopts);
+  auto median_index = torch::empty({height, width}, iopts);
+  auto totals = torch::empty({height, width, 3}, opts);
+  const int tiles_x = tiles_along(width), tiles_y = tiles_along(height);
+  std::vector<int64_t> offsets;
+  std::vector<int32_t> points;
+  AT_DISPATCH_FLOATING_TYPES(Tuvw.scalar_type(), "splat_forward_cpu", [&] {
+    auto s = surfel_arrays<scalar_t>(Tuvw, center, normal, color, opacity, depth, tile_rect,
+                                     width, height, near, far);
+    splat::bin_tiles_cpu<scalar_t>(s, tiles_x, tiles_y, offsets, points);
+    splat::TileBins bins{offsets.data(), points.data(), tiles_x, tiles_y};
+    splat::ForwardOutputs<scalar_t> out{
+        color_sum.data_ptr<scalar_t>(), transmittance.data_ptr<scalar_t>(),
+        depth_sum.data_ptr<scalar_t>(), normal_sum.data_ptr<scalar_t>(),
+        distortion.data_ptr<scalar_t>(), median_depth.data_ptr<scalar_t>(),
+        end.data_ptr<int32_t>(),         median_index.data_ptr<int32_t>(),
+        totals.data_ptr<scalar_t>()};
+    splat::forward_cpu<scalar_t>(s, bins, out);
+  });
+  auto tile_offsets = torch::from_blob(offsets.data(), {int64_t(offsets.size())},
+                                       torch::kInt64).clone();
+  auto point_list =
+      torch::from_blob(points.data(), {int64_t(points.size())}, torch::kInt32).clone();
+  return {color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth,
+          end,       median_index,  totals,    tile_offsets, point_list};
+}
+
+torch::Tensor backward_cpu(const torch::Tensor& Tuvw, const torch::Tensor& center,
+                           const torch::Tensor& normal, const torch::Tensor& color,
+                           const torch::Tensor& opacity, const torch::Tensor& depth,
+                           const torch::Tensor& tile_rect, int64_t width, int64_t height,
+                           double near, double far, const torch::Tensor& tile_offsets,
+                           const torch::Tensor& point_list, const torch::Tensor& end,
+                           const torch::Tensor& median_index,
+                           const torch::Tensor& transmittance, const torch::Tensor& totals,
+                           const torch::Tensor& v_color_sum,
+                           const torch::Tensor& v_transmittance,
+                           const torch::Tensor& v_depth_sum, const torch::Tensor& v_normal_sum,
+                           const torch::Tensor& v_distortion,
+                           const torch::Tensor& v_median_depth) {
+  auto v_surfels = torch::empty({Tuvw.size(0), splat::kGradSize}, Tuvw.options());
+  const int tiles_x = tiles_along(width), tiles_y = tiles_along(height);
+  for (const auto* t : {&v_color_sum, &v_transmittance, &v_depth_sum, &v_normal_sum,
+                        &v_distortion, &v_median_depth})
+    TORCH_CHECK(t->is_contiguous() && t->scalar_type() == Tuvw.scalar_type(),
+                "upstream gradients must be contiguous and of the input dtype");
+  AT_DISPATCH_FLOATING_TYPES(Tuvw.scalar_type(), "splat_backward_cpu", [&] {
+    auto s = surfel_arrays<scalar_t>(Tuvw, center, normal, color, opacity, depth, tile_rect,
+                                     width, height, near, far);
+    splat::TileBins bins{tile_offsets.data_ptr<int64_t>(), point_list.data_ptr<int32_t>(),
+                         tiles_x, tiles_y};
+    splat::UpstreamGrads<scalar_t> up{
+        v_color_sum.data_ptr<scalar_t>(),  v_transmittance.data_ptr<scalar_t>(),
+        v_depth_sum.data_ptr<scalar_t>(),  v_normal_sum.data_ptr<scalar_t>(),
+        v_distortion.data_ptr<scalar_t>(), v_median_depth.data_ptr<scalar_t>()};
+    splat::backward_cpu<scalar_t>(s, bins, end.data_ptr<int32_t>(),
+                                  median_index.data_ptr<int32_t>(),
+                                  transmittance.data_ptr<scalar_t>(),
+                                  totals.data_ptr<scalar_t>(), up,
+                                  v_surfels.data_ptr<scalar_t>());
+  });
+  return v_surfels;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "splat rasterizer kernels (CPU always; CUDA when built with it)";
+  m.def("forward_cpu", &forward_cpu, "rasterize forward on the CPU");
+  m.def("backward_cpu", &backward_cpu, "rasterize backward on the CPU");
+#ifdef SPLAT_WITH_CUDA
+  m.def("forward_cuda", &splat::forward_cuda, "rasterize forward on the GPU");
+  m.def("backward_cuda", &splat::backward_cuda, "rasterize backward on the GPU");
+  m.attr("with_cuda") = true;
+#else
+  m.attr("with_cuda") = false;
+#endif
+  m.attr("grad_record_size") = splat::kGradSize;
+  m.attr("tile_size") = splat::kTileSize;
+}

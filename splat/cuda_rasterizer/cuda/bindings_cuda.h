@@ -1,0 +1,39 @@
+// Torch entry points of the CUDA backend, registered by bindings.cpp (under
+// SPLAT_WITH_CUDA) as splat._C.forward_cuda / backward_cuda.  The argument
+// lists and results are exactly those of forward_cpu / backward_cpu, so the
+// Python side calls either backend the same way.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace splat {
+
+// Returns {color_sum [H,W,3], transmittance [H,W], depth_sum [H,W],
+// normal_sum [H,W,3], distortion [H,W], median_depth [H,W], end int32 [H,W],
+// median_index int32 [H,W], totals [H,W,3], tile_offsets int64 [num_tiles+1],
+// point_list int32 [P]}, all on the input's CUDA device.
+std::vector<torch::Tensor> forward_cuda(const torch::Tensor& Tuvw, const torch::Tensor& center,
+                                        const torch::Tensor& normal, const torch::Tensor& color,
+                                        const torch::Tensor& opacity, const torch::Tensor& depth,
+                                        const torch::Tensor& tile_rect, int64_t width,
+                                        int64_t height, double near, double far);
+
+// Returns v_surfels [N, kGradSize] (see core.h for the record layout).
+torch::Tensor backward_cuda(const torch::Tensor& Tuvw, const torch::Tensor& center,
+                            const torch::Tensor& normal, const torch::Tensor& color,
+                            const torch::Tensor& opacity, const torch::Tensor& depth,
+                            const torch::Tensor& tile_rect, int64_t width, int64_t height,
+                            double near, double far, const torch::Tensor& tile_offsets,
+                            const torch::Tensor& point_list, const torch::Tensor& end,
+                            const torch::Tensor& median_index,
+                            const torch::Tensor& transmittance, const torch::Tensor& totals,
+                            const torch::Tensor& v_color_sum,
+                            const torch::Tensor& v_transmittance,
+                            const torch::Tensor& v_depth_sum, const torch::Tensor& v_normal_sum,
+                            const torch::Tensor& v_distortion,
+                            const torch::Tensor& v_median_depth);
+
+}  // namespace splat

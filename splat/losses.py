@@ -1,0 +1,180 @@
+"""Loss terms and image metrics used by the trainer.
+
+All image tensors are ``[H, W, C]`` (the layout :func:`splat.rasterize`
+returns) unless a docstring says otherwise.
+
+Total loss (see :func:`total_loss`)::
+
+    L = (1 - λ_ssim) L1 + λ_ssim (1 - SSIM)                       photometric (3DGS, λ_ssim = 0.2)
+      + λ_dist   mean(distortion)          once step >= dist_from    (2DGS depth distortion)
+      + λ_normal mean(α (1 - <n_render, n_depth>)) once step >= normal_from  (2DGS normal consistency)
+
+Why the geometric terms start late: early on surfels are placed and sized by
+the photometric loss; pulling them onto thin layers (distortion) or aligning
+them with a still-noisy depth map (normals) before that converges slows
+convergence and costs PSNR (2DGS starts them at 3k / 7k of 30k steps).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional
+
+import torch
+import torch.nn.functional as F
+
+
+# --------------------------------------------------------------- photometric
+def l1_loss(pred: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
+    """Mean absolute error."""
+    return (pred - gt).abs().mean()
+
+
+def _gaussian_window(size: int, sigma: float, channels: int, dtype, device) -> torch.Tensor:
+    """Normalised separable Gaussian window as a depthwise conv kernel. [C, 1, size, size]"""
+    x = torch.arange(size, dtype=torch.float64) - (size - 1) / 2.0
+    g = torch.exp(-(x**2) / (2.0 * sigma**2))
+    g = g / g.sum()
+    w2 = (g[:, None] * g[None, :]).to(dtype=dtype, device=device)  # [size, size]
+    return w2.expand(channels, 1, size, size).contiguous()
+
+
+def ssim(
+    img1: torch.Tensor,
+    img2: torch.Tensor,
+    window_size: int = 11,
+    sigma: float = 1.5,
+    reduce: bool = True,
+) -> torch.Tensor:
+    """Structural similarity (Wang et al. 2004) with an 11x11 Gaussian window, σ=1.5.
+
+    img1, img2: [H, W, C] (or [B, C, H, W] if 4-D) in [0, 1].  Zero padding at
+    the border, as in the 3DGS reference implementation, so numbers compare
+    with published 3DGS/2DGS results.  Returns the mean SSIM (scalar) or the
+    per-pixel map [B, C, H, W] with ``reduce=False``.
+    """
+    if img1.dim() == 3:
+        img1 = img1.permute(2, 0, 1)[None]  # [1, C, H, W]
+        img2 = img2.permute(2, 0, 1)[None]
+    C = img1.shape[1]
+    w = _gaussian_window(window_size, sigma, C, img1.dtype, img1.device)
+    pad = window_size // 2
+
+    def filt(x: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(x, w, padding=pad, groups=C)
+
+    mu1, mu2 = filt(img1), filt(img2)
+    mu1_sq, mu2_sq, mu12 = mu1 * mu1, mu2 * mu2, mu1 * mu2
+    s1 = filt(img1 * img1) - mu1_sq
+    s2 = filt(img2 * img2) - mu2_sq
+    s12 = filt(img1 * img2) - mu12
+    C1, C2 = 0.01**2, 0.03**2  # (K1 L)^2, (K2 L)^2 with dynamic range L = 1
+    ssim_map = ((2 * mu12 + C1) * (2 * s12 + C2)) / ((mu1_sq + mu2_sq + C1) * (s1 + s2 + C2))
+    return ssim_map.mean() if reduce else ssim_map
+
+
+def psnr(pred: torch.Tensor, gt: torch.Tensor) -> float:
+    """Peak signal-to-noise ratio in dB for images in [0, 1]."""
+    mse = float(((pred.detach().clamp(0, 1) - gt) ** 2).mean())
+    return float("inf") if mse <= 0 else -10.0 * math.log10(mse)
+
+
+def photometric_loss(pred: torch.Tensor, gt: torch.Tensor, ssim_lambda: float = 0.2) -> torch.Tensor:
+    """(1 - λ) L1 + λ (1 - SSIM), the 3DGS image loss."""
+    loss = l1_loss(pred, gt)
+    if ssim_lambda > 0:
+        loss = (1.0 - ssim_lambda) * loss + ssim_lambda * (1.0 - ssim(pred, gt))
+    return loss
+
+
+# ----------------------------------------------------------------- geometry
+def depth_to_points(depth: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
+    """Unproject camera-space z through each pixel centre. depth [H, W] -> [H, W, 3] (camera space)."""
+    H, W = depth.shape
+    dt, dev = depth.dtype, depth.device
+    j = torch.arange(W, dtype=dt, device=dev) + 0.5  # pixel centres (conventions.py)
+    i = torch.arange(H, dtype=dt, device=dev) + 0.5
+    fx, fy, cx, cy = K[0, 0], K[1, 1], K[0, 2], K[1, 2]
+    x = ((j[None, :] - cx) / fx).expand(H, W)
+    y = ((i[:, None] - cy) / fy).expand(H, W)
+    return torch.stack([x * depth, y * depth, depth], dim=-1)
+
+
+def depth_to_normal(depth: torch.Tensor, K: torch.Tensor, viewmat: torch.Tensor) -> torch.Tensor:
+    """Surface normals from a depth map, in world space, facing the camera.
+
+    depth [H, W] camera z; K [3, 3]; viewmat [4, 4] world -> camera.
+    Returns [H, W, 3] unit normals; zero on the 1-pixel border (no central
+    difference there) and where the depth is 0.
+
+    Central differences of the unprojected points give two tangents; their
+    cross product is the normal.  ``cross(d/di, d/dj)`` with i down, j right
+    points towards the camera for a fronto-parallel plane; any normal still
+    pointing away (n . p > 0) is flipped so the result always faces the camera,
+    matching the rasterizer's normal convention.
+    """
+    pts = depth_to_points(depth, K)  # [H, W, 3]
+    n = torch.zeros_like(pts)
+    if depth.shape[0] < 3 or depth.shape[1] < 3:
+        return n
+    dj = pts[1:-1, 2:] - pts[1:-1, :-2]  # [H-2, W-2, 3] along +x (columns)
+    di = pts[2:, 1:-1] - pts[:-2, 1:-1]  # [H-2, W-2, 3] along +y (rows)
+    c = torch.cross(di, dj, dim=-1)
+    c = c / c.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    facing = torch.where((c * pts[1:-1, 1:-1]).sum(-1, keepdim=True) > 0, -c, c)
+    valid = (depth[1:-1, 1:-1] > 0)[..., None]
+    n[1:-1, 1:-1] = facing * valid
+    R = viewmat[:3, :3].to(n.dtype)  # world -> camera rotation
+    return n @ R  # n_world = R^T n_cam, row-vector form
+
+
+def distortion_loss(distortion: torch.Tensor) -> torch.Tensor:
+    """Mean of the rasterizer's per-pixel depth distortion (2DGS eq. 13)."""
+    return distortion.mean()
+
+
+def normal_consistency_loss(
+    rendered_normal: torch.Tensor,  # [H, W, 3] sum_i w_i n_i (world, not normalised)
+    depth_normal: torch.Tensor,  # [H, W, 3] unit normals from depth (world)
+    alpha: torch.Tensor,  # [H, W]
+) -> torch.Tensor:
+    """mean(α (1 - <n_render, n_depth>)) (2DGS eq. 14).
+
+    ``alpha`` is detached: the term should align surfels with the surface the
+    depth describes, not change coverage.  ``n_depth`` is *not* detached, so
+    depth (surfel positions) and normals pull towards each other, as in 2DGS.
+    The rendered normal is left unnormalised (its length is ≈ α), again as in
+    2DGS, which avoids dividing by tiny α at silhouettes.
+    """
+    dot = (rendered_normal * depth_normal).sum(dim=-1)  # [H, W]
+    return (alpha.detach() * (1.0 - dot)).mean()
+
+
+def total_loss(
+    out,
+    gt: torch.Tensor,  # [H, W, 3]
+    K: torch.Tensor,
+    viewmat: torch.Tensor,
+    step: int,
+    cfg: Dict,
+) -> tuple:
+    """The training loss for one view; returns ``(loss, terms)`` where terms
+    holds detached floats for logging.
+
+    ``cfg`` is the ``loss`` section of the config: ``ssim_lambda``,
+    ``dist_lambda``, ``dist_from``, ``normal_lambda``, ``normal_from``,
+    ``depth_for_normal`` (``"expected"`` or ``"median"``).
+    """
+    loss = photometric_loss(out.rgb, gt, cfg.get("ssim_lambda", 0.2))
+    terms = {"photo": float(loss.detach())}
+    if cfg.get("dist_lambda", 0) > 0 and step >= cfg.get("dist_from", 0):
+        d = distortion_loss(out.distortion)
+        loss = loss + cfg["dist_lambda"] * d
+        terms["dist"] = float(d.detach())
+    if cfg.get("normal_lambda", 0) > 0 and step >= cfg.get("normal_from", 0):
+        depth = out.median_depth if cfg.get("depth_for_normal", "expected") == "median" else out.depth
+        n_d = depth_to_normal(depth, K, viewmat)
+        nc = normal_consistency_loss(out.normal, n_d, out.alpha)
+        loss = loss + cfg["normal_lambda"] * nc
+        terms["normal"] = float(nc.detach())
+    return loss, terms

@@ -1,0 +1,334 @@
+"""Gaussian-surfel model: raw parameters, activations, initialisation, PLY I/O.
+
+The model stores *raw* (unconstrained) parameters, optimised by Adam, and
+exposes the *activated* values that :func:`splat.rasterize` expects:
+
+=================  ===============  ===================================  =====================
+parameter          shape            activation                           rasterize argument
+=================  ===============  ===================================  =====================
+``means``          [N, 3]           identity                             ``means``
+``quats``          [N, 4] (w,x,y,z) identity (rasterize normalises)      ``quats``
+``scales``         [N, 2]           ``exp`` (stored as log std devs)     ``scales``
+``opacities``      [N]              ``sigmoid`` (stored as logits)       ``opacities``
+``sh0``            [N, 1, 3]        SH DC coefficient                    ``colors[:, :1]``
+``shN``            [N, K-1, 3]      higher SH bands, K = (d_max+1)^2     ``colors[:, 1:]``
+=================  ===============  ===================================  =====================
+
+Colour follows the 3DGS convention: ``rgb = max(SH(dir) + 0.5, 0)`` with
+``SH_0 = C0 * sh0``, so a DC coefficient ``(rgb - 0.5) / C0`` reproduces ``rgb``.
+
+A surfel's two tangent axes are the first two columns of its rotation matrix,
+and its normal is the third column (2DGS).
+
+PLY files use the INRIA 3DGS attribute names so that common viewers open them:
+``x y z nx ny nz f_dc_0..2 f_rest_0.. opacity scale_0 scale_1 scale_2 rot_0..3``
+with logit opacity, log scales and ``f_rest`` in INRIA's channel-major order
+(all red coefficients, then green, then blue).  A surfel is flat, but 3D-Gaussian
+viewers need three scales: ``scale_2`` (the normal axis) is written as
+``log(PLY_THIN_FACTOR * min(s0, s1))``, i.e. 1% of the smaller tangent scale.
+A relative thickness (rather than a fixed tiny constant such as 1e-7) keeps
+the disc look while keeping the squared scales far from float16 underflow in
+viewers that pack covariances as half floats.  ``scale_2`` is ignored on load,
+so a save/load round trip is lossless.  ``nx ny nz`` hold the surfel normal
+(3DGS viewers ignore them).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Dict, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+#: Real spherical-harmonic constant of degree 0: Y_0^0 = 1 / (2 sqrt(pi)).
+SH_C0 = 0.28209479177387814
+#: Thickness of the normal axis written to PLY, relative to the smaller tangent scale.
+PLY_THIN_FACTOR = 1e-2
+#: Names of the raw parameters, in a fixed order (checkpoints, optimisers, PLY).
+PARAM_NAMES = ("means", "quats", "scales", "opacities", "sh0", "shN")
+
+
+def num_sh_bases(degree: int) -> int:
+    """Number of SH coefficients per colour channel for ``degree``: (d+1)^2."""
+    return (degree + 1) ** 2
+
+
+def rgb_to_sh(rgb: torch.Tensor) -> torch.Tensor:
+    """DC SH coefficient that renders as ``rgb`` (inverse of ``SH_C0*c + 0.5``)."""
+    return (rgb - 0.5) / SH_C0
+
+
+def sh_to_rgb(sh: torch.Tensor) -> torch.Tensor:
+    """Colour of a DC SH coefficient."""
+    return sh * SH_C0 + 0.5
+
+
+def logit(p: torch.Tensor) -> torch.Tensor:
+    """Inverse of sigmoid, clamped away from 0 and 1 to stay finite."""
+    p = p.clamp(1e-6, 1.0 - 1e-6)
+    return torch.log(p / (1.0 - p))
+
+
+def quat_to_rotmat(quats: torch.Tensor) -> torch.Tensor:
+    """Rotation matrices from (w, x, y, z) quaternions (normalised here).
+
+    quats: [N, 4] -> [N, 3, 3]; column 2 is the surfel normal.
+    """
+    q = quats / quats.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    w, x, y, z = q.unbind(-1)
+    R = torch.stack(
+        [
+            1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
+            2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
+            2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
+        ],
+        dim=-1,
+    )
+    return R.reshape(q.shape[:-1] + (3, 3))
+
+
+class GaussianModel(nn.Module):
+    """The trainable surfels: a :class:`torch.nn.ParameterDict` of raw tensors.
+
+    Densification replaces whole parameters (``model.params[name] = new``), so
+    code must look parameters up by name each step rather than hold on to them.
+    """
+
+    def __init__(self, params: Dict[str, torch.Tensor], sh_degree: int):
+        super().__init__()
+        self.sh_degree = int(sh_degree)  # maximum SH degree (size of shN)
+        expected_rest = num_sh_bases(self.sh_degree) - 1
+        if params["shN"].shape[1] != expected_rest:
+            raise ValueError(
+                f"shN has {params['shN'].shape[1]} coefficients, degree {sh_degree} needs {expected_rest}"
+            )
+        self.params = nn.ParameterDict(
+            {k: nn.Parameter(params[k].detach().float().contiguous()) for k in PARAM_NAMES}
+        )
+
+    # ----------------------------------------------------------- activations
+    @property
+    def num_gaussians(self) -> int:
+        return int(self.params["means"].shape[0])
+
+    @property
+    def means(self) -> torch.Tensor:  # [N, 3]
+        return self.params["means"]
+
+    @property
+    def quats(self) -> torch.Tensor:  # [N, 4]
+        return self.params["quats"]
+
+    @property
+    def scales(self) -> torch.Tensor:  # [N, 2] std devs (> 0)
+        return torch.exp(self.params["scales"])
+
+    @property
+    def opacities(self) -> torch.Tensor:  # [N] in (0, 1)
+        return torch.sigmoid(self.params["opacities"])
+
+    def colors(self, degree: Optional[int] = None) -> torch.Tensor:
+        """SH coefficients up to ``degree`` (default: the max): [N, (degree+1)^2, 3]."""
+        d = self.sh_degree if degree is None else min(int(degree), self.sh_degree)
+        rest = self.params["shN"][:, : num_sh_bases(d) - 1]  # [N, K_d - 1, 3]
+        return torch.cat([self.params["sh0"], rest], dim=1)
+
+    def normals(self) -> torch.Tensor:
+        """World-space surfel normals (third rotation column). [N, 3]"""
+        return quat_to_rotmat(self.params["quats"])[..., 2]
+
+    # ------------------------------------------------------------ state I/O
+    def raw_state(self) -> Dict[str, torch.Tensor]:
+        """Detached copies of the raw parameters (for checkpoints)."""
+        return {k: v.detach().clone() for k, v in self.params.items()}
+
+    @classmethod
+    def from_raw_state(cls, state: Dict[str, torch.Tensor], sh_degree: int) -> "GaussianModel":
+        return cls(state, sh_degree)
+
+    # --------------------------------------------------------------- PLY I/O
+    def save_ply(self, path) -> None:
+        save_ply(self, path)
+
+
+# ----------------------------------------------------------------- creation
+def knn_mean_distance(points: torch.Tensor, k: int = 3, chunk: int = 2048) -> torch.Tensor:
+    """Mean distance from each point to its ``k`` nearest other points.
+
+    points: [M, 3] -> [M].  Uses ``torch.cdist`` in row chunks so memory stays
+    O(chunk * M) instead of O(M^2).
+    """
+    M = points.shape[0]
+    if M <= 1:
+        return torch.ones(M, dtype=points.dtype)
+    k = min(k, M - 1)
+    pts = points.double()
+    out = torch.empty(M, dtype=torch.float64)
+    for s in range(0, M, chunk):
+        d = torch.cdist(pts[s : s + chunk], pts)  # [c, M]
+        # k+1 smallest includes the point itself (distance 0): drop it.
+        nearest = d.topk(k + 1, dim=1, largest=False).values[:, 1:]  # [c, k]
+        out[s : s + chunk] = nearest.mean(dim=1)
+    return out.to(points.dtype)
+
+
+def random_quats(n: int, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """Uniformly random unit quaternions (w, x, y, z). [n, 4]"""
+    q = torch.randn(n, 4, generator=generator)
+    return q / q.norm(dim=1, keepdim=True).clamp_min(1e-12)
+
+
+def create_from_points(
+    points: torch.Tensor,  # [M, 3]
+    colors: torch.Tensor,  # [M, 3] in [0, 1]
+    sh_degree: int = 3,
+    init_opacity: float = 0.1,
+    init_scale: float = 1.0,
+    generator: Optional[torch.Generator] = None,
+) -> GaussianModel:
+    """Surfels centred on ``points``: colour -> SH DC, random orientation, and
+    isotropic tangent scale = ``init_scale`` x mean distance to the 3 nearest
+    neighbours (the 3DGS rule, so neighbouring discs just touch)."""
+    points = points.float()
+    n = points.shape[0]
+    dist = knn_mean_distance(points, k=3).clamp_min(1e-7)  # [N]
+    log_s = torch.log(dist * init_scale)[:, None].repeat(1, 2)  # [N, 2]
+    sh0 = rgb_to_sh(colors.float().clamp(0, 1))[:, None, :]  # [N, 1, 3]
+    shN = torch.zeros(n, num_sh_bases(sh_degree) - 1, 3)  # [N, K-1, 3]
+    params = {
+        "means": points.clone(),
+        "quats": random_quats(n, generator),
+        "scales": log_s,
+        "opacities": logit(torch.full((n,), float(init_opacity))),
+        "sh0": sh0,
+        "shN": shN,
+    }
+    return GaussianModel(params, sh_degree)
+
+
+def random_points_in_frustums(
+    n: int,
+    viewmats: torch.Tensor,  # [C, 4, 4] world -> camera
+    Ks: torch.Tensor,  # [C, 3, 3]
+    width: int,
+    height: int,
+    center: torch.Tensor,  # [3] scene centre
+    radius: float,
+    generator: Optional[torch.Generator] = None,
+    min_views: float = 0.0,
+    max_tries: int = 50,
+) -> torch.Tensor:
+    """``n`` points uniform in the ball (``center``, ``radius``) that are seen
+    (in front of the camera and inside its image) by at least one camera and
+    by at least a fraction ``min_views`` of the cameras.
+
+    Rejection sampling; if the ball and the frustums barely overlap it falls
+    back to unfiltered ball samples after ``max_tries`` rounds.  [n, 3]
+    """
+    kept = []
+    total = 0
+    for _ in range(max_tries):
+        m = max(2 * n, 1024)
+        d = torch.randn(m, 3, generator=generator)
+        d = d / d.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        r = radius * torch.rand(m, 1, generator=generator) ** (1.0 / 3.0)
+        p = center[None] + d * r  # [m, 3]
+        ph = torch.cat([p, torch.ones(m, 1)], dim=1)  # [m, 4]
+        cam = torch.einsum("cij,mj->cmi", viewmats, ph)[..., :3]  # [C, m, 3]
+        z = cam[..., 2]
+        uv = torch.einsum("cij,cmj->cmi", Ks, cam)  # [C, m, 3]
+        u = uv[..., 0] / z.clamp_min(1e-6)
+        v = uv[..., 1] / z.clamp_min(1e-6)
+        seen = (z > 1e-3) & (u >= 0) & (u < width) & (v >= 0) & (v < height)
+        n_seen = seen.sum(dim=0)  # [m]
+        need = max(1, int(math.ceil(min_views * viewmats.shape[0])))
+        p = p[n_seen >= need]
+        kept.append(p)
+        total += p.shape[0]
+        if total >= n:
+            break
+    pts = torch.cat(kept, dim=0)
+    if pts.shape[0] < n:  # frustums miss the ball: top up with plain ball samples
+        d = torch.randn(n - pts.shape[0], 3, generator=generator)
+        d = d / d.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        r = radius * torch.rand(d.shape[0], 1, generator=generator) ** (1.0 / 3.0)
+        pts = torch.cat([pts, center[None] + d * r], dim=0)
+    return pts[:n].contiguous()
+
+
+# --------------------------------------------------------------------- PLY
+def ply_attribute_names(sh_degree: int) -> list:
+    """INRIA attribute names, in file order, for a model of max ``sh_degree``."""
+    n_rest = 3 * (num_sh_bases(sh_degree) - 1)
+    names = ["x", "y", "z", "nx", "ny", "nz", "f_dc_0", "f_dc_1", "f_dc_2"]
+    names += [f"f_rest_{i}" for i in range(n_rest)]
+    names += ["opacity", "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"]
+    return names
+
+
+def save_ply(model: GaussianModel, path) -> None:
+    """Write ``model`` as an INRIA-style binary little-endian PLY (see module doc)."""
+    from plyfile import PlyData, PlyElement
+
+    p = {k: v.detach().cpu().float() for k, v in model.params.items()}
+    n = p["means"].shape[0]
+    normals = model.normals().detach().cpu().float()  # [N, 3]
+    f_dc = p["sh0"].reshape(n, 3)  # [N, 3]
+    # INRIA stores rest as [N, 3, K-1] flattened: channel-major.
+    f_rest = p["shN"].transpose(1, 2).reshape(n, -1)  # [N, 3*(K-1)]
+    thin = p["scales"].min(dim=1, keepdim=True).values + math.log(PLY_THIN_FACTOR)  # [N, 1]
+    cols = [
+        p["means"], normals, f_dc, f_rest, p["opacities"][:, None], p["scales"], thin, p["quats"],
+    ]
+    data = torch.cat(cols, dim=1).numpy().astype(np.float32)  # [N, A]
+    names = ply_attribute_names(model.sh_degree)
+    assert data.shape[1] == len(names)
+    arr = np.empty(n, dtype=[(name, "f4") for name in names])
+    for i, name in enumerate(names):
+        arr[name] = data[:, i]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    PlyData([PlyElement.describe(arr, "vertex")]).write(str(tmp))
+    tmp.replace(path)  # never leave a half-written point_cloud.ply behind
+
+
+def load_ply(path) -> GaussianModel:
+    """Read a PLY written by :func:`save_ply` (or INRIA 3DGS/2DGS) into a model.
+
+    The SH degree is inferred from the number of ``f_rest_*`` attributes;
+    ``scale_2`` (if any) is ignored because surfels have two scales.
+    """
+    from plyfile import PlyData
+
+    v = PlyData.read(str(path))["vertex"]
+    names = [p.name for p in v.properties]
+
+    def col(name: str) -> np.ndarray:
+        return np.asarray(v[name], dtype=np.float32)
+
+    n_rest = len([x for x in names if x.startswith("f_rest_")])
+    k_rest = n_rest // 3  # coefficients per channel beyond DC
+    degree = int(round(math.sqrt(k_rest + 1))) - 1
+    if num_sh_bases(degree) - 1 != k_rest or n_rest % 3:
+        raise ValueError(f"{path}: {n_rest} f_rest attributes is not a valid SH layout")
+    n = len(v["x"])
+    means = np.stack([col("x"), col("y"), col("z")], axis=1)
+    sh0 = np.stack([col(f"f_dc_{i}") for i in range(3)], axis=1)[:, None, :]  # [N, 1, 3]
+    if k_rest:
+        rest = np.stack([col(f"f_rest_{i}") for i in range(n_rest)], axis=1)  # [N, 3*(K-1)]
+        shN = rest.reshape(n, 3, k_rest).transpose(0, 2, 1)  # [N, K-1, 3]
+    else:
+        shN = np.zeros((n, 0, 3), np.float32)
+    params = {
+        "means": torch.from_numpy(means),
+        "quats": torch.from_numpy(np.stack([col(f"rot_{i}") for i in range(4)], axis=1)),
+        "scales": torch.from_numpy(np.stack([col("scale_0"), col("scale_1")], axis=1)),
+        "opacities": torch.from_numpy(col("opacity")),
+        "sh0": torch.from_numpy(np.ascontiguousarray(sh0)),
+        "shN": torch.from_numpy(np.ascontiguousarray(shN)),
+    }
+    return GaussianModel(params, degree)

@@ -1,0 +1,305 @@
+"""``splat.rasterize``: input validation, projection, backend dispatch, autograd.
+
+The per-surfel projection (camera transform, screen matrix, bounds) is plain
+PyTorch shared by the CPU and CUDA backends, so autograd differentiates it;
+the compiled kernels do the per-pixel work (binning, blending, and its exact
+back-to-front gradient).  ``backend="torch"`` runs :mod:`splat.reference`.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+
+from . import conventions as cv
+from ._backend import has_cuda_kernels, has_extension, load_extension
+from .outputs import RasterOutput, compose
+from .reference import camera_center, facing_normals, quat_to_rotmat, rasterize_reference
+from .sh import eval_sh, num_sh_bases
+
+BACKENDS = ("auto", "cuda", "cpu", "torch")
+
+
+def rasterize(means, quats, scales, opacities, colors, viewmat, K, width, height,
+              near=0.2, far=100.0, background=None, sh_degree=None, backend="auto") -> RasterOutput:
+    """Renders N 2D Gaussian surfels into a W x H image.
+
+    Args:
+        means: [N, 3] world positions.
+        quats: [N, 4] rotations (w, x, y, z); normalised here.
+        scales: [N, 2] standard deviations along the tangent axes (the first two
+            rotation columns; the third is the normal).  Must be >= 0; a zero
+            scale makes a degenerate surfel that only the low-pass fallback draws.
+        opacities: [N] in [0, 1].
+        colors: [N, 3] RGB, or with ``sh_degree=d`` SH coefficients
+            [N, K >= (d+1)^2, 3]; colour = max(SH(dir) + 0.5, 0) with dir the
+            unit vector from the camera centre to the mean.
+        viewmat: [4, 4] world -> camera, OpenCV (x right, y down, z forward).
+        K: [3, 3] intrinsics in pixels, last row (0, 0, 1).  Pixel (i, j) has
+            its centre at (j + 0.5, i + 0.5).
+        width, height: image size in pixels.
+        near, far: surfels whose centre lies outside (near, far) are culled,
+            and a sample whose intersection depth is <= near is skipped.  The
+            distortion uses m(z) = far / (far - near) (1 - near / z).
+        background: [3] colour behind the surfels, or None (black, no gradient).
+        backend: "cuda", "cpu" (C++/OpenMP), "torch" (the reference) or "auto"
+            (the kernels for the tensors' device, else the reference).
+
+    Per pixel, with surfels front to back, alpha_i = min(0.99, o_i G_i),
+    T_i = prod_{j<i} (1 - alpha_j) and w_i = alpha_i T_i:
+    rgb = sum w c + T bg, alpha = 1 - T, depth = sum w z / alpha,
+    normal = sum w n, distortion = sum_i sum_{j<i} w_i w_j (m_i - m_j)^2.
+
+    Returns:
+        :class:`RasterOutput`; gradients flow from any output to every input.
+    """
+    _validate(means, quats, scales, opacities, colors, viewmat, K, width, height, near, far,
+              background, sh_degree, backend)
+    backend = _resolve_backend(backend, means.device)
+    rgb_colors = _surfel_colors(means, colors, viewmat, sh_degree)
+    n = means.shape[0]
+    dtype, device = means.dtype, means.device
+    if n == 0:
+        return _empty_output(width, height, dtype, device, background)
+
+    proj = _project(means, quats, scales, opacities, viewmat, K, width, height, near, far)
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (means, quats, scales, opacities, colors, background))
+    means2d = proj["center"].detach().clone()
+    Tuvw, center = proj["Tuvw"], proj["center"]
+    if needs_grad:
+        means2d.requires_grad_(True)
+        # A screen translation delta of the footprint: value 0, gradient
+        # identity.  Folding it into M (rows Tu += dx Tw, Tv += dy Tw) and the
+        # centre makes means2d.grad exactly dL/d(translation).
+        delta = means2d - means2d.detach()  # [N, 2]
+        Tu, Tv, Tw = Tuvw[:, 0:3], Tuvw[:, 3:6], Tuvw[:, 6:9]
+        Tuvw = torch.cat([Tu + delta[:, :1] * Tw, Tv + delta[:, 1:] * Tw, Tw], dim=1)
+        center = center + delta
+
+    if backend == "torch":
+        sums = rasterize_reference(means, quats, scales, opacities, rgb_colors, viewmat, K,
+                                   width, height, near, far,
+                                   means2d=means2d if needs_grad else None)
+    else:
+        sums = _RasterizeSurfels.apply(Tuvw, center, proj["normal"], rgb_colors, opacities,
+                                       proj["depth"], proj["tile_rect"], width, height, near, far)
+    return compose(*sums, background=background, radii=proj["radii"], means2d=means2d)
+
+
+# ---------------------------------------------------------------------------
+# Projection and screen bounds (per surfel, plain PyTorch)
+# ---------------------------------------------------------------------------
+def _project(means, quats, scales, opacities, viewmat, K, width, height, near, far):
+    """Screen matrix M = K [a b c] (rows Tu, Tv, Tw), centre, normal, bounds."""
+    rot_cam = viewmat[:3, :3] @ quat_to_rotmat(quats)  # [N, 3, 3]
+    c = means @ viewmat[:3, :3].T + viewmat[:3, 3]  # [N, 3]
+    columns = torch.stack([rot_cam[:, :, 0] * scales[:, :1], rot_cam[:, :, 1] * scales[:, 1:2], c], dim=-1)
+    M = K @ columns  # [N, 3, 3]; M (u, v, 1) = homogeneous pixel
+    center = M[:, :2, 2] / M[:, 2:3, 2]  # [N, 2]
+    with torch.no_grad():
+        tile_rect, radii = _screen_bounds(M.detach(), center.detach(), opacities.detach(),
+                                          width, height, near, far)
+    return {"Tuvw": M.reshape(-1, 9), "center": center, "depth": c[:, 2].detach().contiguous(),
+            "normal": facing_normals(quats, means, viewmat), "tile_rect": tile_rect, "radii": radii}
+
+
+def _screen_bounds(M, center, opacities, width, height, near, far):
+    """Tiles each surfel may touch: int32 [N, 4] (x0, y0, x1, y1), and radii [N].
+
+    A pixel is drawn only where o exp(-rho / 2) >= 1/255, i.e. rho <= k^2 with
+    k^2 = 2 ln(255 o), so bounding exactly that region loses nothing:
+      * the 3D ellipse u^2 + v^2 <= k^2 projects to the conic whose dual is
+        C* = M diag(1, 1, -1/k^2) M^T; its bounding box is
+        x = C*_02 / C*_22 +- sqrt((C*_02 / C*_22)^2 - C*_00 / C*_22)
+        (C*_22 >= 0 means the ellipse reaches the camera plane: whole screen);
+      * the low-pass disc 2 |p - centre|^2 <= k^2.
+    Computed in float64 with a one-pixel margin, so rounding never drops a pixel.
+    """
+    M = M.double()
+    center = center.double()
+    opac = opacities.double()
+    depth = M[:, 2, 2]
+    k2 = 2.0 * torch.log(torch.clamp_min(opac * 255.0, 1e-30))
+    visible = (depth > near) & (depth < far) & (opac >= cv.ALPHA_MIN) & (k2 > 1e-12)
+    k2 = torch.where(visible, k2, torch.ones_like(k2))
+    weights = torch.stack([torch.ones_like(k2), torch.ones_like(k2), -1.0 / k2], dim=-1)  # [N, 3]
+    dual = (M * weights[:, None, :]) @ M.transpose(1, 2)  # [N, 3, 3]
+    c22 = dual[:, 2, 2]
+    bounded = c22 < 0
+    c22 = torch.where(bounded, c22, -torch.ones_like(c22))
+    mid = dual[:, :2, 2] / c22[:, None]  # [N, 2]
+    half = torch.sqrt(torch.clamp_min(mid * mid - torch.stack([dual[:, 0, 0], dual[:, 1, 1]], -1) / c22[:, None], 0.0))
+    disc = torch.sqrt(k2 / cv.LOWPASS_INV_VARIANCE)[:, None]  # [N, 1]
+    lo = torch.minimum(mid - half, center - disc)
+    hi = torch.maximum(mid + half, center + disc)
+    screen = torch.tensor([width, height], dtype=lo.dtype, device=lo.device)
+    lo = torch.where(bounded[:, None], lo, torch.zeros_like(lo))
+    hi = torch.where(bounded[:, None], hi, screen.expand_as(hi))
+    margin = 1.0
+    tiles = torch.tensor([math.ceil(width / cv.TILE_SIZE), math.ceil(height / cv.TILE_SIZE)],
+                         device=lo.device)
+    lo_tile = torch.floor((lo - margin) / cv.TILE_SIZE).clamp(min=-1).long()
+    hi_tile = torch.floor((hi + margin) / cv.TILE_SIZE).clamp(min=-1).long() + 1
+    lo_tile = torch.minimum(torch.clamp_min(lo_tile, 0), tiles)
+    hi_tile = torch.minimum(torch.clamp_min(hi_tile, 0), tiles)
+    visible &= (hi_tile > lo_tile).all(-1)
+    rect = torch.where(visible[:, None], torch.cat([lo_tile, hi_tile], -1), torch.zeros_like(torch.cat([lo_tile, hi_tile], -1)))
+    extent = torch.maximum(hi - center, center - lo).amax(-1)
+    radii = torch.where(visible, torch.ceil(torch.clamp_min(extent, 0.0)), torch.zeros_like(extent))
+    radii = torch.where(bounded | ~visible, radii, torch.full_like(radii, float(max(width, height))))
+    return rect.to(torch.int32).contiguous(), radii.to(torch.int32)
+
+
+# ---------------------------------------------------------------------------
+# The autograd bridge to the compiled kernels
+# ---------------------------------------------------------------------------
+class _RasterizeSurfels(torch.autograd.Function):
+    """Per-pixel rasterization by splat._C.  Returns the raw sums of compose()."""
+
+    @staticmethod
+    def forward(ctx, Tuvw, center, normal, color, opacity, depth, tile_rect, width, height, near, far):
+        ext = load_extension()
+        on_gpu = Tuvw.is_cuda
+        args = [t.contiguous() for t in (Tuvw, center, normal, color, opacity, depth, tile_rect)]
+        fwd = ext.forward_cuda if on_gpu else ext.forward_cpu
+        (color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth,
+         end, median_index, totals, tile_offsets, point_list) = fwd(*args, width, height, near, far)
+        ctx.save_for_backward(*args, tile_offsets, point_list, end, median_index, transmittance, totals)
+        ctx.image = (width, height, near, far)
+        ctx.mark_non_differentiable(median_index, end)
+        return color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth
+
+    @staticmethod
+    def backward(ctx, v_color_sum, v_transmittance, v_depth_sum, v_normal_sum, v_distortion, v_median):
+        ext = load_extension()
+        saved = ctx.saved_tensors
+        inputs, binning_and_state = saved[:7], saved[7:]
+        Tuvw = inputs[0]
+        H, W = ctx.image[1], ctx.image[0]
+
+        def grad_or_zeros(g, *shape):
+            return torch.zeros(shape, dtype=Tuvw.dtype, device=Tuvw.device) if g is None else g.contiguous()
+
+        upstream = (grad_or_zeros(v_color_sum, H, W, 3), grad_or_zeros(v_transmittance, H, W),
+                    grad_or_zeros(v_depth_sum, H, W), grad_or_zeros(v_normal_sum, H, W, 3),
+                    grad_or_zeros(v_distortion, H, W), grad_or_zeros(v_median, H, W))
+        bwd = ext.backward_cuda if Tuvw.is_cuda else ext.backward_cpu
+        v = bwd(*inputs, *ctx.image, *binning_and_state, *upstream)  # [N, 18]
+        return (v[:, 0:9], v[:, 9:11], v[:, 11:14], v[:, 14:17], v[:, 17],
+                None, None, None, None, None, None)
+
+
+# ---------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------
+def _surfel_colors(means, colors, viewmat, sh_degree):
+    if sh_degree is None:
+        return colors
+    dirs = means - camera_center(viewmat)
+    dirs = dirs / torch.clamp_min(dirs.norm(dim=-1, keepdim=True), 1e-12)
+    return torch.clamp_min(eval_sh(sh_degree, colors, dirs) + cv.SH_COLOR_OFFSET, 0.0)
+
+
+def _empty_output(width, height, dtype, device, background):
+    zeros = torch.zeros(height, width, dtype=dtype, device=device)
+    zeros3 = torch.zeros(height, width, 3, dtype=dtype, device=device)
+    return compose(zeros3, torch.ones_like(zeros), zeros, zeros3, zeros, zeros, background=background,
+                   radii=torch.zeros(0, dtype=torch.int32, device=device),
+                   means2d=torch.zeros(0, 2, dtype=dtype, device=device))
+
+
+def _resolve_backend(backend, device):
+    if backend == "auto":
+        if device.type == "cuda" and has_cuda_kernels():
+            return "cuda"
+        if device.type == "cpu" and has_extension():
+            return "cpu"
+        warnings.warn("splat: compiled kernels unavailable for this device; using the slow torch reference",
+                      stacklevel=3)
+        return "torch"
+    if backend == "cpu":
+        if device.type != "cpu":
+            raise ValueError(f"backend='cpu' needs CPU tensors, got tensors on {device}")
+        load_extension()  # raises ImportError with the reason
+    if backend == "cuda":
+        if device.type != "cuda":
+            raise ValueError(f"backend='cuda' needs CUDA tensors, got tensors on {device}")
+        if not has_cuda_kernels():
+            raise RuntimeError("backend='cuda': splat was built without CUDA kernels "
+                               "(reinstall with a CUDA build of torch and nvcc on the PATH)")
+    return backend
+
+
+def _check_tensor(name, t, shape, dtype, device):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
+        want = "[" + ", ".join("N" if s is None else str(s) for s in shape) + "]"
+        raise ValueError(f"{name} must have shape {want}, got {list(t.shape)}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} has dtype {t.dtype}, but means has {dtype}; all inputs must share one dtype")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, but means is on {device}; all inputs must be on one device")
+    finite = torch.isfinite(t)
+    if not bool(finite.all()):
+        bad = (~finite).reshape(t.shape[0], -1).any(-1).nonzero().flatten()[:5].tolist() if t.dim() > 0 else []
+        raise ValueError(f"{name} contains NaN or Inf (first bad rows: {bad})")
+
+
+def _validate(means, quats, scales, opacities, colors, viewmat, K, width, height, near, far,
+              background, sh_degree, backend):
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if not isinstance(means, torch.Tensor):
+        raise TypeError(f"means must be a torch.Tensor, got {type(means).__name__}")
+    if means.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"means has dtype {means.dtype}; splat takes float32 or float64")
+    if means.dim() != 2 or means.shape[1] != 3:
+        raise ValueError(f"means must have shape [N, 3], got {list(means.shape)}")
+    n, dtype, device = means.shape[0], means.dtype, means.device
+    if device.type == "cuda" and dtype == torch.float64 and backend in ("auto", "cuda"):
+        pass  # the CUDA glue raises a clear error if it lacks float64
+    _check_tensor("means", means, (n, 3), dtype, device)
+    _check_tensor("quats", quats, (n, 4), dtype, device)
+    _check_tensor("scales", scales, (n, 2), dtype, device)
+    _check_tensor("opacities", opacities, (n,), dtype, device)
+    if sh_degree is None:
+        _check_tensor("colors", colors, (n, 3), dtype, device)
+    else:
+        if not isinstance(sh_degree, int) or not 0 <= sh_degree <= 3:
+            raise ValueError(f"sh_degree must be None or an int in 0..3, got {sh_degree!r}")
+        if not isinstance(colors, torch.Tensor) or colors.dim() != 3 or colors.shape[1] < num_sh_bases(sh_degree):
+            got = list(colors.shape) if isinstance(colors, torch.Tensor) else type(colors).__name__
+            raise ValueError(f"with sh_degree={sh_degree}, colors must be [N, >= {num_sh_bases(sh_degree)}, 3], got {got}")
+        _check_tensor("colors", colors, (n, None, 3), dtype, device)
+    _check_tensor("viewmat", viewmat, (4, 4), dtype, device)
+    _check_tensor("K", K, (3, 3), dtype, device)
+    if background is not None:
+        _check_tensor("background", background, (3,), dtype, device)
+    for name, value in (("width", width), ("height", height)):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if not (isinstance(near, (int, float)) and isinstance(far, (int, float)) and 0 < near < far < math.inf):
+        raise ValueError(f"need 0 < near < far < inf, got near={near!r}, far={far!r}")
+    # Cameras
+    tol = 1e-4 if dtype == torch.float64 else 1e-3
+    bottom = viewmat.new_tensor([0, 0, 0, 1])
+    rot = viewmat[:3, :3]
+    if not torch.allclose(viewmat[3], bottom) or not torch.allclose(rot @ rot.T, torch.eye(3, dtype=dtype, device=device), atol=tol):
+        raise ValueError("viewmat must be a rigid world->camera transform: orthonormal rotation, last row (0, 0, 0, 1)")
+    if not torch.equal(K[2], K.new_tensor([0, 0, 1])) or K[0, 0] <= 0 or K[1, 1] <= 0 or K[1, 0] != 0:
+        raise ValueError(f"K must be [[fx, s, cx], [0, fy, cy], [0, 0, 1]] with fx, fy > 0, got {K.tolist()}")
+    # Surfels
+    if n:
+        zero_quat = quats.norm(dim=-1) == 0
+        if bool(zero_quat.any()):
+            raise ValueError(f"quats has zero-length quaternions at rows {zero_quat.nonzero().flatten()[:5].tolist()}")
+        if bool((scales < 0).any()):
+            raise ValueError(f"scales must be >= 0 (they are standard deviations, not log-scales); "
+                             f"negative at rows {(scales < 0).any(-1).nonzero().flatten()[:5].tolist()}")
+        bad_opacity = (opacities < 0) | (opacities > 1)
+        if bool(bad_opacity.any()):
+            raise ValueError(f"opacities must lie in [0, 1] (probabilities, not logits); "
+                             f"out of range at rows {bad_opacity.nonzero().flatten()[:5].tolist()}")

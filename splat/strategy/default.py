@@ -1,0 +1,249 @@
+"""The 3DGS / 2DGS adaptive density control, in gsplat's formulation.
+
+Every step (until ``refine_stop``) it accumulates, for each surfel visible in
+the view, the norm of the screen-space positional gradient ``out.means2d.grad``
+scaled by ``[W/2, H/2]`` (so the threshold is in normalised-device units and
+independent of resolution, like gsplat and the original 3DGS), and the largest
+screen radius it had (as a fraction of ``max(W, H)``).
+
+Every ``refine_every`` steps in ``[refine_start, refine_stop)``:
+
+* grow: surfels whose mean gradient exceeds ``grow_grad2d`` are
+    - cloned if small (max scale <= ``grow_scale3d * scene_radius``): an exact
+      copy is appended, and both then move apart under the next gradients;
+    - split if large (or if larger than ``grow_scale2d`` of the screen, before
+      ``refine_scale2d_stop``): replaced by 2 surfels sampled from the surfel's
+      own 2D Gaussian *in its tangent plane*, with scales divided by 1.6;
+* prune: opacity < ``prune_opa``; and after the first opacity reset also
+  too big in world (> ``prune_scale3d * scene_radius``) or, before
+  ``refine_scale2d_stop``, on screen (> ``prune_scale2d``).
+* Every ``reset_every`` steps opacities are clamped to ``2 * prune_opa`` (and
+  their Adam moments zeroed) so that useless surfels fade and get pruned.
+
+``max_gaussians`` caps growth (CPU memory/time): when the cap would be exceeded
+only the surfels with the largest gradients grow.
+
+Optimiser state: cloned rows copy their parent's Adam moments (gsplat); split
+rows start with zero moments; pruned rows are dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict
+
+import torch
+
+from ..model import logit, quat_to_rotmat
+from . import Strategy, update_params
+
+
+class DefaultStrategy(Strategy):
+    def __init__(
+        self,
+        scene_radius: float = 1.0,
+        prune_opa: float = 0.005,
+        grow_grad2d: float = 0.0002,
+        grow_scale3d: float = 0.01,
+        grow_scale2d: float = 0.05,
+        prune_scale3d: float = 0.1,
+        prune_scale2d: float = 0.15,
+        refine_scale2d_stop: int = 0,
+        refine_start: int = 500,
+        refine_stop: int = 15000,
+        refine_every: int = 100,
+        reset_every: int = 3000,
+        pause_refine_after_reset: int = 0,
+        max_gaussians: int = 0,
+        verbose: bool = False,
+    ):
+        self.scene_radius = float(scene_radius)
+        self.prune_opa = prune_opa
+        self.grow_grad2d = grow_grad2d
+        self.grow_scale3d = grow_scale3d
+        self.grow_scale2d = grow_scale2d
+        self.prune_scale3d = prune_scale3d
+        self.prune_scale2d = prune_scale2d
+        self.refine_scale2d_stop = refine_scale2d_stop
+        self.refine_start = refine_start
+        self.refine_stop = refine_stop
+        self.refine_every = refine_every
+        self.reset_every = reset_every
+        self.pause_refine_after_reset = pause_refine_after_reset
+        self.max_gaussians = int(max_gaussians)
+        self.verbose = verbose
+        self.grad2d = None  # [N] accumulated normalised gradient norms
+        self.count = None  # [N] number of views each surfel was visible in
+        self.radii = None  # [N] max screen radius / max(W, H)
+        self.stats = {"cloned": 0, "split": 0, "pruned": 0}
+
+    # --------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        return {
+            "grad2d": self.grad2d,
+            "count": self.count,
+            "radii": self.radii,
+            "stats": dict(self.stats),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.grad2d = state.get("grad2d")
+        self.count = state.get("count")
+        self.radii = state.get("radii")
+        self.stats = dict(state.get("stats", self.stats))
+
+    def _reset_stats(self, n: int) -> None:
+        self.grad2d = torch.zeros(n)
+        self.count = torch.zeros(n)
+        self.radii = torch.zeros(n)
+
+    # ---------------------------------------------------------------- hooks
+    def step_post_backward(self, model, optimizers: Dict, out, step: int) -> None:
+        if step >= self.refine_stop:
+            return
+        self._accumulate(model, out)
+        if (
+            step >= self.refine_start
+            and step % self.refine_every == 0
+            and step % self.reset_every >= self.pause_refine_after_reset
+        ):
+            self._refine(model, optimizers, step)
+        if step > 0 and step % self.reset_every == 0:
+            self._reset_opacity(model, optimizers)
+
+    @torch.no_grad()
+    def _accumulate(self, model, out) -> None:
+        n = model.num_gaussians
+        if self.grad2d is None or self.grad2d.shape[0] != n:
+            self._reset_stats(n)
+        g = out.means2d.grad
+        if g is None:
+            return
+        H, W = out.rgb.shape[0], out.rgb.shape[1]
+        g = g.detach().cpu().float() * torch.tensor([W / 2.0, H / 2.0])  # [N, 2] NDC units
+        radii = out.radii.detach().cpu()  # [N]
+        vis = radii > 0
+        self.grad2d[vis] += g[vis].norm(dim=-1)
+        self.count[vis] += 1
+        self.radii[vis] = torch.maximum(self.radii[vis], radii[vis].float() / float(max(W, H)))
+
+    @torch.no_grad()
+    def _refine(self, model, optimizers: Dict, step: int) -> None:
+        n_before = model.num_gaussians
+        n_clone, n_split = self._grow(model, optimizers, step)
+        n_prune = self._prune(model, optimizers, step)
+        self.stats["cloned"] += n_clone
+        self.stats["split"] += n_split
+        self.stats["pruned"] += n_prune
+        if self.verbose:
+            print(
+                f"step {step}: {n_before} -> {model.num_gaussians} surfels "
+                f"(+{n_clone} cloned, +{n_split} split, -{n_prune} pruned)"
+            )
+        self._reset_stats(model.num_gaussians)
+
+    @torch.no_grad()
+    def _grow(self, model, optimizers: Dict, step: int):
+        count = self.count.clamp_min(1)
+        grads = self.grad2d / count  # [N]
+        high = grads > self.grow_grad2d
+        max_scale = model.scales.detach().max(dim=-1).values  # [N]
+        small = max_scale <= self.grow_scale3d * self.scene_radius
+        clone = high & small
+        split = high & ~small
+        if step < self.refine_scale2d_stop:
+            split |= self.radii > self.grow_scale2d
+        if self.max_gaussians > 0:
+            clone, split = self._cap(model.num_gaussians, grads, clone, split)
+        n_clone, n_split = int(clone.sum()), int(split.sum())
+        if n_clone:
+            self._duplicate(model, optimizers, clone)
+        if n_split:
+            # Clones were appended at the end, so the split mask just grows with False.
+            split = torch.cat([split, torch.zeros(n_clone, dtype=torch.bool)])
+            self._split(model, optimizers, split)
+        return n_clone, n_split
+
+    def _cap(self, n: int, grads: torch.Tensor, clone: torch.Tensor, split: torch.Tensor):
+        """Keep only the highest-gradient candidates so that N stays <= max_gaussians.
+
+        A clone adds one surfel and a split adds one net (2 replace 1)."""
+        room = max(self.max_gaussians - n, 0)
+        cand = clone | split
+        if int(cand.sum()) <= room:
+            return clone, split
+        keep = torch.zeros_like(cand)
+        if room > 0:
+            score = torch.where(cand, grads, torch.full_like(grads, -1.0))
+            keep[score.topk(room).indices] = True
+        return clone & keep, split & keep
+
+    def _remap_stats(self, fn) -> None:
+        """Apply a row remapping (clone/split) to the per-surfel statistics."""
+        self.grad2d, self.count, self.radii = fn(self.grad2d), fn(self.count), fn(self.radii)
+
+    @torch.no_grad()
+    def _duplicate(self, model, optimizers: Dict, mask: torch.Tensor) -> None:
+        """Append exact copies of the masked surfels (copying their Adam moments)."""
+        sel = mask.nonzero(as_tuple=True)[0]
+        update_params(
+            model, optimizers,
+            lambda name, p: torch.cat([p, p[sel]]),
+            lambda key, v: torch.cat([v, v[sel]]),
+        )
+        self._remap_stats(lambda v: torch.cat([v, v[sel]]))
+
+    @torch.no_grad()
+    def _split(self, model, optimizers: Dict, mask: torch.Tensor) -> None:
+        """Replace each masked surfel by 2 samples of itself, scales / 1.6."""
+        sel = mask.nonzero(as_tuple=True)[0]
+        rest = (~mask).nonzero(as_tuple=True)[0]
+        scales = model.scales.detach()[sel]  # [S, 2]
+        R = quat_to_rotmat(model.params["quats"].detach()[sel])  # [S, 3, 3]
+        # Sample in the tangent plane: zero std along the normal axis (2DGS).
+        std = torch.cat([scales, torch.zeros_like(scales[:, :1])], dim=-1)  # [S, 3]
+        local = torch.randn(2, len(sel), 3) * std[None]  # [2, S, 3]
+        offsets = torch.einsum("sij,bsj->bsi", R, local)  # [2, S, 3]
+        new_means = (model.params["means"].detach()[sel][None] + offsets).reshape(-1, 3)
+        new_log_scales = torch.log(scales / 1.6).repeat(2, 1)  # [2S, 2]
+
+        def param_fn(name: str, p: torch.Tensor) -> torch.Tensor:
+            if name == "means":
+                child = new_means
+            elif name == "scales":
+                child = new_log_scales
+            else:
+                child = p[sel].repeat(2, *([1] * (p.dim() - 1)))
+            return torch.cat([p[rest], child])
+
+        def optim_fn(key: str, v: torch.Tensor) -> torch.Tensor:
+            return torch.cat([v[rest], torch.zeros((2 * len(sel),) + v.shape[1:], dtype=v.dtype)])
+
+        update_params(model, optimizers, param_fn, optim_fn)
+        self._remap_stats(lambda v: torch.cat([v[rest], v[sel].repeat(2)]))
+
+    @torch.no_grad()
+    def _prune(self, model, optimizers: Dict, step: int) -> int:
+        prune = model.opacities.detach() < self.prune_opa  # [N]
+        if step > self.reset_every:
+            too_big = model.scales.detach().max(dim=-1).values > self.prune_scale3d * self.scene_radius
+            if step < self.refine_scale2d_stop:
+                too_big |= self.radii > self.prune_scale2d
+            prune |= too_big
+        n = int(prune.sum())
+        if n == 0:
+            return 0
+        keep = (~prune).nonzero(as_tuple=True)[0]
+        update_params(model, optimizers, lambda name, p: p[keep], lambda key, v: v[keep])
+        return n
+
+    @torch.no_grad()
+    def _reset_opacity(self, model, optimizers: Dict) -> None:
+        """Clamp opacities to 2 * prune_opa and zero the opacity Adam moments."""
+        cap = float(logit(torch.tensor(2.0 * self.prune_opa)))
+        update_params(
+            model, optimizers,
+            lambda name, p: p.clamp_max(cap),
+            lambda key, v: torch.zeros_like(v),
+            names=["opacities"],
+        )

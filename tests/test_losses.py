@@ -1,0 +1,106 @@
+"""Loss terms: SSIM, photometric loss, depth -> normal, geometric terms."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from splat.losses import (
+    depth_to_normal,
+    depth_to_points,
+    l1_loss,
+    normal_consistency_loss,
+    photometric_loss,
+    psnr,
+    ssim,
+)
+
+
+def test_ssim_identical_is_one_and_bounded():
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(24, 20, 3, generator=g)
+    assert abs(float(ssim(a, a)) - 1.0) < 1e-6
+    b = (a + 0.2 * torch.randn(24, 20, 3, generator=g)).clamp(0, 1)
+    s = float(ssim(a, b))
+    assert -1.0 <= s < 0.95
+    assert abs(s - float(ssim(b, a))) < 1e-6  # symmetric
+    # more noise, lower SSIM
+    c = (a + 0.4 * torch.randn(24, 20, 3, generator=g)).clamp(0, 1)
+    assert float(ssim(a, c)) < s
+
+
+def test_ssim_matches_reference_formula_on_constant_images():
+    # Constant images x, y: variances are 0 and SSIM reduces to the luminance
+    # term (2 mu_x mu_y + C1) / (mu_x^2 + mu_y^2 + C1), away from the zero-padded border.
+    x = torch.full((32, 32, 1), 0.3, dtype=torch.float64)  # float64: var = E[x^2] - mu^2 cancels
+    y = torch.full((32, 32, 1), 0.6, dtype=torch.float64)
+    C1 = 0.01**2
+    expected = (2 * 0.3 * 0.6 + C1) / (0.09 + 0.36 + C1)
+    m = ssim(x, y, reduce=False)[0, 0, 10:-10, 10:-10]
+    assert torch.allclose(m, torch.full_like(m, expected), atol=1e-5)
+
+
+def test_photometric_loss_properties():
+    a = torch.rand(16, 16, 3)
+    assert float(photometric_loss(a, a)) < 1e-6
+    b = torch.rand(16, 16, 3)
+    assert float(photometric_loss(a, b)) > 0
+    assert abs(float(photometric_loss(a, b, ssim_lambda=0.0)) - float(l1_loss(a, b))) < 1e-7
+    # gradient flows and points downhill
+    p = b.clone().requires_grad_(True)
+    photometric_loss(p, a).backward()
+    q = (p - 0.1 * p.grad).detach()
+    assert float(photometric_loss(q, a)) < float(photometric_loss(b, a))
+
+
+def test_psnr():
+    a = torch.zeros(8, 8, 3)
+    assert abs(psnr(a + 0.1, a) - 20.0) < 1e-4
+    assert math.isinf(psnr(a, a))
+
+
+def _plane_depth(H, W, K, n_cam, d):
+    """Depth map of the plane n . X = d (camera space) seen through pixel centres."""
+    j = torch.arange(W, dtype=torch.float64) + 0.5
+    i = torch.arange(H, dtype=torch.float64) + 0.5
+    x = ((j[None, :] - K[0, 2]) / K[0, 0]).expand(H, W)
+    y = ((i[:, None] - K[1, 2]) / K[1, 1]).expand(H, W)
+    ray = torch.stack([x, y, torch.ones_like(x)], -1)
+    return d / (ray @ n_cam)
+
+
+def test_depth_to_normal_plane_world_space_facing_camera():
+    H, W = 20, 24
+    K = torch.tensor([[30.0, 0, 12.0], [0, 30.0, 10.0], [0, 0, 1]], dtype=torch.float64)
+    n_cam = torch.tensor([0.3, -0.2, -1.0], dtype=torch.float64)
+    n_cam = n_cam / n_cam.norm()  # faces the camera (n . z < 0)
+    depth = _plane_depth(H, W, K, n_cam, d=-4.0)  # plane n.X = -4 lies in front (z > 0)
+    assert (depth > 0).all()
+    # rotate the camera: viewmat = [R | t]; the world normal is R^T n_cam
+    ang = 0.7
+    R = torch.tensor(
+        [[math.cos(ang), 0, math.sin(ang)], [0, 1, 0], [-math.sin(ang), 0, math.cos(ang)]], dtype=torch.float64
+    )
+    viewmat = torch.eye(4, dtype=torch.float64)
+    viewmat[:3, :3] = R
+    viewmat[:3, 3] = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)
+    n = depth_to_normal(depth, K, viewmat)
+    inner = n[1:-1, 1:-1]
+    expected = R.T @ n_cam
+    assert torch.allclose(inner, expected.expand_as(inner), atol=1e-6)
+    assert (n[0] == 0).all() and (n[:, -1] == 0).all()  # no central difference on the border
+    pts = depth_to_points(depth, K)
+    assert torch.allclose(pts[..., 2], depth)
+
+
+def test_normal_consistency_loss():
+    n = torch.nn.functional.normalize(torch.randn(8, 8, 3), dim=-1)
+    alpha = torch.rand(8, 8)
+    assert float(normal_consistency_loss(n, n, torch.ones(8, 8))) < 1e-6
+    assert float(normal_consistency_loss(n, -n, torch.ones(8, 8))) > 1.99
+    assert float(normal_consistency_loss(n, -n, torch.zeros(8, 8))) == 0.0  # empty pixels cost nothing
+    r = n.clone().requires_grad_(True)
+    a = alpha.clone().requires_grad_(True)
+    normal_consistency_loss(r, -n, a).backward()
+    assert r.grad is not None and a.grad is None  # alpha is detached

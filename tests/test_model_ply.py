@@ -1,0 +1,127 @@
+"""PLY I/O and model helpers (no rasterizer needed)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from splat.model import (
+    PLY_THIN_FACTOR,
+    GaussianModel,
+    create_from_points,
+    knn_mean_distance,
+    load_ply,
+    ply_attribute_names,
+    quat_to_rotmat,
+    random_points_in_frustums,
+    rgb_to_sh,
+    save_ply,
+    sh_to_rgb,
+)
+
+
+def random_model(n: int = 50, degree: int = 3, seed: int = 0) -> GaussianModel:
+    g = torch.Generator().manual_seed(seed)
+    k = (degree + 1) ** 2
+    params = {
+        "means": torch.randn(n, 3, generator=g),
+        "quats": torch.randn(n, 4, generator=g),
+        "scales": torch.randn(n, 2, generator=g) - 3,
+        "opacities": torch.randn(n, generator=g),
+        "sh0": torch.randn(n, 1, 3, generator=g),
+        "shN": torch.randn(n, k - 1, 3, generator=g),
+    }
+    return GaussianModel(params, degree)
+
+
+@pytest.mark.parametrize("degree", [0, 1, 3])
+def test_ply_round_trip_is_lossless(tmp_path, degree):
+    m = random_model(degree=degree)
+    path = tmp_path / "pc.ply"
+    save_ply(m, path)
+    m2 = load_ply(path)
+    assert m2.sh_degree == degree
+    for k, v in m.params.items():
+        assert torch.equal(v.detach(), m2.params[k].detach()), k  # float32 -> float32: bit-exact
+
+
+def test_ply_attribute_names_and_layout(tmp_path):
+    from plyfile import PlyData
+
+    m = random_model(n=7, degree=3)
+    path = tmp_path / "pc.ply"
+    save_ply(m, path)
+    v = PlyData.read(str(path))["vertex"]
+    names = [p.name for p in v.properties]
+    expected = (
+        ["x", "y", "z", "nx", "ny", "nz", "f_dc_0", "f_dc_1", "f_dc_2"]
+        + [f"f_rest_{i}" for i in range(45)]
+        + ["opacity", "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"]
+    )
+    assert names == expected == ply_attribute_names(3)
+    assert all(p.val_dtype in ("f4", "float32") for p in v.properties)
+    shN = m.params["shN"].detach()  # [N, 15, 3]
+    # INRIA channel-major order: f_rest_0..14 are red, 15..29 green, 30..44 blue.
+    assert np.allclose(v["f_rest_0"], shN[:, 0, 0].numpy())
+    assert np.allclose(v["f_rest_1"], shN[:, 1, 0].numpy())
+    assert np.allclose(v["f_rest_15"], shN[:, 0, 1].numpy())
+    assert np.allclose(v["f_rest_44"], shN[:, 14, 2].numpy())
+    # logit opacity and log scales are stored raw; the normal axis is thin.
+    assert np.allclose(v["opacity"], m.params["opacities"].detach().numpy())
+    log_s = m.params["scales"].detach()
+    assert np.allclose(v["scale_1"], log_s[:, 1].numpy())
+    assert np.allclose(v["scale_2"], (log_s.min(1).values + math.log(PLY_THIN_FACTOR)).numpy(), atol=1e-5)
+    # rot_0 is w; nx ny nz is the surfel normal (third rotation column).
+    assert np.allclose(v["rot_0"], m.params["quats"].detach()[:, 0].numpy())
+    n = quat_to_rotmat(m.params["quats"].detach())[..., 2]
+    assert np.allclose(np.stack([v["nx"], v["ny"], v["nz"]], 1), n.numpy(), atol=1e-6)
+
+
+def test_activations_and_colors():
+    m = random_model(n=5, degree=2)
+    assert torch.allclose(m.scales, m.params["scales"].exp())
+    assert torch.allclose(m.opacities, torch.sigmoid(m.params["opacities"]))
+    assert m.colors(0).shape == (5, 1, 3)
+    assert m.colors(1).shape == (5, 4, 3)
+    assert m.colors().shape == (5, 9, 3)
+    rgb = torch.rand(4, 3)
+    assert torch.allclose(sh_to_rgb(rgb_to_sh(rgb)), rgb, atol=1e-6)
+
+
+def test_quat_to_rotmat_is_rotation():
+    R = quat_to_rotmat(torch.randn(20, 4) * 3)
+    eye = torch.eye(3).expand(20, 3, 3)
+    assert torch.allclose(R @ R.transpose(1, 2), eye, atol=1e-5)
+    assert torch.allclose(torch.linalg.det(R), torch.ones(20), atol=1e-5)
+    # identity quaternion: normal is +z
+    assert torch.allclose(quat_to_rotmat(torch.tensor([[2.0, 0, 0, 0]]))[0], torch.eye(3))
+
+
+def test_knn_and_init_from_points():
+    # points on a grid with spacing 0.1: the 3 nearest neighbours are at 0.1
+    g = torch.stack(torch.meshgrid(*[torch.arange(6.0)] * 3, indexing="ij"), -1).reshape(-1, 3) * 0.1
+    d = knn_mean_distance(g, k=3, chunk=50)  # chunking must not change the answer
+    assert torch.allclose(d, torch.full_like(d, 0.1), atol=1e-6)
+    cols = torch.rand(g.shape[0], 3)
+    m = create_from_points(g, cols, sh_degree=2, init_opacity=0.1)
+    assert m.num_gaussians == g.shape[0]
+    assert torch.allclose(m.scales, torch.full((g.shape[0], 2), 0.1), atol=1e-5)
+    assert torch.allclose(m.opacities, torch.full((g.shape[0],), 0.1), atol=1e-5)
+    assert torch.allclose(sh_to_rgb(m.params["sh0"][:, 0]), cols, atol=1e-5)
+    assert m.params["shN"].shape == (g.shape[0], 8, 3) and not m.params["shN"].any()
+
+
+def test_random_points_are_seen_by_cameras():
+    # one camera at z = -5 looking along +z: points must be in front and inside its image
+    viewmat = torch.eye(4)
+    viewmat[2, 3] = 5.0
+    K = torch.tensor([[20.0, 0, 16], [0, 20.0, 16], [0, 0, 1]])
+    pts = random_points_in_frustums(500, viewmat[None], K[None], 32, 32, torch.zeros(3), 2.0)
+    assert pts.shape == (500, 3)
+    assert (pts.norm(dim=1) <= 2.0 + 1e-5).all()
+    cam = pts + torch.tensor([0, 0, 5.0])
+    u = 20 * cam[:, 0] / cam[:, 2] + 16
+    assert ((u >= 0) & (u < 32)).all()
