@@ -15,7 +15,16 @@ The scene is built from analytic shapes (y is up, metres-ish units):
 
 lit by a constant environment plus one point light, rendered with Mitsuba 3's
 path tracer (``scalar_rgb`` variant, box pixel filter, ``rgba`` film, emitters
-hidden so that alpha is 0 where a ray hits nothing).
+hidden so that alpha is 0 where a ray hits nothing).  The cameras sit on the
+upper hemisphere (elevation 12-65 degrees, distance 3.0-3.4) around the point
+(0, 0.3, 0) and look at it, with world +y up; train and test views are two
+interleaved golden-angle spirals.
+
+With the defaults (24 train + 8 test views, 64x64, 1024 spp) rendering takes
+about 50 s on 2 CPU cores (Mitsuba 3.9.1); the path tracer's noise ceiling,
+PSNR between two renders with different seeds, is about 45 dB.  (The
+``llvm_ad_rgb`` variant needs a newer libLLVM than some systems have; the
+scalar variant is fast enough here.)
 
 It writes the same layouts and conventions as the reference data sets in
 ``/work/shared/scenes`` (see their README), only smaller:
@@ -59,7 +68,6 @@ import argparse
 import json
 import math
 import os
-import struct
 import time
 
 import numpy as np
@@ -627,14 +635,15 @@ def main(argv=None):
     if args.verify_only:
         verify(args.out)
         return
+    from PIL import Image
 
     t_start = time.time()
     fov_x = math.radians(args.fov)
     K = intrinsics(W, H, fov_x, args.principal_offset)
     train = camera_poses(args.n_train, seed=args.seed + 1, phase=0.0)
     test = camera_poses(args.n_test, seed=args.seed + 2, phase=0.5)
-    # Test views are a separate golden-angle sequence, shifted by half a step and
-    # rotated so they fall between the train views.
+    # Test views: a second golden-angle spiral, shifted by half a step, so that
+    # they fall between the train views.
     names = {"train": [f"train_{k:03d}.png" for k in range(len(train))],
              "test": [f"test_{k:03d}.png" for k in range(len(test))]}
     out = args.out
@@ -650,8 +659,6 @@ def main(argv=None):
             img = np.array(mi.render(scene, sensor=sensor, spp=args.spp, seed=seed))
             png = to_png_rgba(img)
             renders[names[split][k]] = png
-            from PIL import Image
-
             Image.fromarray(png, "RGBA").save(os.path.join(out, "images", names[split][k]), optimize=True)
             print(f"  rendered {split} {k:3d}  ({time.time() - t0:.1f} s)", flush=True)
     t_render = time.time() - t_start

@@ -104,3 +104,25 @@ def test_normal_consistency_loss():
     a = alpha.clone().requires_grad_(True)
     normal_consistency_loss(r, -n, a).backward()
     assert r.grad is not None and a.grad is None  # alpha is detached
+
+
+def test_ssim_separable_equals_2d_window():
+    """The separable implementation equals the textbook 11x11-window SSIM."""
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(1)
+    a = torch.rand(1, 3, 20, 17, generator=g, dtype=torch.float64)
+    b = torch.rand(1, 3, 20, 17, generator=g, dtype=torch.float64)
+    x = torch.arange(11, dtype=torch.float64) - 5
+    w1 = torch.exp(-(x**2) / (2 * 1.5**2))
+    w1 = w1 / w1.sum()
+    w = (w1[:, None] * w1[None]).expand(3, 1, 11, 11)
+
+    def filt(t):
+        return F.conv2d(t, w, padding=5, groups=3)
+
+    mu1, mu2 = filt(a), filt(b)
+    s1, s2, s12 = filt(a * a) - mu1**2, filt(b * b) - mu2**2, filt(a * b) - mu1 * mu2
+    C1, C2 = 0.01**2, 0.03**2
+    ref = ((2 * mu1 * mu2 + C1) * (2 * s12 + C2)) / ((mu1**2 + mu2**2 + C1) * (s1 + s2 + C2))
+    assert torch.allclose(ssim(a, b, reduce=False), ref, atol=1e-12)

@@ -38,6 +38,10 @@ constexpr double kAlphaMin = 1.0 / 255.0;
 constexpr double kTransmittanceMin = 1e-4;
 constexpr double kMedianTransmittance = 0.5;
 constexpr double kLowpassInvVariance = 2.0;
+// Beyond rho = 2 ln(255) even an opaque surfel has alpha < kAlphaMin, so the
+// exponential can be skipped there (a cheap exact reject; the margin covers
+// rounding of exp).
+constexpr double kRhoCutoff = 11.1;  // > 2 ln(255) = 11.0825
 constexpr int kTileSize = 16;
 constexpr int kChannels = 3;
 
@@ -130,6 +134,12 @@ SPLAT_HD void intersect(const SurfelParams<T>& s, T px, T py, T near, Hit<T>& h)
     h.v = h.q[1] / h.q[2];
     rho = h.u * h.u + h.v * h.v;
     h.z = s.Tw[0] * h.u + s.Tw[1] * h.v + s.Tw[2];
+  }
+  if (!(rho < T(kRhoCutoff))) {
+    h.G = T(0);
+    h.alpha = T(0);
+    h.contributes = false;
+    return;
   }
   h.G = exp(T(-0.5) * rho);
   const T raw_alpha = s.opacity * h.G;
