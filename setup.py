@@ -39,7 +39,10 @@ def _extensions():
     if _want_cuda():
         sources += sorted(glob.glob(os.path.join(KERNELS, "cuda", "*.cu")))
         sources += sorted(glob.glob(os.path.join(KERNELS, "cuda", "*.cpp")))
-        nvcc = ["-O3", "-std=c++17", "-DSPLAT_WITH_CUDA"]
+        # No FMA contraction and IEEE division/sqrt: the CUDA kernels then round
+        # like the CPU build of the same core.h (see scripts/compile_cuda_check.sh).
+        nvcc = ["-O3", "-std=c++17", "-DSPLAT_WITH_CUDA", "--fmad=false", "-ftz=false",
+                "-prec-div=true", "-prec-sqrt=true"]
         return [
             CUDAExtension(
                 "splat._C",

@@ -53,7 +53,13 @@ def main(argv=None) -> int:
         return 2
     if out is None:
         out = Path("output") / Path(cfg["data"]["path"]).resolve().name
-    Trainer(cfg, out, resume=args.resume).train()
+    from splat.data import DataError
+
+    try:
+        Trainer(cfg, out, resume=args.resume).train()
+    except (DataError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

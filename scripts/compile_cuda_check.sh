@@ -54,7 +54,7 @@ CXX="${CXX:-g++}"
 torch_inc="$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "include"))' 2>/dev/null || true)"
 # CUDA headers: $CUDA_HOME, else where nvcc itself says it lives (nvcc may be a
 # wrapper script, so its own path proves nothing).
-cuda_top="${CUDA_HOME:-$("$NVCC" --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -n 1)}"
+cuda_top="${CUDA_HOME:-$( ("$NVCC" --dryrun -c -x cu /dev/null -o /dev/null 2>&1 || true) | sed -n 's/^#\$ TOP=//p' | head -n 1 || true)}"
 cuda_inc="${cuda_top:-/usr/local/cuda}/include"
 if [ -f "$glue" ] && [ -n "$torch_inc" ] && [ -f "$torch_inc/c10/cuda/CUDAGuard.h" ] &&
    [ -f "$cuda_inc/cuda_runtime_api.h" ] && command -v "$CXX" >/dev/null 2>&1; then

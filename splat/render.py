@@ -256,8 +256,14 @@ def main(argv=None) -> int:
         except MissingOpen3D as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-    if args.split is not None or not args.mesh:
-        render_split(args.model, args.data, args.split or "test", args.overrides, progress)
-    if args.mesh:
-        extract_mesh(args.model, args.data, args.mesh_res, overrides=args.overrides, progress=progress)
+    from .data import DataError
+
+    try:
+        if args.split is not None or not args.mesh:
+            render_split(args.model, args.data, args.split or "test", args.overrides, progress)
+        if args.mesh:
+            extract_mesh(args.model, args.data, args.mesh_res, overrides=args.overrides, progress=progress)
+    except (FileNotFoundError, DataError, KeyError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0

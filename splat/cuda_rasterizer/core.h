@@ -76,6 +76,11 @@ SPLAT_HD void load_surfel(const T* Tuvw, const T* center, const T* opacity,
   s.opacity = opacity[id];
 }
 
+// exp in the scalar's own precision on host and device alike (an unqualified
+// exp(float) would resolve to the double version on the host).
+SPLAT_HD float exp_of(float x) { return expf(x); }
+SPLAT_HD double exp_of(double x) { return exp(x); }
+
 template <typename T>
 SPLAT_HD void cross3(const T* a, const T* b, T* out) {
   out[0] = a[1] * b[2] - a[2] * b[1];
@@ -141,7 +146,7 @@ SPLAT_HD void intersect(const SurfelParams<T>& s, T px, T py, T near, Hit<T>& h)
     h.contributes = false;
     return;
   }
-  h.G = exp(T(-0.5) * rho);
+  h.G = exp_of(T(-0.5) * rho);
   const T raw_alpha = s.opacity * h.G;
   h.alpha = raw_alpha < T(kAlphaMax) ? raw_alpha : T(kAlphaMax);
   h.contributes = h.alpha >= T(kAlphaMin) && h.z > near;

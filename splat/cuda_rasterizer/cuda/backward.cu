@@ -16,8 +16,8 @@
 //     surfel entirely when no lane touched it, else they sum their records
 //     with a warp reduce-scatter (31 shuffles instead of 5 * kGradSize for a
 //     shuffle-down tree) after which lane q holds the warp's total of scalar q,
-//     and lanes 0..kGradSize-1 issue ONE atomicAdd each, all to one 80-byte
-//     row of v_surfels: one coalesced atomic instruction per warp and surfel.
+//     and lanes 0..kGradSize-1 issue ONE atomicAdd each, all into the one
+//     contiguous row of v_surfels: one coalesced atomic per warp and surfel.
 //
 // Float atomics make the summation order (and so the last bits) vary from run
 // to run; the CPU backend is the deterministic reference.
