@@ -185,6 +185,17 @@ def _import_open3d():
     return o3d
 
 
+def _depth_points(depth: np.ndarray, K: np.ndarray, viewmat: np.ndarray) -> np.ndarray:
+    """World points of the pixels with depth > 0. depth [H, W] -> [M, 3]"""
+    i, j = np.nonzero(depth > 0)
+    z = depth[i, j]
+    x = (j + 0.5 - K[0, 2]) / K[0, 0] * z
+    y = (i + 0.5 - K[1, 2]) / K[1, 1] * z
+    cam = np.stack([x, y, z], 1)  # [M, 3]
+    R, t = viewmat[:3, :3], viewmat[:3, 3]
+    return (cam - t) @ R  # R^T (p - t)
+
+
 def extract_mesh(
     model_dir, data: Optional[str] = None, mesh_res: int = 1024, alpha_min: float = 0.5, overrides=(), progress=True
 ) -> Path:
@@ -193,20 +204,17 @@ def extract_mesh(
     model, cfg, scene = load_run(model_dir, data, overrides)
     depth_trunc = 2.0 * float(scene.scene_radius())
     voxel = depth_trunc / float(mesh_res)
-    volume = o3d.pipelines.integration.ScalableTSDFVolume(
-        voxel_length=voxel,
-        sdf_trunc=5.0 * voxel,
-        color_type=o3d.pipelines.integration.TSDFVolumeColorType.RGB8,
-    )
     frames = scene.train
     it = frames
     if progress:
         from tqdm import tqdm
 
-        it = tqdm(frames, desc="tsdf", dynamic_ncols=True)
+        it = tqdm(frames, desc="render for tsdf", dynamic_ncols=True)
+    views = []  # (rgbd image, intrinsic, extrinsic [4, 4] float64, depth points)
     for f in it:
         rgb, depth, _, alpha = _render_outputs(model, cfg, f)
         depth = np.where(alpha >= alpha_min, depth, 0.0).astype(np.float32)
+        depth = np.where(depth < depth_trunc, depth, 0.0).astype(np.float32)
         rgbd = o3d.geometry.RGBDImage.create_from_color_and_depth(
             o3d.geometry.Image(np.ascontiguousarray(rgb)),
             o3d.geometry.Image(np.ascontiguousarray(depth)),
@@ -219,15 +227,38 @@ def extract_mesh(
         intr = o3d.camera.PinholeCameraIntrinsic(
             int(f.width), int(f.height), K[0, 0], K[1, 1], K[0, 2] - 0.5, K[1, 2] - 0.5
         )
-        volume.integrate(rgbd, intr, f.viewmat.double().numpy())
-    mesh = volume.extract_triangle_mesh()
+        V = np.ascontiguousarray(f.viewmat.double().numpy())
+        views.append((rgbd, intr, V, _depth_points(depth, K, V)))
+
+    def fuse(volume):
+        for rgbd, intr, V, _ in views:
+            volume.integrate(rgbd, intr, V)
+        return volume.extract_triangle_mesh()
+
+    color = o3d.pipelines.integration.TSDFVolumeColorType.RGB8
+    mesh = fuse(o3d.pipelines.integration.ScalableTSDFVolume(
+        voxel_length=voxel, sdf_trunc=5.0 * voxel, color_type=color))
+    how = f"ScalableTSDFVolume, voxel {voxel:.4g}, sdf_trunc {5 * voxel:.4g}, depth_trunc {depth_trunc:.4g}"
+    if len(mesh.vertices) == 0:
+        # Some open3d builds (seen: open3d-cpu 0.20 wheel) return an empty
+        # mesh from ScalableTSDFVolume.  Fall back to a UniformTSDFVolume over
+        # the bounding cube of the fused depth points, at most 384^3 voxels.
+        pts = np.concatenate([v[3] for v in views]) if views else np.zeros((0, 3))
+        if len(pts):
+            lo, hi = np.percentile(pts, 0.5, axis=0), np.percentile(pts, 99.5, axis=0)
+            length = float((hi - lo).max()) * 1.1 + 1e-6
+            res = int(min(mesh_res, 384))
+            vox = length / res
+            origin = (lo + hi) / 2 - length / 2
+            print(f"warning: ScalableTSDFVolume gave an empty mesh; retrying with UniformTSDFVolume "
+                  f"({res}^3 voxels of {vox:.4g})", file=sys.stderr)
+            mesh = fuse(o3d.pipelines.integration.UniformTSDFVolume(
+                length=length, resolution=res, sdf_trunc=5.0 * vox, color_type=color,
+                origin=origin.astype(np.float64)))
+            how = f"UniformTSDFVolume fallback, voxel {vox:.4g}, sdf_trunc {5 * vox:.4g}"
     path = Path(model_dir) / "mesh.ply"
     o3d.io.write_triangle_mesh(str(path), mesh)
-    print(
-        f"wrote {path}: {len(mesh.vertices)} vertices, {len(mesh.triangles)} triangles "
-        f"(voxel {voxel:.4g}, sdf_trunc {5 * voxel:.4g}, depth_trunc {depth_trunc:.4g})",
-        file=sys.stderr,
-    )
+    print(f"wrote {path}: {len(mesh.vertices)} vertices, {len(mesh.triangles)} triangles ({how})", file=sys.stderr)
     return path
 
 

@@ -64,7 +64,7 @@ std::vector<torch::Tensor> forward_cpu(const torch::Tensor& Tuvw, const torch::T
   auto median_depth = torch::empty({height, width}, opts);
   auto end = torch::empty({height, width}, iopts);
   auto median_index = torch::empty({height, width}, iopts);
-  auto totals = torch::empty({height, width, 3}, opts);
+  auto totals = torch::empty({height, width, splat::kTotalsSize}, opts);
   const int tiles_x = tiles_along(width), tiles_y = tiles_along(height);
   std::vector<int64_t> offsets;
   std::vector<int32_t> points;

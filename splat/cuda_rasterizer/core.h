@@ -154,8 +154,12 @@ SPLAT_HD void intersect(const SurfelParams<T>& s, T px, T py, T near, Hit<T>& h)
 
 // ---- front-to-back blending ------------------------------------------------
 // Running per-pixel state of the forward pass.  A, D, D2 are the sums of w,
-// w*m and w*m^2 over the surfels blended so far; the distortion
+// w*m' and w*m'^2 over the surfels blended so far; the distortion
 // sum_i sum_{j<i} w_i w_j (m_i - m_j)^2 is accumulated from them.
+// m' = m - m_shift, with m_shift the first blended surfel's m: the distortion
+// only sees differences of m, so the shift changes nothing exactly (its
+// derivative is identically zero), but it keeps the sums small and removes
+// most of the float32 cancellation in m^2 A + D2 - 2 m D.
 template <typename T>
 struct PixelState {
   T transmittance;
@@ -163,6 +167,7 @@ struct PixelState {
   T depth_sum;
   T normal[3];
   T A, D, D2;
+  T m_shift;
   T distortion;
   T median_depth;
   int32_t median_index;  // list position of the median surfel, -1 if none
@@ -175,7 +180,7 @@ SPLAT_HD void init_pixel(PixelState<T>& p) {
   for (int c = 0; c < kChannels; ++c) p.color[c] = T(0);
   p.depth_sum = T(0);
   for (int k = 0; k < 3; ++k) p.normal[k] = T(0);
-  p.A = p.D = p.D2 = p.distortion = T(0);
+  p.A = p.D = p.D2 = p.distortion = p.m_shift = T(0);
   p.median_depth = T(0);
   p.median_index = -1;
   p.end = 0;
@@ -190,7 +195,8 @@ SPLAT_HD bool blend(PixelState<T>& p, const Hit<T>& h, const T* color,
   const T next_T = p.transmittance * (T(1) - h.alpha);
   if (next_T < T(kTransmittanceMin)) return false;
   const T w = h.alpha * p.transmittance;
-  const T m = normalized_depth(h.z, near, far);
+  if (p.end == 0) p.m_shift = normalized_depth(h.z, near, far);
+  const T m = normalized_depth(h.z, near, far) - p.m_shift;
   for (int c = 0; c < kChannels; ++c) p.color[c] += w * color[c];
   p.depth_sum += w * h.z;
   for (int k = 0; k < 3; ++k) p.normal[k] += w * normal[k];
@@ -216,8 +222,27 @@ struct PixelGrad {
   T v_normal[3];
   T v_distortion;
   T v_median;
-  T A, D, D2;  // final totals (the distortion gradient needs only these)
+  T A, D, D2, m_shift;  // final totals (the distortion gradient needs only these)
 };
+
+// Per-pixel totals saved by the forward pass for the backward pass.
+constexpr int kTotalsSize = 4;
+
+template <typename T>
+SPLAT_HD void store_totals(const PixelState<T>& p, T* totals) {
+  totals[0] = p.A;
+  totals[1] = p.D;
+  totals[2] = p.D2;
+  totals[3] = p.m_shift;
+}
+
+template <typename T>
+SPLAT_HD void load_totals(const T* totals, PixelGrad<T>& g) {
+  g.A = totals[0];
+  g.D = totals[1];
+  g.D2 = totals[2];
+  g.m_shift = totals[3];
+}
 
 // State of the back-to-front walk.  `transmittance` is T_{i+1}, the
 // transmittance behind the surfel about to be visited; `last_dL_dT` is
@@ -242,7 +267,7 @@ SPLAT_HD void backward_step(BackwardState<T>& st, const PixelGrad<T>& g,
   const T one_minus_alpha = T(1) - h.alpha;
   const T T_i = st.transmittance / one_minus_alpha;
   const T w = h.alpha * T_i;
-  const T m = normalized_depth(h.z, near, far);
+  const T m = normalized_depth(h.z, near, far) - g.m_shift;
 
   // s_i: dL/dw_i with the distortion term taken from the final totals,
   // distortion = A D2 - D^2  =>  d/dw_i = D2 + m_i^2 A - 2 m_i D.

@@ -32,7 +32,7 @@ struct ForwardOutputs {
   T* median_depth;    // [H, W]
   int32_t* end;       // [H, W] one past the last blended list position (tile-local)
   int32_t* median_index;  // [H, W] tile-local list position of the median surfel, -1 if none
-  T* totals;          // [H, W, 3] final A, D, D2
+  T* totals;          // [H, W, kTotalsSize] final A, D, D2 and the m shift (core.h)
 };
 
 template <typename T>

@@ -92,10 +92,10 @@ class DefaultStrategy(Strategy):
         self.radii = state.get("radii")
         self.stats = dict(state.get("stats", self.stats))
 
-    def _reset_stats(self, n: int) -> None:
-        self.grad2d = torch.zeros(n)
-        self.count = torch.zeros(n)
-        self.radii = torch.zeros(n)
+    def _reset_stats(self, n: int, device=None) -> None:
+        self.grad2d = torch.zeros(n, device=device)
+        self.count = torch.zeros(n, device=device)
+        self.radii = torch.zeros(n, device=device)
 
     # ---------------------------------------------------------------- hooks
     def step_post_backward(self, model, optimizers: Dict, out, step: int) -> None:
@@ -114,14 +114,17 @@ class DefaultStrategy(Strategy):
     @torch.no_grad()
     def _accumulate(self, model, out) -> None:
         n = model.num_gaussians
+        dev = model.means.device
         if self.grad2d is None or self.grad2d.shape[0] != n:
-            self._reset_stats(n)
+            self._reset_stats(n, dev)
+        elif self.grad2d.device != dev:  # e.g. stats loaded from a checkpoint on the CPU
+            self._remap_stats(lambda v: v.to(dev))
         g = out.means2d.grad
         if g is None:
             return
         H, W = out.rgb.shape[0], out.rgb.shape[1]
-        g = g.detach().cpu().float() * torch.tensor([W / 2.0, H / 2.0])  # [N, 2] NDC units
-        radii = out.radii.detach().cpu()  # [N]
+        g = g.detach().float() * torch.tensor([W / 2.0, H / 2.0], device=g.device)  # [N, 2] NDC units
+        radii = out.radii.detach()  # [N]
         vis = radii > 0
         self.grad2d[vis] += g[vis].norm(dim=-1)
         self.count[vis] += 1
@@ -140,7 +143,7 @@ class DefaultStrategy(Strategy):
                 f"step {step}: {n_before} -> {model.num_gaussians} surfels "
                 f"(+{n_clone} cloned, +{n_split} split, -{n_prune} pruned)"
             )
-        self._reset_stats(model.num_gaussians)
+        self._reset_stats(model.num_gaussians, model.means.device)
 
     @torch.no_grad()
     def _grow(self, model, optimizers: Dict, step: int):
@@ -160,7 +163,7 @@ class DefaultStrategy(Strategy):
             self._duplicate(model, optimizers, clone)
         if n_split:
             # Clones were appended at the end, so the split mask just grows with False.
-            split = torch.cat([split, torch.zeros(n_clone, dtype=torch.bool)])
+            split = torch.cat([split, torch.zeros(n_clone, dtype=torch.bool, device=split.device)])
             self._split(model, optimizers, split)
         return n_clone, n_split
 
@@ -202,7 +205,7 @@ class DefaultStrategy(Strategy):
         R = quat_to_rotmat(model.params["quats"].detach()[sel])  # [S, 3, 3]
         # Sample in the tangent plane: zero std along the normal axis (2DGS).
         std = torch.cat([scales, torch.zeros_like(scales[:, :1])], dim=-1)  # [S, 3]
-        local = torch.randn(2, len(sel), 3) * std[None]  # [2, S, 3]
+        local = torch.randn(2, len(sel), 3).to(std.device) * std[None]  # [2, S, 3] (CPU RNG: reproducible)
         offsets = torch.einsum("sij,bsj->bsi", R, local)  # [2, S, 3]
         new_means = (model.params["means"].detach()[sel][None] + offsets).reshape(-1, 3)
         new_log_scales = torch.log(scales / 1.6).repeat(2, 1)  # [2S, 2]
@@ -217,7 +220,7 @@ class DefaultStrategy(Strategy):
             return torch.cat([p[rest], child])
 
         def optim_fn(key: str, v: torch.Tensor) -> torch.Tensor:
-            return torch.cat([v[rest], torch.zeros((2 * len(sel),) + v.shape[1:], dtype=v.dtype)])
+            return torch.cat([v[rest], v.new_zeros((2 * len(sel),) + v.shape[1:])])
 
         update_params(model, optimizers, param_fn, optim_fn)
         self._remap_stats(lambda v: torch.cat([v[rest], v[sel].repeat(2)]))

@@ -79,9 +79,7 @@ void forward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const ForwardOu
         out.median_depth[pix] = p.median_depth;
         out.end[pix] = p.end;
         out.median_index[pix] = p.median_index;
-        out.totals[pix * 3 + 0] = p.A;
-        out.totals[pix * 3 + 1] = p.D;
-        out.totals[pix * 3 + 2] = p.D2;
+        store_totals(p, out.totals + pix * kTotalsSize);
       }
     }
   }
@@ -112,9 +110,7 @@ void backward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const int32_t*
         for (int k = 0; k < 3; ++k) g.v_normal[k] = up.v_normal_sum[pix * 3 + k];
         g.v_distortion = up.v_distortion[pix];
         g.v_median = up.v_median_depth[pix];
-        g.A = totals[pix * 3 + 0];
-        g.D = totals[pix * 3 + 1];
-        g.D2 = totals[pix * 3 + 2];
+        load_totals(totals + pix * kTotalsSize, g);
         BackwardState<T> st{transmittance[pix], up.v_transmittance[pix]};
         const int32_t median_k = median_index[pix];
         SurfelParams<T> sp;

@@ -118,9 +118,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     for (int k = 0; k < 3; ++k) g.v_normal[k] = up.v_normal_sum[pix * 3 + k];
     g.v_distortion = up.v_distortion[pix];
     g.v_median = up.v_median_depth[pix];
-    g.A = totals[pix * 3 + 0];
-    g.D = totals[pix * 3 + 1];
-    g.D2 = totals[pix * 3 + 2];
+    load_totals(totals + pix * kTotalsSize, g);
     st.transmittance = transmittance[pix];
     st.last_dL_dT = up.v_transmittance[pix];
     pixel_end = end[pix];

@@ -150,7 +150,7 @@ std::vector<torch::Tensor> forward_impl(const torch::Tensor& Tuvw, const torch::
   auto median_depth = torch::empty({height, width}, opts);
   auto end = torch::empty({height, width}, iopts);
   auto median_index = torch::empty({height, width}, iopts);
-  auto totals = torch::empty({height, width, 3}, opts);
+  auto totals = torch::empty({height, width, splat::kTotalsSize}, opts);
   const int tiles_x = tiles_along(width), tiles_y = tiles_along(height);
   const int num_tiles = tiles_x * tiles_y;
   auto tile_offsets = torch::empty({int64_t(num_tiles) + 1}, opts.dtype(torch::kInt64));
@@ -270,7 +270,7 @@ torch::Tensor backward_cuda(const torch::Tensor& Tuvw, const torch::Tensor& cent
   check_tensor(transmittance, "transmittance", device, dtype);
   check_image(transmittance, "transmittance", height, width, 0);
   check_tensor(totals, "totals", device, dtype);
-  check_image(totals, "totals", height, width, 3);
+  check_image(totals, "totals", height, width, splat::kTotalsSize);
 
   // Upstream gradients: autograd may hand over expanded (stride-0) or
   // otherwise non-contiguous tensors; contiguous() is free when they are not.

@@ -5,7 +5,7 @@
 // blend until blend() refuses.  The per-pixel maths is core.h, shared with the
 // CPU, so both backends take the same decisions and save the same state
 // (end and median_index as tile-local list positions, final transmittance and
-// the A, D, D2 totals) for the backward pass.
+// the distortion totals) for the backward pass.
 //
 // GPU structure: the tile's list is consumed in batches of kBatchSize surfels
 // staged in shared memory (see surfel_batch.cuh); the block stops as soon as
@@ -83,9 +83,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   out.median_depth[pix] = p.median_depth;
   out.end[pix] = p.end;
   out.median_index[pix] = p.median_index;
-  out.totals[pix * 3 + 0] = p.A;
-  out.totals[pix * 3 + 1] = p.D;
-  out.totals[pix * 3 + 2] = p.D2;
+  store_totals(p, out.totals + pix * kTotalsSize);
 }
 
 }  // namespace
