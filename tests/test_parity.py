@@ -6,10 +6,11 @@ rounding: we require 1e-9 relative to each tensor's largest magnitude.
 
 float32: the float32 kernel is compared with the float64 reference (the
 truth).  Rounding in the sums and in the back-to-front recovery of T (division
-by 1 - alpha) gives relative errors of ~1e-6..1e-5 for values, and larger for
-gradients through near-singular intersections (du/dq ~ 1/q2); we require
-values within 1e-4 and gradients within 2e-3 of each tensor's largest
-magnitude.  A wrong term shows up at O(1) relative error, far above this.
+by 1 - alpha) gives measured relative errors up to 7e-6 for values and 5e-5
+for gradients (larger through near-singular intersections, du/dq ~ 1/q2); we
+require values within 5e-5 and gradients within 5e-4 of each tensor's largest
+magnitude, about 10x the measured error.  A wrong term shows up at O(1)
+relative error, far above this.
 """
 import pytest
 import torch
@@ -27,12 +28,12 @@ def _scenes():
 
 
 SCENES = dict(_scenes())
-TOL = {torch.float64: (1e-9, 1e-9), torch.float32: (1e-4, 2e-3)}  # (values, gradients), relative to max
+TOL = {torch.float64: (1e-9, 1e-9), torch.float32: (5e-5, 5e-4)}  # (values, gradients), relative to max
 
 
 def _max_rel(a, b):
     scale = max(float(b.abs().max()), 1e-12)
-    return float((a.double() - b.double()).abs().max()) / scale
+    return float((a.detach().double() - b.detach().double()).abs().max()) / scale
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
