@@ -84,7 +84,7 @@ def rasterize(means, quats, scales, opacities, colors, viewmat, K, width, height
                                    means2d=means2d if needs_grad else None)
     else:
         sums = _RasterizeSurfels.apply(Tuvw, center, proj["normal"], rgb_colors, opacities,
-                                       proj["depth"], proj["tile_rect"], width, height, near, far)
+                                       proj["depth"], proj["pixel_rect"], width, height, near, far)
     return compose(*sums, background=background, radii=proj["radii"], means2d=means2d)
 
 
@@ -99,14 +99,14 @@ def _project(means, quats, scales, opacities, viewmat, K, width, height, near, f
     M = K @ columns  # [N, 3, 3]; M (u, v, 1) = homogeneous pixel
     center = M[:, :2, 2] / M[:, 2:3, 2]  # [N, 2]
     with torch.no_grad():
-        tile_rect, radii = _screen_bounds(M.detach(), center.detach(), opacities.detach(),
+        pixel_rect, radii = _screen_bounds(M.detach(), center.detach(), opacities.detach(),
                                           width, height, near, far)
     return {"Tuvw": M.reshape(-1, 9), "center": center, "depth": c[:, 2].detach().contiguous(),
-            "normal": facing_normals(quats, means, viewmat), "tile_rect": tile_rect, "radii": radii}
+            "normal": facing_normals(quats, means, viewmat), "pixel_rect": pixel_rect, "radii": radii}
 
 
 def _screen_bounds(M, center, opacities, width, height, near, far):
-    """Tiles each surfel may touch: int32 [N, 4] (x0, y0, x1, y1), and radii [N].
+    """Pixels each surfel may draw: int32 [N, 4] (x0, y0, x1, y1, exclusive), and radii [N].
 
     A pixel is drawn only where o exp(-rho / 2) >= 1/255, i.e. rho <= k^2 with
     k^2 = 2 ln(255 o), so bounding exactly that region loses nothing:
@@ -137,15 +137,16 @@ def _screen_bounds(M, center, opacities, width, height, near, far):
     screen = torch.tensor([width, height], dtype=lo.dtype, device=lo.device)
     lo = torch.where(bounded[:, None], lo, torch.zeros_like(lo))
     hi = torch.where(bounded[:, None], hi, screen.expand_as(hi))
+    # Pixel j has its centre at j + 0.5: keep the j whose centre lies in [lo, hi], plus the margin.
     margin = 1.0
-    tiles = torch.tensor([math.ceil(width / cv.TILE_SIZE), math.ceil(height / cv.TILE_SIZE)],
-                         device=lo.device)
-    lo_tile = torch.floor((lo - margin) / cv.TILE_SIZE).clamp(min=-1).long()
-    hi_tile = torch.floor((hi + margin) / cv.TILE_SIZE).clamp(min=-1).long() + 1
-    lo_tile = torch.minimum(torch.clamp_min(lo_tile, 0), tiles)
-    hi_tile = torch.minimum(torch.clamp_min(hi_tile, 0), tiles)
-    visible &= (hi_tile > lo_tile).all(-1)
-    rect = torch.where(visible[:, None], torch.cat([lo_tile, hi_tile], -1), torch.zeros_like(torch.cat([lo_tile, hi_tile], -1)))
+    screen_px = screen.long()
+    first = torch.ceil(lo - 0.5 - margin).clamp(min=-1, max=max(width, height) + 1).long()
+    last = torch.floor(hi - 0.5 + margin).clamp(min=-1, max=max(width, height) + 1).long() + 1
+    first = torch.minimum(torch.clamp_min(first, 0), screen_px)
+    last = torch.minimum(torch.clamp_min(last, 0), screen_px)
+    visible &= (last > first).all(-1)
+    rect = torch.cat([first, last], -1)
+    rect = torch.where(visible[:, None], rect, torch.zeros_like(rect))
     extent = torch.maximum(hi - center, center - lo).amax(-1)
     radii = torch.where(visible, torch.ceil(torch.clamp_min(extent, 0.0)), torch.zeros_like(extent))
     radii = torch.where(bounded | ~visible, radii, torch.full_like(radii, float(max(width, height))))
@@ -159,10 +160,10 @@ class _RasterizeSurfels(torch.autograd.Function):
     """Per-pixel rasterization by splat._C.  Returns the raw sums of compose()."""
 
     @staticmethod
-    def forward(ctx, Tuvw, center, normal, color, opacity, depth, tile_rect, width, height, near, far):
+    def forward(ctx, Tuvw, center, normal, color, opacity, depth, pixel_rect, width, height, near, far):
         ext = load_extension()
         on_gpu = Tuvw.is_cuda
-        args = [t.contiguous() for t in (Tuvw, center, normal, color, opacity, depth, tile_rect)]
+        args = [t.contiguous() for t in (Tuvw, center, normal, color, opacity, depth, pixel_rect)]
         fwd = ext.forward_cuda if on_gpu else ext.forward_cpu
         (color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth,
          end, median_index, totals, tile_offsets, point_list) = fwd(*args, width, height, near, far)

@@ -25,7 +25,7 @@ template <typename T>
 splat::SurfelArrays<T> surfel_arrays(const torch::Tensor& Tuvw, const torch::Tensor& center,
                                      const torch::Tensor& normal, const torch::Tensor& color,
                                      const torch::Tensor& opacity, const torch::Tensor& depth,
-                                     const torch::Tensor& tile_rect, int64_t width,
+                                     const torch::Tensor& pixel_rect, int64_t width,
                                      int64_t height, double near, double far) {
   const int64_t n = Tuvw.size(0);
   const auto dtype = Tuvw.scalar_type();
@@ -35,12 +35,12 @@ splat::SurfelArrays<T> surfel_arrays(const torch::Tensor& Tuvw, const torch::Ten
   check_input(color, "color", n, 3, dtype);
   check_input(opacity, "opacity", n, 0, dtype);
   check_input(depth, "depth", n, 0, dtype);
-  check_input(tile_rect, "tile_rect", n, 4, torch::kInt32);
+  check_input(pixel_rect, "pixel_rect", n, 4, torch::kInt32);
   TORCH_CHECK(n < (int64_t(1) << 31), "too many surfels");
   return splat::SurfelArrays<T>{Tuvw.data_ptr<T>(),    center.data_ptr<T>(),
                                 normal.data_ptr<T>(),  color.data_ptr<T>(),
                                 opacity.data_ptr<T>(), depth.data_ptr<T>(),
-                                tile_rect.data_ptr<int32_t>(), n,
+                                pixel_rect.data_ptr<int32_t>(), n,
                                 static_cast<int>(width), static_cast<int>(height),
                                 static_cast<T>(near),  static_cast<T>(far)};
 }
@@ -52,7 +52,7 @@ int tiles_along(int64_t pixels) {
 std::vector<torch::Tensor> forward_cpu(const torch::Tensor& Tuvw, const torch::Tensor& center,
                                        const torch::Tensor& normal, const torch::Tensor& color,
                                        const torch::Tensor& opacity, const torch::Tensor& depth,
-                                       const torch::Tensor& tile_rect, int64_t width,
+                                       const torch::Tensor& pixel_rect, int64_t width,
                                        int64_t height, double near, double far) {
   const auto opts = Tuvw.options();
   const auto iopts = opts.dtype(torch::kInt32);
@@ -69,7 +69,7 @@ std::vector<torch::Tensor> forward_cpu(const torch::Tensor& Tuvw, const torch::T
   std::vector<int64_t> offsets;
   std::vector<int32_t> points;
   AT_DISPATCH_FLOATING_TYPES(Tuvw.scalar_type(), "splat_forward_cpu", [&] {
-    auto s = surfel_arrays<scalar_t>(Tuvw, center, normal, color, opacity, depth, tile_rect,
+    auto s = surfel_arrays<scalar_t>(Tuvw, center, normal, color, opacity, depth, pixel_rect,
                                      width, height, near, far);
     splat::bin_tiles_cpu<scalar_t>(s, tiles_x, tiles_y, offsets, points);
     splat::TileBins bins{offsets.data(), points.data(), tiles_x, tiles_y};
@@ -92,7 +92,7 @@ std::vector<torch::Tensor> forward_cpu(const torch::Tensor& Tuvw, const torch::T
 torch::Tensor backward_cpu(const torch::Tensor& Tuvw, const torch::Tensor& center,
                            const torch::Tensor& normal, const torch::Tensor& color,
                            const torch::Tensor& opacity, const torch::Tensor& depth,
-                           const torch::Tensor& tile_rect, int64_t width, int64_t height,
+                           const torch::Tensor& pixel_rect, int64_t width, int64_t height,
                            double near, double far, const torch::Tensor& tile_offsets,
                            const torch::Tensor& point_list, const torch::Tensor& end,
                            const torch::Tensor& median_index,
@@ -109,7 +109,7 @@ torch::Tensor backward_cpu(const torch::Tensor& Tuvw, const torch::Tensor& cente
     TORCH_CHECK(t->is_contiguous() && t->scalar_type() == Tuvw.scalar_type(),
                 "upstream gradients must be contiguous and of the input dtype");
   AT_DISPATCH_FLOATING_TYPES(Tuvw.scalar_type(), "splat_backward_cpu", [&] {
-    auto s = surfel_arrays<scalar_t>(Tuvw, center, normal, color, opacity, depth, tile_rect,
+    auto s = surfel_arrays<scalar_t>(Tuvw, center, normal, color, opacity, depth, pixel_rect,
                                      width, height, near, far);
     splat::TileBins bins{tile_offsets.data_ptr<int64_t>(), point_list.data_ptr<int32_t>(),
                          tiles_x, tiles_y};

@@ -81,6 +81,23 @@ SPLAT_HD void load_surfel(const T* Tuvw, const T* center, const T* opacity,
 SPLAT_HD float exp_of(float x) { return expf(x); }
 SPLAT_HD double exp_of(double x) { return exp(x); }
 
+// A surfel's pixel rectangle [x0, x1) x [y0, y1) (conservative: every pixel
+// it can draw lies inside) and the tiles that rectangle touches.
+struct PixelRect {
+  int32_t x0, y0, x1, y1;
+};
+
+SPLAT_HD PixelRect load_pixel_rect(const int32_t* rects, int64_t id) {
+  const int32_t* r = rects + 4 * id;
+  return PixelRect{r[0], r[1], r[2], r[3]};
+}
+
+SPLAT_HD PixelRect tiles_of(const PixelRect& r) {
+  if (r.x1 <= r.x0 || r.y1 <= r.y0) return PixelRect{0, 0, 0, 0};
+  return PixelRect{r.x0 / kTileSize, r.y0 / kTileSize, (r.x1 + kTileSize - 1) / kTileSize,
+                   (r.y1 + kTileSize - 1) / kTileSize};
+}
+
 template <typename T>
 SPLAT_HD void cross3(const T* a, const T* b, T* out) {
   out[0] = a[1] * b[2] - a[2] * b[1];

@@ -87,7 +87,7 @@ int tiles_along(int64_t pixels) {
 int64_t check_surfels(const torch::Tensor& Tuvw, const torch::Tensor& center,
                       const torch::Tensor& normal, const torch::Tensor& color,
                       const torch::Tensor& opacity, const torch::Tensor& depth,
-                      const torch::Tensor& tile_rect, int64_t width, int64_t height) {
+                      const torch::Tensor& pixel_rect, int64_t width, int64_t height) {
   const auto dtype = float_dtype(Tuvw);
   const auto device = Tuvw.device();
   TORCH_CHECK(Tuvw.dim() == 2, "Tuvw has shape ", Tuvw.sizes(), ", expected [N, 9]");
@@ -109,8 +109,8 @@ int64_t check_surfels(const torch::Tensor& Tuvw, const torch::Tensor& center,
   check_rows(opacity, "opacity", n, 0);
   check_tensor(depth, "depth", device, dtype);
   check_rows(depth, "depth", n, 0);
-  check_tensor(tile_rect, "tile_rect", device, torch::kInt32);
-  check_rows(tile_rect, "tile_rect", n, 4);
+  check_tensor(pixel_rect, "pixel_rect", device, torch::kInt32);
+  check_rows(pixel_rect, "pixel_rect", n, 4);
   return n;
 }
 
@@ -118,12 +118,12 @@ template <typename T>
 SurfelArrays<T> surfel_arrays(const torch::Tensor& Tuvw, const torch::Tensor& center,
                               const torch::Tensor& normal, const torch::Tensor& color,
                               const torch::Tensor& opacity, const torch::Tensor& depth,
-                              const torch::Tensor& tile_rect, int64_t width, int64_t height,
+                              const torch::Tensor& pixel_rect, int64_t width, int64_t height,
                               double near, double far) {
   return SurfelArrays<T>{Tuvw.data_ptr<T>(),    center.data_ptr<T>(),
                          normal.data_ptr<T>(),  color.data_ptr<T>(),
                          opacity.data_ptr<T>(), depth.data_ptr<T>(),
-                         tile_rect.data_ptr<int32_t>(), Tuvw.size(0),
+                         pixel_rect.data_ptr<int32_t>(), Tuvw.size(0),
                          static_cast<int>(width), static_cast<int>(height),
                          static_cast<T>(near),  static_cast<T>(far)};
 }
@@ -136,7 +136,7 @@ template <typename T>
 std::vector<torch::Tensor> forward_impl(const torch::Tensor& Tuvw, const torch::Tensor& center,
                                         const torch::Tensor& normal, const torch::Tensor& color,
                                         const torch::Tensor& opacity, const torch::Tensor& depth,
-                                        const torch::Tensor& tile_rect, int64_t width,
+                                        const torch::Tensor& pixel_rect, int64_t width,
                                         int64_t height, double near, double far) {
   const int64_t n = Tuvw.size(0);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
@@ -156,19 +156,19 @@ std::vector<torch::Tensor> forward_impl(const torch::Tensor& Tuvw, const torch::
   auto tile_offsets = torch::empty({int64_t(num_tiles) + 1}, opts.dtype(torch::kInt64));
   torch::Tensor point_list;
 
-  auto s = surfel_arrays<T>(Tuvw, center, normal, color, opacity, depth, tile_rect, width,
+  auto s = surfel_arrays<T>(Tuvw, center, normal, color, opacity, depth, pixel_rect, width,
                             height, near, far);
   if (n > 0 && num_tiles > 0) {
     auto count_ws = byte_buffer(gpu::bin_count_workspace_bytes<T>(n), Tuvw);
     int64_t num_pairs = 0;
-    C10_CUDA_CHECK(gpu::bin_count<T>(s.depth, s.tile_rect, n, tiles_x, tiles_y,
+    C10_CUDA_CHECK(gpu::bin_count<T>(s.depth, s.pixel_rect, n, tiles_x, tiles_y,
                                      count_ws.data_ptr(), size_t(count_ws.numel()), &num_pairs,
                                      stream));
     TORCH_CHECK(num_pairs <= kMaxInt32, "too many (tile, surfel) pairs for the CUDA rasterizer: ",
                 num_pairs);
     point_list = torch::empty({num_pairs}, iopts);
     auto pairs_ws = byte_buffer(gpu::bin_pairs_workspace_bytes(num_pairs, num_tiles), Tuvw);
-    C10_CUDA_CHECK(gpu::bin_pairs<T>(s.tile_rect, n, tiles_x, tiles_y, count_ws.data_ptr(),
+    C10_CUDA_CHECK(gpu::bin_pairs<T>(s.pixel_rect, n, tiles_x, tiles_y, count_ws.data_ptr(),
                                      num_pairs, pairs_ws.data_ptr(), size_t(pairs_ws.numel()),
                                      point_list.data_ptr<int32_t>(),
                                      tile_offsets.data_ptr<int64_t>(), stream));
@@ -196,7 +196,7 @@ template <typename T>
 torch::Tensor backward_impl(const torch::Tensor& Tuvw, const torch::Tensor& center,
                             const torch::Tensor& normal, const torch::Tensor& color,
                             const torch::Tensor& opacity, const torch::Tensor& depth,
-                            const torch::Tensor& tile_rect, int64_t width, int64_t height,
+                            const torch::Tensor& pixel_rect, int64_t width, int64_t height,
                             double near, double far, const torch::Tensor& tile_offsets,
                             const torch::Tensor& point_list, const torch::Tensor& end,
                             const torch::Tensor& median_index,
@@ -208,7 +208,7 @@ torch::Tensor backward_impl(const torch::Tensor& Tuvw, const torch::Tensor& cent
   const int tiles_x = tiles_along(width), tiles_y = tiles_along(height);
   if (Tuvw.size(0) == 0 || tiles_x == 0 || tiles_y == 0) return v_surfels;
 
-  auto s = surfel_arrays<T>(Tuvw, center, normal, color, opacity, depth, tile_rect, width,
+  auto s = surfel_arrays<T>(Tuvw, center, normal, color, opacity, depth, pixel_rect, width,
                             height, near, far);
   TileBins bins{tile_offsets.data_ptr<int64_t>(), point_list.data_ptr<int32_t>(), tiles_x,
                 tiles_y};
@@ -226,21 +226,21 @@ torch::Tensor backward_impl(const torch::Tensor& Tuvw, const torch::Tensor& cent
 std::vector<torch::Tensor> forward_cuda(const torch::Tensor& Tuvw, const torch::Tensor& center,
                                         const torch::Tensor& normal, const torch::Tensor& color,
                                         const torch::Tensor& opacity, const torch::Tensor& depth,
-                                        const torch::Tensor& tile_rect, int64_t width,
+                                        const torch::Tensor& pixel_rect, int64_t width,
                                         int64_t height, double near, double far) {
-  check_surfels(Tuvw, center, normal, color, opacity, depth, tile_rect, width, height);
+  check_surfels(Tuvw, center, normal, color, opacity, depth, pixel_rect, width, height);
   const c10::cuda::CUDAGuard device_guard(Tuvw.device());
   if (Tuvw.scalar_type() == torch::kFloat64)
-    return forward_impl<double>(Tuvw, center, normal, color, opacity, depth, tile_rect, width,
+    return forward_impl<double>(Tuvw, center, normal, color, opacity, depth, pixel_rect, width,
                                 height, near, far);
-  return forward_impl<float>(Tuvw, center, normal, color, opacity, depth, tile_rect, width,
+  return forward_impl<float>(Tuvw, center, normal, color, opacity, depth, pixel_rect, width,
                              height, near, far);
 }
 
 torch::Tensor backward_cuda(const torch::Tensor& Tuvw, const torch::Tensor& center,
                             const torch::Tensor& normal, const torch::Tensor& color,
                             const torch::Tensor& opacity, const torch::Tensor& depth,
-                            const torch::Tensor& tile_rect, int64_t width, int64_t height,
+                            const torch::Tensor& pixel_rect, int64_t width, int64_t height,
                             double near, double far, const torch::Tensor& tile_offsets,
                             const torch::Tensor& point_list, const torch::Tensor& end,
                             const torch::Tensor& median_index,
@@ -250,7 +250,7 @@ torch::Tensor backward_cuda(const torch::Tensor& Tuvw, const torch::Tensor& cent
                             const torch::Tensor& v_depth_sum, const torch::Tensor& v_normal_sum,
                             const torch::Tensor& v_distortion,
                             const torch::Tensor& v_median_depth) {
-  check_surfels(Tuvw, center, normal, color, opacity, depth, tile_rect, width, height);
+  check_surfels(Tuvw, center, normal, color, opacity, depth, pixel_rect, width, height);
   const c10::cuda::CUDAGuard device_guard(Tuvw.device());
   const auto device = Tuvw.device();
   const auto dtype = Tuvw.scalar_type();
@@ -290,10 +290,10 @@ torch::Tensor backward_cuda(const torch::Tensor& Tuvw, const torch::Tensor& cent
   }
 
   if (dtype == torch::kFloat64)
-    return backward_impl<double>(Tuvw, center, normal, color, opacity, depth, tile_rect, width,
+    return backward_impl<double>(Tuvw, center, normal, color, opacity, depth, pixel_rect, width,
                                  height, near, far, tile_offsets, point_list, end, median_index,
                                  transmittance, totals, up);
-  return backward_impl<float>(Tuvw, center, normal, color, opacity, depth, tile_rect, width,
+  return backward_impl<float>(Tuvw, center, normal, color, opacity, depth, pixel_rect, width,
                               height, near, far, tile_offsets, point_list, end, median_index,
                               transmittance, totals, up);
 }

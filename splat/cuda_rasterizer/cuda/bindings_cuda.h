@@ -18,14 +18,14 @@ namespace splat {
 std::vector<torch::Tensor> forward_cuda(const torch::Tensor& Tuvw, const torch::Tensor& center,
                                         const torch::Tensor& normal, const torch::Tensor& color,
                                         const torch::Tensor& opacity, const torch::Tensor& depth,
-                                        const torch::Tensor& tile_rect, int64_t width,
+                                        const torch::Tensor& pixel_rect, int64_t width,
                                         int64_t height, double near, double far);
 
 // Returns v_surfels [N, kGradSize] (see core.h for the record layout).
 torch::Tensor backward_cuda(const torch::Tensor& Tuvw, const torch::Tensor& center,
                             const torch::Tensor& normal, const torch::Tensor& color,
                             const torch::Tensor& opacity, const torch::Tensor& depth,
-                            const torch::Tensor& tile_rect, int64_t width, int64_t height,
+                            const torch::Tensor& pixel_rect, int64_t width, int64_t height,
                             double near, double far, const torch::Tensor& tile_offsets,
                             const torch::Tensor& point_list, const torch::Tensor& end,
                             const torch::Tensor& median_index,

@@ -60,8 +60,9 @@ struct DepthKey<double> {
   }
 };
 
-// Tiles touched by surfel `id`, clamped to the grid: the CPU trusts tile_rect,
-// here an out-of-grid rectangle must not alias into the neighbouring row.
+// Tiles touched by surfel `id` (from its pixel rectangle, as on the CPU),
+// clamped to the grid: an out-of-grid rectangle must not alias into the
+// neighbouring row.
 struct Rect {
   int x0, y0, x1, y1;
   __device__ __forceinline__ int64_t area() const {
@@ -69,15 +70,14 @@ struct Rect {
   }
 };
 
-__device__ __forceinline__ Rect load_rect(const int32_t* __restrict__ tile_rect, int64_t id,
+__device__ __forceinline__ Rect load_rect(const int32_t* __restrict__ pixel_rect, int64_t id,
                                           int tiles_x, int tiles_y) {
-  // Four scalar loads, not one int4: a contiguous view need not be 16-byte aligned.
-  const int32_t* r = tile_rect + 4 * id;
+  const PixelRect t = tiles_of(load_pixel_rect(pixel_rect, id));
   Rect out;
-  out.x0 = max(__ldg(r + 0), 0);
-  out.y0 = max(__ldg(r + 1), 0);
-  out.x1 = min(__ldg(r + 2), tiles_x);
-  out.y1 = min(__ldg(r + 3), tiles_y);
+  out.x0 = max(t.x0, 0);
+  out.y0 = max(t.y0, 0);
+  out.x1 = min(t.x1, tiles_x);
+  out.y1 = min(t.y1, tiles_y);
   return out;
 }
 
@@ -92,18 +92,18 @@ __global__ void depth_keys_kernel(const T* __restrict__ depth, int n,
 }
 
 // counts[j]: tiles touched by the j-th surfel in depth order (0 if culled).
-__global__ void count_tiles_kernel(const int32_t* __restrict__ tile_rect,
+__global__ void count_tiles_kernel(const int32_t* __restrict__ pixel_rect,
                                    const int32_t* __restrict__ sorted_ids, int n, int tiles_x,
                                    int tiles_y, int64_t* __restrict__ counts) {
   const int j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= n) return;
-  counts[j] = load_rect(tile_rect, sorted_ids[j], tiles_x, tiles_y).area();
+  counts[j] = load_rect(pixel_rect, sorted_ids[j], tiles_x, tiles_y).area();
 }
 
 // Writes the pairs of the j-th surfel in depth order at [pair_end[j-1], pair_end[j]).
 // Pairs therefore come out in depth order, and the stable sort by tile id that
 // follows keeps that order inside each tile.
-__global__ void duplicate_kernel(const int32_t* __restrict__ tile_rect,
+__global__ void duplicate_kernel(const int32_t* __restrict__ pixel_rect,
                                  const int32_t* __restrict__ sorted_ids,
                                  const int64_t* __restrict__ pair_end, int n, int tiles_x,
                                  int tiles_y, uint32_t* __restrict__ tile_keys,
@@ -111,7 +111,7 @@ __global__ void duplicate_kernel(const int32_t* __restrict__ tile_rect,
   const int j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= n) return;
   const int32_t id = sorted_ids[j];
-  const Rect r = load_rect(tile_rect, id, tiles_x, tiles_y);
+  const Rect r = load_rect(pixel_rect, id, tiles_x, tiles_y);
   int64_t out = j == 0 ? 0 : pair_end[j - 1];
   for (int ty = r.y0; ty < r.y1; ++ty)
     for (int tx = r.x0; tx < r.x1; ++tx) {
@@ -217,7 +217,7 @@ size_t bin_count_workspace_bytes(int64_t n) {
 }
 
 template <typename T>
-cudaError_t bin_count(const T* depth, const int32_t* tile_rect, int64_t n64, int tiles_x,
+cudaError_t bin_count(const T* depth, const int32_t* pixel_rect, int64_t n64, int tiles_x,
                       int tiles_y, void* workspace, size_t workspace_bytes, int64_t* num_pairs,
                       cudaStream_t stream) {
   using Key = typename DepthKey<T>::type;
@@ -241,7 +241,7 @@ cudaError_t bin_count(const T* depth, const int32_t* tile_rect, int64_t n64, int
   SPLAT_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys, keys_sorted, ids,
                                                         ids_sorted, n, 0, int(sizeof(Key) * 8),
                                                         stream));
-  count_tiles_kernel<<<blocks_for(n), kThreads, 0, stream>>>(tile_rect, ids_sorted, n, tiles_x,
+  count_tiles_kernel<<<blocks_for(n), kThreads, 0, stream>>>(pixel_rect, ids_sorted, n, tiles_x,
                                                              tiles_y, counts);
   SPLAT_RETURN_IF_ERROR(cudaGetLastError());
   temp_bytes = L.temp_bytes;
@@ -258,7 +258,7 @@ size_t bin_pairs_workspace_bytes(int64_t num_pairs, int num_tiles) {
 }
 
 template <typename T>
-cudaError_t bin_pairs(const int32_t* tile_rect, int64_t n64, int tiles_x, int tiles_y,
+cudaError_t bin_pairs(const int32_t* pixel_rect, int64_t n64, int tiles_x, int tiles_y,
                       const void* count_workspace, int64_t num_pairs64, void* workspace,
                       size_t workspace_bytes, int32_t* point_list, int64_t* tile_offsets,
                       cudaStream_t stream) {
@@ -281,7 +281,7 @@ cudaError_t bin_pairs(const int32_t* tile_rect, int64_t n64, int tiles_x, int ti
   int32_t* values = at_offset<int32_t>(workspace, L.values);
   void* temp = at_offset<char>(workspace, L.temp);
 
-  duplicate_kernel<<<blocks_for(n), kThreads, 0, stream>>>(tile_rect, ids_sorted, pair_end, n,
+  duplicate_kernel<<<blocks_for(n), kThreads, 0, stream>>>(pixel_rect, ids_sorted, pair_end, n,
                                                            tiles_x, tiles_y, keys, values);
   SPLAT_RETURN_IF_ERROR(cudaGetLastError());
   // Stable LSD radix sort on the tile bits only: inside a tile the pairs keep

@@ -39,11 +39,11 @@ template <typename T>
 size_t bin_count_workspace_bytes(int64_t n);
 
 // Sorts the n surfels by depth (stable, so ties keep index order), counts the
-// tiles each visible one touches (tile_rect clamped to the tile grid), scans
+// tiles each visible one touches (pixel_rect clamped to the tile grid), scans
 // the counts and copies the total number of pairs into *num_pairs (host).
 // Requires 0 < n < 2^31.  Synchronises `stream` once, for *num_pairs.
 template <typename T>
-cudaError_t bin_count(const T* depth, const int32_t* tile_rect, int64_t n, int tiles_x,
+cudaError_t bin_count(const T* depth, const int32_t* pixel_rect, int64_t n, int tiles_x,
                       int tiles_y, void* workspace, size_t workspace_bytes, int64_t* num_pairs,
                       cudaStream_t stream);
 
@@ -56,7 +56,7 @@ size_t bin_pairs_workspace_bytes(int64_t num_pairs, int num_tiles);
 // workspace of bin_count (same n).  num_pairs may be 0 (offsets all 0); it
 // must be < 2^31.
 template <typename T>
-cudaError_t bin_pairs(const int32_t* tile_rect, int64_t n, int tiles_x, int tiles_y,
+cudaError_t bin_pairs(const int32_t* pixel_rect, int64_t n, int tiles_x, int tiles_y,
                       const void* count_workspace, int64_t num_pairs, void* workspace,
                       size_t workspace_bytes, int32_t* point_list, int64_t* tile_offsets,
                       cudaStream_t stream);

@@ -1,0 +1,131 @@
+"""Rasterizer benchmark: forward/backward milliseconds, pixel-surfel pairs per
+second and peak memory, per backend and scene size.  Prints JSON (and writes
+it with --out).  Not a test: numbers depend on the machine and its load.
+
+    python bench/rasterize.py                      # CPU machine: cpu vs torch reference
+    python bench/rasterize.py --out bench/results/cpu.json
+
+Each case runs in its own subprocess so that peak memory (ru_maxrss, or CUDA
+max allocated) belongs to that case alone.  Scenes come from
+splat.testing.surface_scene: surfels tangent to a ground plane and four
+spheres, with trained-model-like sizes and opacities.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+CASES = [
+    # (surfels, width, height, backends, repetitions)
+    (20_000, 256, 256, ("cpu", "torch"), 3),
+    (100_000, 512, 512, ("cpu",), 3),
+    (1_000_000, 256, 256, ("cpu",), 1),
+    (1_000_000, 1920, 1080, ("cuda",), 5),
+]
+
+
+def run_case(n, width, height, backend, reps):
+    import torch
+
+    import splat
+    from splat._backend import load_extension
+    from splat.rasterize import _project
+    from splat.testing import surface_scene
+
+    device = "cuda" if backend == "cuda" else "cpu"
+    scene = surface_scene(n, width, height, dtype=torch.float32, seed=0)
+    scene = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in scene.items()}
+    params = {k: scene[k].clone().requires_grad_(True) for k in ("means", "quats", "scales", "opacities", "colors")}
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    fwd, bwd = [], []
+    for rep in range(reps + 1):  # the first run warms up (JIT, allocator, caches)
+        sync()
+        t0 = time.perf_counter()
+        out = splat.rasterize(**{**scene, **params}, backend=backend)
+        sync()
+        t1 = time.perf_counter()
+        loss = out.rgb.sum() + out.depth.sum() + out.normal.sum() + out.distortion.sum() + out.median_depth.sum()
+        loss.backward()
+        sync()
+        t2 = time.perf_counter()
+        if rep:
+            fwd.append(t1 - t0)
+            bwd.append(t2 - t1)
+    # pixel-surfel pairs the forward pass evaluates (list positions walked per pixel)
+    pairs = None
+    if backend in ("cpu", "cuda"):
+        ext = load_extension()
+        with torch.no_grad():
+            p = _project(scene["means"], scene["quats"], scene["scales"], scene["opacities"],
+                         scene["viewmat"], scene["K"], width, height, 0.2, 100.0)
+            f = ext.forward_cuda if device == "cuda" else ext.forward_cpu
+            res = f(p["Tuvw"].contiguous(), p["center"].contiguous(), p["normal"].contiguous(), scene["colors"],
+                    scene["opacities"], p["depth"], p["pixel_rect"], width, height, 0.2, 100.0)
+            pairs = int(res[6].long().sum())
+            tile_pairs = int(res[10].numel())
+    if device == "cuda":
+        peak = torch.cuda.max_memory_allocated() / 2**20
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB
+    fwd_ms, bwd_ms = 1e3 * statistics.median(fwd), 1e3 * statistics.median(bwd)
+    result = dict(backend=backend, surfels=n, width=width, height=height, forward_ms=round(fwd_ms, 2),
+                  backward_ms=round(bwd_ms, 2), total_ms=round(fwd_ms + bwd_ms, 2), peak_memory_mib=round(peak, 1),
+                  threads=torch.get_num_threads(), repetitions=reps)
+    if pairs is not None:
+        result.update(pixel_surfel_pairs=pairs, tile_surfel_pairs=tile_pairs,
+                      pairs_per_second_forward=round(pairs / (fwd_ms / 1e3)))
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", help="also write the JSON here")
+    ap.add_argument("--case", help=argparse.SUPPRESS)  # internal: n,width,height,backend,reps
+    ap.add_argument("--quick", action="store_true", help="only the 20k/256 case")
+    args = ap.parse_args()
+    if args.case:
+        n, w, h, backend, reps = args.case.split(",")
+        print(json.dumps(run_case(int(n), int(w), int(h), backend, int(reps))))
+        return
+    import torch
+
+    from splat._backend import has_cuda_kernels
+
+    results = []
+    for n, w, h, backends, reps in CASES[:1] if args.quick else CASES:
+        for backend in backends:
+            if backend == "cuda" and not (torch.cuda.is_available() and has_cuda_kernels()):
+                continue
+            r = 1 if backend == "torch" else reps
+            proc = subprocess.run([sys.executable, __file__, "--case", f"{n},{w},{h},{backend},{r}"],
+                                  capture_output=True, text=True)
+            if proc.returncode:
+                results.append(dict(backend=backend, surfels=n, width=w, height=h, error=proc.stderr[-2000:]))
+            else:
+                results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            print(json.dumps(results[-1]), file=sys.stderr)
+    ratios = {}
+    by_key = {(r["backend"], r["surfels"], r["width"]): r for r in results if "error" not in r}
+    if ("cpu", 20_000, 256) in by_key and ("torch", 20_000, 256) in by_key:
+        ratios["cpu_over_reference_speedup_20k_256"] = round(
+            by_key[("torch", 20_000, 256)]["total_ms"] / by_key[("cpu", 20_000, 256)]["total_ms"], 1)
+    report = dict(machine=dict(platform=platform.platform(), processor=platform.processor(),
+                               cpus=__import__("os").cpu_count(), torch=torch.__version__,
+                               cuda=torch.version.cuda,
+                               gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None),
+                  results=results, ratios=ratios)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
