@@ -51,6 +51,9 @@ def main(argv=None) -> int:
     except (KeyError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    data = Path(cfg["data"]["path"])
+    if not data.is_absolute() and not data.exists() and (ROOT / data).exists():
+        cfg["data"]["path"] = str(ROOT / data)  # e.g. the bundled data/sample_scene from another cwd
     if out is None:
         out = Path("output") / Path(cfg["data"]["path"]).resolve().name
     from splat.data import DataError

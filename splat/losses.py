@@ -18,7 +18,7 @@ convergence and costs PSNR (2DGS starts them at 3k / 7k of 30k steps).
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
 import torch.nn.functional as F

@@ -9,14 +9,16 @@ split (``<stem>`` = image file name without extension)::
                                             the camera (0 where alpha = 0)
     OUT/renders/<split>/alpha/<stem>.npy    float32 [H, W] accumulated opacity
 
-Depth choice (config ``render.depth``, default ``median``): the *median*
-depth is the depth of the surfel at which transmittance crosses 0.5, i.e. a
-depth that actually lies on a surface, so it stays sharp at silhouettes and
-where surfaces overlap; the *expected* depth (``sum w z / alpha``) averages
-the surfaces a pixel straddles and floats between them at edges.  2DGS uses
-the median for bounded scenes for the same reason.  Pass
-``render.depth=expected`` to get the expected depth instead; the trainer's
-depth metrics use the same choice.
+Depth choice (config ``render.depth``, default ``expected``): the
+*expected* depth ``sum w z / alpha`` (normalised by alpha, so the background
+does not pull it towards 0).  We measured both on data/sample_scene (NeRF
+layout, 1000 steps, test views, mean |z - z_gt| / z_gt over pixels with
+z_gt > 0): expected 1.6 %, *median* 6.4 %.  The median (the z of the last
+surfel entered with T > 0.5) is not averaged across surfaces, but where a
+pixel's alpha stays below 0.5 it is the z of whatever surfel came last
+(often a floater far behind), and it is noisier on surfaces too (2.8 % vs
+2.0 % where alpha >= 0.5).  ``render.depth=median`` selects the median; the
+trainer's depth metrics and the TSDF mesh use the same choice.
 
 ``python render.py --model OUT --mesh`` renders every train view and fuses
 the depth (pixels with alpha >= 0.5 only, so that soft silhouettes do not

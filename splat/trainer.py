@@ -106,7 +106,7 @@ DEFAULT_CONFIG: Dict = {
         "backend": "auto",  # passed to splat.rasterize
         "near": 0.2,
         "far": 100.0,
-        "depth": "median",  # depth written by render.py and used for metrics/mesh: median | expected
+        "depth": "expected",  # depth written by render.py and used for metrics/mesh: expected | median
     },
     "checkpoint": {
         "every": 1000,  # steps; a checkpoint is always written at the end

@@ -66,18 +66,23 @@ def test_render_explicit_data_and_train_split(trained, tmp_path):
     assert len(list((out / "renders" / "train" / "rgb").glob("*.png"))) == 8
 
 
-def test_render_mesh(trained):
+def test_render_mesh(trained, capsys):
+    from splat.render import main
+
     _, out, _ = trained
-    res = _run("--model", str(out), "--mesh", "--no-progress", "--mesh-res", "128")
+    rc = main(["--model", str(out), "--mesh", "--no-progress", "--mesh-res", "128"])
+    err = capsys.readouterr().err
     if importlib.util.find_spec("open3d") is None:
-        assert res.returncode == 2
-        assert "pip install open3d" in res.stderr
+        assert rc == 2
+        assert "pip install open3d" in err
     else:
-        assert res.returncode == 0, res.stderr[-3000:]
+        assert rc == 0, err[-3000:]
         assert (out / "mesh.ply").stat().st_size > 0
+        assert " 0 vertices" not in err
 
 
-def test_render_bad_model_dir(tmp_path):
-    res = _run("--model", str(tmp_path / "nope"))
-    assert res.returncode != 0
-    assert "config.yaml" in res.stderr
+def test_render_bad_model_dir(tmp_path, capsys):
+    from splat.render import main
+
+    assert main(["--model", str(tmp_path / "nope")]) == 1
+    assert "config.yaml" in capsys.readouterr().err

@@ -144,7 +144,16 @@ SPLAT_HD void intersect(const SurfelParams<T>& s, T px, T py, T near, Hit<T>& h)
   // rho3d < rho2d, written without dividing by q2: an edge-on or zero-area
   // surfel (q2 == 0) falls to the fallback instead of producing inf/NaN.
   const T qq = h.q[0] * h.q[0] + h.q[1] * h.q[1];
-  h.lowpass = !(qq < rho2d * h.q[2] * h.q[2]);
+  const T q2q2 = h.q[2] * h.q[2];
+  h.lowpass = !(qq < rho2d * q2q2);
+  // Cheap exact reject before any division: past kRhoCutoff alpha < kAlphaMin.
+  const bool near_enough = h.lowpass ? rho2d < T(kRhoCutoff) : qq < T(kRhoCutoff) * q2q2;
+  if (!near_enough) {
+    h.G = T(0);
+    h.alpha = T(0);
+    h.contributes = false;
+    return;
+  }
   T rho;
   if (h.lowpass) {
     h.u = T(0);
@@ -156,12 +165,6 @@ SPLAT_HD void intersect(const SurfelParams<T>& s, T px, T py, T near, Hit<T>& h)
     h.v = h.q[1] / h.q[2];
     rho = h.u * h.u + h.v * h.v;
     h.z = s.Tw[0] * h.u + s.Tw[1] * h.v + s.Tw[2];
-  }
-  if (!(rho < T(kRhoCutoff))) {
-    h.G = T(0);
-    h.alpha = T(0);
-    h.contributes = false;
-    return;
   }
   h.G = exp_of(T(-0.5) * rho);
   const T raw_alpha = s.opacity * h.G;

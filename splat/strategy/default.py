@@ -29,7 +29,6 @@ rows start with zero moments; pruned rows are dropped.
 
 from __future__ import annotations
 
-import math
 from typing import Dict
 
 import torch
