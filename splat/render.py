@@ -26,8 +26,11 @@ smear) and colour with open3d's ``ScalableTSDFVolume``.  As in 2DGS:
 ``depth_trunc = 2 * scene_radius`` (scene_radius = 3DGS camera extent, i.e.
 1.1 x the largest camera distance from the camera centroid, so anything
 farther is background), ``voxel = depth_trunc / mesh_res`` (mesh_res 1024 by
-default) and ``sdf_trunc = 5 * voxel``.  open3d is optional: without it
-``--mesh`` prints "pip install open3d" and exits with code 2.
+default) and ``sdf_trunc = 5 * voxel``.  If ScalableTSDFVolume returns an
+empty mesh (the open3d-cpu 0.20 wheel does, even for a single flat depth
+map), it falls back to a UniformTSDFVolume over the bounding cube of the
+fused depth points (at most 384^3 voxels) and says so.  open3d is optional:
+without it ``--mesh`` prints "pip install open3d" and exits with code 2.
 """
 
 from __future__ import annotations
