@@ -24,6 +24,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "raster_args.h"
+
 #if defined(__CUDACC__)
 #define SPLAT_HD __host__ __device__ __forceinline__
 #else
@@ -248,16 +250,34 @@ struct PixelGrad {
 // Per-pixel totals saved by the forward pass for the backward pass.
 constexpr int kTotalsSize = 4;
 
+// Writes a finished pixel's outputs and the state its backward pass needs.
 template <typename T>
-SPLAT_HD void store_totals(const PixelState<T>& p, T* totals) {
+SPLAT_HD void store_pixel(const PixelState<T>& p, int64_t pix, const ForwardOutputs<T>& out) {
+  for (int c = 0; c < kChannels; ++c) out.color_sum[pix * kChannels + c] = p.color[c];
+  out.transmittance[pix] = p.transmittance;
+  out.depth_sum[pix] = p.depth_sum;
+  for (int k = 0; k < 3; ++k) out.normal_sum[pix * 3 + k] = p.normal[k];
+  out.distortion[pix] = p.distortion;
+  out.median_depth[pix] = p.median_depth;
+  out.end[pix] = p.end;
+  out.median_index[pix] = p.median_index;
+  T* totals = out.totals + pix * kTotalsSize;
   totals[0] = p.A;
   totals[1] = p.D;
   totals[2] = p.D2;
   totals[3] = p.m_shift;
 }
 
+// Reads a pixel's upstream gradients and forward totals.
 template <typename T>
-SPLAT_HD void load_totals(const T* totals, PixelGrad<T>& g) {
+SPLAT_HD void load_pixel_grad(const UpstreamGrads<T>& up, const T* all_totals, int64_t pix,
+                              PixelGrad<T>& g) {
+  for (int c = 0; c < kChannels; ++c) g.v_color[c] = up.v_color_sum[pix * kChannels + c];
+  g.v_depth_sum = up.v_depth_sum[pix];
+  for (int k = 0; k < 3; ++k) g.v_normal[k] = up.v_normal_sum[pix * 3 + k];
+  g.v_distortion = up.v_distortion[pix];
+  g.v_median = up.v_median_depth[pix];
+  const T* totals = all_totals + pix * kTotalsSize;
   g.A = totals[0];
   g.D = totals[1];
   g.D2 = totals[2];

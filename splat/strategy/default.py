@@ -101,13 +101,14 @@ class DefaultStrategy(Strategy):
         if step >= self.refine_stop:
             return
         self._accumulate(model, out)
+        resets = self.reset_every > 0  # reset_every <= 0: never reset opacities
         if (
             step >= self.refine_start
             and step % self.refine_every == 0
-            and step % self.reset_every >= self.pause_refine_after_reset
+            and (not resets or step % self.reset_every >= self.pause_refine_after_reset)
         ):
             self._refine(model, optimizers, step)
-        if step > 0 and step % self.reset_every == 0:
+        if resets and step > 0 and step % self.reset_every == 0:
             self._reset_opacity(model, optimizers)
 
     @torch.no_grad()
@@ -227,7 +228,7 @@ class DefaultStrategy(Strategy):
     @torch.no_grad()
     def _prune(self, model, optimizers: Dict, step: int) -> int:
         prune = model.opacities.detach() < self.prune_opa  # [N]
-        if step > self.reset_every:
+        if self.reset_every > 0 and step > self.reset_every:  # after the first opacity reset
             too_big = model.scales.detach().max(dim=-1).values > self.prune_scale3d * self.scene_radius
             if step < self.refine_scale2d_stop:
                 too_big |= self.radii > self.prune_scale2d

@@ -110,15 +110,7 @@ void forward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const ForwardOu
       for (int px = win.x0; px < win.x1; ++px) {
         const PixelState<T>& p = pixels[win.local(px, py)];
         const int64_t pix = int64_t(py) * W + px;
-        for (int c = 0; c < kChannels; ++c) out.color_sum[pix * 3 + c] = p.color[c];
-        out.transmittance[pix] = p.transmittance;
-        out.depth_sum[pix] = p.depth_sum;
-        for (int k = 0; k < 3; ++k) out.normal_sum[pix * 3 + k] = p.normal[k];
-        out.distortion[pix] = p.distortion;
-        out.median_depth[pix] = p.median_depth;
-        out.end[pix] = p.end;
-        out.median_index[pix] = p.median_index;
-        store_totals(p, out.totals + pix * kTotalsSize);
+        store_pixel(p, pix, out);
       }
     }
   }
@@ -148,13 +140,7 @@ void backward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const int32_t*
       for (int px = win.x0; px < win.x1; ++px) {
         const int i = win.local(px, py);
         const int64_t pix = int64_t(py) * W + px;
-        PixelGrad<T>& g = grads[i];
-        for (int c = 0; c < kChannels; ++c) g.v_color[c] = up.v_color_sum[pix * 3 + c];
-        g.v_depth_sum = up.v_depth_sum[pix];
-        for (int k = 0; k < 3; ++k) g.v_normal[k] = up.v_normal_sum[pix * 3 + k];
-        g.v_distortion = up.v_distortion[pix];
-        g.v_median = up.v_median_depth[pix];
-        load_totals(totals + pix * kTotalsSize, g);
+        load_pixel_grad(up, totals, pix, grads[i]);
         states[i] = BackwardState<T>{transmittance[pix], up.v_transmittance[pix]};
         ends[i] = end[pix];
         medians[i] = median_index[pix];

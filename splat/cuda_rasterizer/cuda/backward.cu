@@ -111,14 +111,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   int32_t pixel_end = 0, median_k = -1;
   if (inside) {
     const int64_t pix = int64_t(py) * s.width + px;
-#pragma unroll
-    for (int c = 0; c < kChannels; ++c) g.v_color[c] = up.v_color_sum[pix * kChannels + c];
-    g.v_depth_sum = up.v_depth_sum[pix];
-#pragma unroll
-    for (int k = 0; k < 3; ++k) g.v_normal[k] = up.v_normal_sum[pix * 3 + k];
-    g.v_distortion = up.v_distortion[pix];
-    g.v_median = up.v_median_depth[pix];
-    load_totals(totals + pix * kTotalsSize, g);
+load_pixel_grad(up, totals, pix, g);
     st.transmittance = transmittance[pix];
     st.last_dL_dT = up.v_transmittance[pix];
     pixel_end = end[pix];

@@ -73,17 +73,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 
   if (!inside) return;
   const int64_t pix = int64_t(py) * s.width + px;
-#pragma unroll
-  for (int c = 0; c < kChannels; ++c) out.color_sum[pix * kChannels + c] = p.color[c];
-  out.transmittance[pix] = p.transmittance;
-  out.depth_sum[pix] = p.depth_sum;
-#pragma unroll
-  for (int k = 0; k < 3; ++k) out.normal_sum[pix * 3 + k] = p.normal[k];
-  out.distortion[pix] = p.distortion;
-  out.median_depth[pix] = p.median_depth;
-  out.end[pix] = p.end;
-  out.median_index[pix] = p.median_index;
-  store_totals(p, out.totals + pix * kTotalsSize);
+store_pixel(p, pix, out);
 }
 
 }  // namespace
