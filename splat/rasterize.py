@@ -169,7 +169,6 @@ class _RasterizeSurfels(torch.autograd.Function):
          end, median_index, totals, tile_offsets, point_list) = fwd(*args, width, height, near, far)
         ctx.save_for_backward(*args, tile_offsets, point_list, end, median_index, transmittance, totals)
         ctx.image = (width, height, near, far)
-        ctx.mark_non_differentiable(median_index, end)
         return color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth
 
     @staticmethod

@@ -142,7 +142,7 @@ load_pixel_grad(up, totals, pix, g);
 #pragma unroll
       for (int q = 0; q < 32; ++q) record[q] = T(0);
       bool touched = false;
-      if (k < pixel_end) {
+      if (k < pixel_end && in_rect(batch, j, px, py)) {
         SurfelParams<T> sp;
         load_params(batch, j, sp);
         Hit<T> h;

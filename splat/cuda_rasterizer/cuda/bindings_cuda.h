@@ -13,7 +13,7 @@ namespace splat {
 
 // Returns {color_sum [H,W,3], transmittance [H,W], depth_sum [H,W],
 // normal_sum [H,W,3], distortion [H,W], median_depth [H,W], end int32 [H,W],
-// median_index int32 [H,W], totals [H,W,3], tile_offsets int64 [num_tiles+1],
+// median_index int32 [H,W], totals [H,W,kTotalsSize], tile_offsets int64 [num_tiles+1],
 // point_list int32 [P]}, all on the input's CUDA device.
 std::vector<torch::Tensor> forward_cuda(const torch::Tensor& Tuvw, const torch::Tensor& center,
                                         const torch::Tensor& normal, const torch::Tensor& color,

@@ -56,6 +56,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     if (!done) {
       const int n_batch = min(kBatchSize, count - start);
       for (int j = 0; j < n_batch; ++j) {
+        if (!in_rect(batch, j, px, py)) continue;
         SurfelParams<T> sp;
         load_params(batch, j, sp);
         Hit<T> h;

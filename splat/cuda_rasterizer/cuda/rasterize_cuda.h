@@ -39,7 +39,7 @@ template <typename T>
 size_t bin_count_workspace_bytes(int64_t n);
 
 // Sorts the n surfels by depth (stable, so ties keep index order), counts the
-// tiles each visible one touches (pixel_rect clamped to the tile grid), scans
+// tiles each visible one touches (tiles_of(pixel_rect) clamped to the tile grid), scans
 // the counts and copies the total number of pairs into *num_pairs (host).
 // Requires 0 < n < 2^31.  Synchronises `stream` once, for *num_pairs.
 template <typename T>

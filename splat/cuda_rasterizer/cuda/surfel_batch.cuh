@@ -28,6 +28,7 @@ struct SurfelBatch {
   T color[kChannels][kBatchSize];
   T normal[3][kBatchSize];
   int32_t id[kBatchSize];
+  int32_t rect[4][kBatchSize];  // pixel rectangle x0, y0, x1, y1 (exclusive)
 };
 
 // Gathers surfel `id` from global memory into slot `slot` (read-only path).
@@ -45,6 +46,17 @@ __device__ __forceinline__ void store_surfel(SurfelBatch<T>& b, int slot,
 #pragma unroll
   for (int k = 0; k < 3; ++k) b.normal[k][slot] = __ldg(s.normal + i * 3 + k);
   b.id[slot] = id;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) b.rect[k][slot] = __ldg(s.pixel_rect + i * 4 + k);
+}
+
+// Whether pixel (px, py) lies in the surfel's pixel rectangle: the CPU
+// evaluates only those pixels, so both backends skip the same ones even if a
+// caller passes a rectangle tighter than the footprint.
+template <typename T>
+__device__ __forceinline__ bool in_rect(const SurfelBatch<T>& b, int slot, int px, int py) {
+  return px >= b.rect[0][slot] && py >= b.rect[1][slot] && px < b.rect[2][slot] &&
+         py < b.rect[3][slot];
 }
 
 // Reads slot `slot` into the SurfelParams that core.h's intersect takes.
