@@ -259,8 +259,6 @@ def _validate(means, quats, scales, opacities, colors, viewmat, K, width, height
     if means.dim() != 2 or means.shape[1] != 3:
         raise ValueError(f"means must have shape [N, 3], got {list(means.shape)}")
     n, dtype, device = means.shape[0], means.dtype, means.device
-    if device.type == "cuda" and dtype == torch.float64 and backend in ("auto", "cuda"):
-        pass  # the CUDA glue raises a clear error if it lacks float64
     _check_tensor("means", means, (n, 3), dtype, device)
     _check_tensor("quats", quats, (n, 4), dtype, device)
     _check_tensor("scales", scales, (n, 2), dtype, device)
