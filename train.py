@@ -6,8 +6,8 @@
     python train.py --out OUT --resume                # continue OUT from its newest checkpoint
 
 ``key=value`` arguments override any config field (dotted keys for nested
-sections, values parsed as YAML); see splat/trainer.py DEFAULT_CONFIG for
-every field.  The work is done by splat.trainer.
+sections, values parsed as YAML); see splat/config.py for every field,
+its type and range.  The work is done by splat.trainer.
 """
 
 import argparse
@@ -19,7 +19,8 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 
 def main(argv=None) -> int:
-    from splat.trainer import Trainer, load_config
+    from splat.config import load_config
+    from splat.trainer import Trainer
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default=None, help="scene folder (default: data.path of the config)")

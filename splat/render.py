@@ -113,7 +113,8 @@ def load_run(model_dir, data: Optional[str] = None, overrides=()):
     """
     from .data import load_scene
     from .model import GaussianModel, load_ply
-    from .trainer import load_config, load_latest_checkpoint
+    from .checkpoint import load_latest_checkpoint
+    from .config import load_config
 
     model_dir = Path(model_dir)
     cfg_path = model_dir / "config.yaml"

@@ -1,15 +1,18 @@
-"""The training loop: config, initialisation, optimisation, checkpoints, metrics.
+"""The training loop: initialisation, optimisation, metrics.
+
+Config: ``splat/config.py``; checkpoints and atomic writes: ``splat/checkpoint.py``.
 
 No argument parsing here (see ``train.py``).  Typical use::
 
-    from splat.trainer import load_config, Trainer
+    from splat.config import load_config
+    from splat.trainer import Trainer
     cfg = load_config("configs/fast.yaml", ["train.iterations=2000"])
     metrics = Trainer(cfg, "output/run").train()
 
 Output folder layout::
 
     OUT/config.yaml            resolved config (every field)
-    OUT/checkpoints/ckpt_NNNNNN.pt   atomic checkpoints (the newest ``checkpoint.keep``)
+    OUT/checkpoints/ckpt_NNNNNNN.pt  atomic checkpoints (the newest ``checkpoint.keep``)
     OUT/point_cloud.ply        final model, INRIA attribute names (splat.model.save_ply)
     OUT/metrics.json           test metrics, n_gaussians, iterations, train_seconds, peak_memory_mb
 
@@ -23,267 +26,34 @@ have taken.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
-import os
-import random
 import resource
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, Sequence
 
 import numpy as np
 import torch
 
+from .checkpoint import (
+    atomic_write,
+    atomic_write_bytes,
+    checkpoint_path,
+    list_checkpoints,
+    load_latest_checkpoint,
+    rng_state,
+    save_config,
+    seed_everything,
+    set_rng_state,
+)
+from .config import check_config
+from .errors import ConfigError
 from .losses import psnr, ssim, total_loss
 from .model import GaussianModel, create_from_points, random_points_in_frustums, save_ply
 from .render import normalized_normals, render_frame
 from .strategy import make_strategy
-
-# ----------------------------------------------------------------- config
-#: Every config field with its default.  configs/*.yaml override a subset;
-#: ``key=value`` command-line overrides use dotted paths into this tree.
-DEFAULT_CONFIG: Dict = {
-    "seed": 0,
-    "device": "auto",  # auto | cpu | cuda
-    "data": {
-        "path": "data/sample_scene",
-        "layout": "auto",  # auto | colmap | nerf
-        "downscale": 1,
-        "test_every": 8,  # COLMAP test split: every n-th image
-        "background": [1.0, 1.0, 1.0],  # RGBA images are composited over this; also the render background
-        "random_background": False,  # train on a random background each step (needs RGBA images)
-    },
-    "model": {
-        "sh_degree": 3,  # max SH degree
-        "init": "auto",  # auto (points if the scene has them) | points | random
-        "init_num_random": 10000,  # number of random points when there is no point cloud
-        "init_random_min_views": 0.5,  # random points must be seen by this fraction of train cameras
-        "init_opacity": 0.1,
-        "init_scale": 1.0,  # x mean distance to the 3 nearest neighbours
-    },
-    "train": {
-        "iterations": 30000,
-        "sh_increase_every": 1000,  # one more SH degree every n steps
-        "lr": {
-            "means": 1.6e-4,  # x scene_radius, decays exponentially to means_final
-            "means_final": 1.6e-6,  # x scene_radius
-            "sh0": 2.5e-3,
-            "shN": 1.25e-4,  # sh0 / 20
-            "opacities": 5e-2,
-            "scales": 5e-3,
-            "quats": 1e-3,
-        },
-    },
-    "loss": {
-        "ssim_lambda": 0.2,
-        "dist_lambda": 100.0,
-        "dist_from": 3000,
-        "normal_lambda": 0.05,
-        "normal_from": 7000,
-        "depth_for_normal": "expected",  # expected | median
-    },
-    "strategy": {
-        "name": "default",  # default | none
-        "prune_opa": 0.005,
-        "grow_grad2d": 0.0002,
-        "grow_scale3d": 0.01,
-        "grow_scale2d": 0.05,
-        "prune_scale3d": 0.1,
-        "prune_scale2d": 0.15,
-        "refine_scale2d_stop": 0,
-        "refine_start": 500,
-        "refine_stop": 15000,
-        "refine_every": 100,
-        "reset_every": 3000,
-        "pause_refine_after_reset": 0,
-        "max_gaussians": 0,  # 0 = no cap
-        "verbose": False,
-    },
-    "render": {
-        "backend": "auto",  # passed to splat.rasterize
-        "near": 0.2,
-        "far": 100.0,
-        "depth": "expected",  # depth written by render.py and used for metrics/mesh: expected | median
-    },
-    "checkpoint": {
-        "every": 1000,  # steps; a checkpoint is always written at the end
-        "keep": 2,  # newest checkpoints kept
-    },
-    "log": {
-        "progress": True,  # tqdm bar
-        "every": 10,  # progress-bar postfix refresh period (steps)
-    },
-}
-
-
-def _parse_value(text: str):
-    import yaml
-
-    return yaml.safe_load(text) if text != "" else ""
-
-
-def set_dotted(cfg: Dict, key: str, value) -> None:
-    """``set_dotted(cfg, "loss.dist_lambda", 10)``; unknown keys raise KeyError
-    (typos should fail loudly instead of silently training something else)."""
-    parts = key.split(".")
-    node = cfg
-    for i, p in enumerate(parts[:-1]):
-        if p not in node or not isinstance(node[p], dict):
-            raise KeyError(f"unknown config key {'.'.join(parts[: i + 1])!r} (in {key!r})")
-        node = node[p]
-    if parts[-1] not in node:
-        raise KeyError(f"unknown config key {key!r}")
-    if isinstance(node[parts[-1]], dict) and not isinstance(value, dict):
-        raise KeyError(f"config key {key!r} is a section, not a value")
-    node[parts[-1]] = value
-
-
-def _merge(base: Dict, override: Dict, prefix: str = "") -> None:
-    for k, v in override.items():
-        path = f"{prefix}{k}"
-        if k not in base:
-            raise KeyError(f"unknown config key {path!r}")
-        if isinstance(base[k], dict):
-            if not isinstance(v, dict):
-                raise KeyError(f"config key {path!r} is a section, not a value")
-            _merge(base[k], v, path + ".")
-        else:
-            base[k] = v
-
-
-def load_config(path: Optional[str] = None, overrides: Sequence[str] = ()) -> Dict:
-    """Defaults <- YAML file (optional) <- ``key=value`` overrides (YAML-parsed values)."""
-    import yaml
-
-    cfg = copy.deepcopy(DEFAULT_CONFIG)
-    if path is not None:
-        with open(path) as f:
-            data = yaml.safe_load(f) or {}
-        _merge(cfg, data)
-    for item in overrides:
-        if "=" not in item:
-            raise ValueError(f"override {item!r} is not key=value")
-        key, text = item.split("=", 1)
-        set_dotted(cfg, key.strip(), _parse_value(text.strip()))
-    return cfg
-
-
-def save_config(cfg: Dict, path: Path) -> None:
-    import yaml
-
-    atomic_write_bytes(Path(path), yaml.safe_dump(cfg, sort_keys=False).encode())
-
-
-# --------------------------------------------------------- atomic writes
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(str(path), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, write_fn) -> None:
-    """Write via ``write_fn(fileobj)`` to a temp file in the same folder, fsync
-    it, then ``os.replace`` it onto ``path``: readers see the old file or the
-    complete new one, never a partial one, even after SIGKILL or power loss."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write_fn(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    _fsync_dir(path.parent)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    atomic_write(path, lambda f: f.write(data))
-
-
-# ------------------------------------------------------------ checkpoints
-CKPT_PREFIX = "ckpt_"
-
-
-def checkpoint_path(out_dir: Path, step: int) -> Path:
-    return Path(out_dir) / "checkpoints" / f"{CKPT_PREFIX}{step:07d}.pt"
-
-
-def list_checkpoints(out_dir: Path) -> List[Path]:
-    """Complete checkpoint files, newest (highest step) first.  Temp files
-    (``.ckpt_*.tmpPID``) left by a killed writer never match."""
-    d = Path(out_dir) / "checkpoints"
-    if not d.is_dir():
-        return []
-    found = []
-    for p in d.glob(f"{CKPT_PREFIX}*.pt"):
-        try:
-            found.append((int(p.stem[len(CKPT_PREFIX):]), p))
-        except ValueError:
-            continue
-    return [p for _, p in sorted(found, reverse=True)]
-
-
-def load_latest_checkpoint(out_dir: Path) -> Optional[dict]:
-    """The newest checkpoint that loads; unreadable ones are skipped with a
-    warning (defence in depth: atomic writes should make them impossible)."""
-    for p in list_checkpoints(out_dir):
-        try:
-            ckpt = torch.load(p, map_location="cpu", weights_only=True)
-            if not isinstance(ckpt, dict) or "step" not in ckpt:
-                raise ValueError("not a splat checkpoint")
-            ckpt["path"] = str(p)
-            return ckpt
-        except Exception as e:  # truncated / corrupt file
-            print(f"warning: skipping unreadable checkpoint {p}: {type(e).__name__}: {e}", file=sys.stderr)
-    return None
-
-
-def _rng_state() -> dict:
-    np_state = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "numpy": {
-            "key": torch.from_numpy(np_state[1].astype(np.int64)),
-            "pos": int(np_state[2]),
-            "has_gauss": int(np_state[3]),
-            "cached_gaussian": float(np_state[4]),
-        },
-        "python": random.getstate(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-
-
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    n = state["numpy"]
-    np.random.set_state(
-        ("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
-    )
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    if state.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
 
 # ---------------------------------------------------------------- helpers
 def view_index(seed: int, step: int, n_views: int) -> int:
@@ -309,9 +79,16 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 def resolve_device(name: str) -> torch.device:
+    """``auto`` -> cuda if available else cpu; ``cuda`` without a GPU is a ConfigError."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    dev = torch.device(name)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device={name}: no CUDA GPU is available (torch {torch.__version__}); use device=cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"device={name}: only {torch.cuda.device_count()} CUDA device(s)")
+    return dev
 
 
 def make_optimizers(model: GaussianModel, lr: Dict, scene_radius: float) -> Dict[str, torch.optim.Adam]:
@@ -361,13 +138,25 @@ def _gt_geometry(data_dir: Path, stem: str, H: int, W: int):
 
 
 # ---------------------------------------------------------------- trainer
-class Trainer:
-    """Owns the scene, model, optimisers and strategy of one run in ``out_dir``."""
+#: A per-step hook: ``callback(trainer, step, terms)`` runs after every
+#: completed step (and its checkpoint, if one was due); ``terms`` are that
+#: step's logging terms (loss, psnr, ...).  A callback may block to pause
+#: training (e.g. a viewer's pause button) and may read ``trainer.model``.
+StepCallback = Callable[["Trainer", int, dict], None]
 
-    def __init__(self, cfg: Dict, out_dir, resume: bool = False, scene=None):
+
+class Trainer:
+    """Owns the scene, model, optimisers and strategy of one run in ``out_dir``.
+
+    ``callbacks``: :data:`StepCallback` hooks called after every step."""
+
+    def __init__(self, cfg: Dict, out_dir, resume: bool = False, scene=None,
+                 callbacks: Sequence[StepCallback] = ()):
         from .data import load_scene
 
+        cfg = check_config(cfg)
         self.cfg = cfg
+        self.callbacks = list(callbacks)
         self.out_dir = Path(out_dir)
         self.device = resolve_device(cfg["device"])
         dcfg = cfg["data"]
@@ -397,7 +186,7 @@ class Trainer:
             for name, opt in self.optimizers.items():
                 opt.load_state_dict(ckpt["optimizers"][name])
             self.strategy.load_state_dict(ckpt["strategy"])
-            _set_rng_state(ckpt["rng"])
+            set_rng_state(ckpt["rng"])
             self.step = int(ckpt["step"])
             self.train_seconds = float(ckpt.get("train_seconds", 0.0))
             print(f"resumed from {ckpt['path']} at step {self.step}", file=sys.stderr)
@@ -440,6 +229,18 @@ class Trainer:
     def sh_degree_at(self, step: int) -> int:
         return min(step // max(self.cfg["train"]["sh_increase_every"], 1), self.model.sh_degree)
 
+    def loss(self, out, gt: torch.Tensor, frame, step: int):
+        """(loss, logging terms) of one step's render ``out`` against ``gt`` [H, W, 3]."""
+        K = frame.K.to(self.device)
+        viewmat = frame.viewmat.to(self.device)
+        return total_loss(out, gt, K, viewmat, step, self.cfg["loss"])
+
+    def optimizer_step(self) -> None:
+        """Apply and clear the gradients of every parameter."""
+        for opt in self.optimizers.values():
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
     def train_step(self, step: int) -> dict:
         """One optimisation step (1-based ``step``); returns logging terms."""
         cfg = self.cfg
@@ -455,14 +256,10 @@ class Trainer:
             bg = torch.rand(3)
         gt = gt_image(frame, bg, self.background).to(self.device)
         out = self.render(frame, bg, self.sh_degree_at(step))
-        K = frame.K.to(self.device)
-        viewmat = frame.viewmat.to(self.device)
-        loss, terms = total_loss(out, gt, K, viewmat, step, cfg["loss"])
+        loss, terms = self.loss(out, gt, frame, step)
         self.strategy.step_pre_backward(self.model, self.optimizers, out, step)
         loss.backward()
-        for opt in self.optimizers.values():
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        self.optimizer_step()
         self.strategy.step_post_backward(self.model, self.optimizers, out, step)
         terms["loss"] = float(loss.detach())
         terms["psnr"] = psnr(out.rgb, gt)
@@ -495,6 +292,11 @@ class Trainer:
                 self.train_seconds += time.perf_counter() - t0
                 t0 = time.perf_counter()
                 self.save_checkpoint()
+            if self.callbacks:
+                t_hooks = time.perf_counter()
+                for callback in self.callbacks:
+                    callback(self, step, terms)
+                t0 += time.perf_counter() - t_hooks  # a paused viewer is not training time
         self.train_seconds += time.perf_counter() - t0
         if bar is not None:
             bar.close()
@@ -512,7 +314,7 @@ class Trainer:
             "params": {k: v.cpu() for k, v in self.model.raw_state().items()},
             "optimizers": {k: o.state_dict() for k, o in self.optimizers.items()},
             "strategy": self.strategy.state_dict(),
-            "rng": _rng_state(),
+            "rng": rng_state(),
             "train_seconds": self.train_seconds,
             "config": self.cfg,
         }
@@ -583,6 +385,6 @@ def evaluate_frames(trainer: "Trainer", frames) -> dict:
     return res
 
 
-def train(cfg: Dict, out_dir, resume: bool = False) -> dict:
-    """Convenience: ``Trainer(cfg, out_dir, resume).train()``."""
-    return Trainer(cfg, out_dir, resume=resume).train()
+def train(cfg: Dict, out_dir, resume: bool = False, callbacks: Sequence[StepCallback] = ()) -> dict:
+    """Convenience: ``Trainer(cfg, out_dir, resume, callbacks=callbacks).train()``."""
+    return Trainer(cfg, out_dir, resume=resume, callbacks=callbacks).train()

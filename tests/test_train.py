@@ -26,15 +26,10 @@ import torch
 from splat.model import GaussianModel, quat_to_rotmat, rgb_to_sh
 from splat.strategy import update_params
 from splat.strategy.default import DefaultStrategy
-from splat.trainer import (
-    DEFAULT_CONFIG,
-    Trainer,
-    atomic_write,
-    list_checkpoints,
-    load_config,
-    load_latest_checkpoint,
-    view_index,
-)
+from splat.checkpoint import atomic_write, list_checkpoints, load_latest_checkpoint
+from splat.config import DEFAULT_CONFIG, load_config
+from splat.errors import ConfigError
+from splat.trainer import Trainer, view_index
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = 32  # image width = height of the fixture, pixels
@@ -186,9 +181,9 @@ def test_config_files_and_overrides():
     cfg = load_config(None, ["loss.dist_lambda=5", "data.background=[0, 0, 0]", "strategy.verbose=true"])
     assert cfg["loss"]["dist_lambda"] == 5 and cfg["data"]["background"] == [0, 0, 0]
     assert cfg["strategy"]["verbose"] is True
-    with pytest.raises(KeyError):
+    with pytest.raises(ConfigError):
         load_config(None, ["loss.dist_lamda=5"])  # typo must fail loudly
-    with pytest.raises(KeyError):
+    with pytest.raises(ConfigError):
         load_config(None, ["loss=5"])
 
 
@@ -366,3 +361,23 @@ def test_resume_after_sigkill_reproduces_uninterrupted_run(tiny_scene, tmp_path)
     for k in a:
         assert a[k].shape == b[k].shape, k
         assert torch.allclose(a[k], b[k], atol=1e-5, rtol=0), (k, (a[k] - b[k]).abs().max())
+
+
+def test_step_callbacks_see_every_step(tiny_scene, tmp_path):
+    """The per-step hook (used by viewers): called once per step, in order, after
+    the step's checkpoint; time spent in it is not counted as training time."""
+    seen = []
+
+    def hook(trainer, step, terms):
+        seen.append((step, trainer.step, sorted(terms), len(list_checkpoints(trainer.out_dir))))
+        time.sleep(0.2)
+
+    cfg = tiny_config(tiny_scene, 4, ["checkpoint.every=2"])
+    trainer = Trainer(cfg, tmp_path / "run", callbacks=[hook])
+    t0 = time.perf_counter()
+    m = trainer.train()
+    elapsed = time.perf_counter() - t0
+    assert [s[:2] for s in seen] == [(1, 1), (2, 2), (3, 3), (4, 4)]
+    assert {"loss", "psnr"} <= set(seen[0][2])
+    assert [s[3] for s in seen] == [0, 1, 1, 2]
+    assert m["train_seconds"] + 4 * 0.2 <= elapsed, (m["train_seconds"], elapsed)

@@ -1,0 +1,350 @@
+"""The training config: typed sections declared once, checked on load.
+
+Every field is declared below with its type, default and allowed range; the
+YAML files in ``configs/`` and ``key=value`` overrides are checked against
+these declarations (unknown key, wrong type, out-of-range value ->
+:class:`~splat.errors.ConfigError` naming the file/override, key and value).
+The loaded config is a plain nested ``dict`` (``cfg["train"]["iterations"]``)
+so that it is trivially saved as YAML and stored in checkpoints::
+
+    from splat.config import load_config
+    cfg = load_config("configs/fast.yaml", ["train.iterations=2000"])
+
+Order: defaults <- YAML file <- overrides (values parsed as YAML; float
+fields also accept ``1e-4``, which YAML 1.1 reads as a string).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import re
+import typing
+from dataclasses import dataclass, field
+from typing import Dict, List, Literal, Optional, Sequence
+
+from .errors import ConfigError
+
+__all__ = [
+    "SplatConfig", "DEFAULT_CONFIG", "load_config", "check_config", "set_dotted", "config_to_yaml",
+]
+
+
+def _f(default, doc: str = "", **checks):
+    """A config field: ``checks`` are range bounds (ge, gt, le, lt; applied to
+    each element of a list), ``length`` for lists, ``pattern`` for strings."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"doc": doc, **checks})
+    return field(default=default, metadata={"doc": doc, **checks})
+
+
+def _section(cls):
+    return field(default_factory=cls)
+
+
+@dataclass
+class DataConfig:
+    path: str = _f("data/sample_scene", "scene folder")
+    layout: Literal["auto", "colmap", "nerf"] = _f("auto", "COLMAP if sparse/ exists, else NeRF json")
+    downscale: int = _f(1, "images are area-averaged by this integer factor", ge=1)
+    test_every: int = _f(8, "COLMAP test split: every n-th image (<= 0: no test split)")
+    background: List[float] = _f([1.0, 1.0, 1.0], "RGBA images are composited over this RGB; also the render "
+                                 "background", length=3, ge=0.0, le=1.0)
+    random_background: bool = _f(False, "train on a random background each step (needs RGBA images)")
+
+
+@dataclass
+class ModelConfig:
+    sh_degree: int = _f(3, "max SH degree", ge=0, le=3)
+    init: Literal["auto", "points", "random"] = _f("auto", "auto: the scene's points if it has them")
+    init_num_random: int = _f(10000, "number of random points when there is no point cloud", ge=0)
+    init_random_min_views: float = _f(0.5, "random points are seen by this fraction of train cameras", ge=0.0, le=1.0)
+    init_opacity: float = _f(0.1, "initial opacity", gt=0.0, lt=1.0)
+    init_scale: float = _f(1.0, "x mean distance to the 3 nearest neighbours", gt=0.0)
+
+
+@dataclass
+class LrConfig:
+    means: float = _f(1.6e-4, "x scene_radius, decays exponentially to means_final", gt=0.0)
+    means_final: float = _f(1.6e-6, "x scene_radius", gt=0.0)
+    sh0: float = _f(2.5e-3, ge=0.0)
+    shN: float = _f(1.25e-4, "sh0 / 20", ge=0.0)
+    opacities: float = _f(5e-2, ge=0.0)
+    scales: float = _f(5e-3, ge=0.0)
+    quats: float = _f(1e-3, ge=0.0)
+
+
+@dataclass
+class TrainConfig:
+    iterations: int = _f(30000, "total optimisation steps", ge=0)
+    sh_increase_every: int = _f(1000, "one more SH degree every n steps", ge=0)
+    lr: LrConfig = _section(LrConfig)
+
+
+@dataclass
+class LossConfig:
+    ssim_lambda: float = _f(0.2, "weight of D-SSIM against L1", ge=0.0, le=1.0)
+    dist_lambda: float = _f(100.0, "2DGS depth distortion weight", ge=0.0)
+    dist_from: int = _f(3000, "step where the distortion loss starts", ge=0)
+    normal_lambda: float = _f(0.05, "2DGS normal consistency weight", ge=0.0)
+    normal_from: int = _f(7000, "step where the normal loss starts", ge=0)
+    depth_for_normal: Literal["expected", "median"] = _f("expected")
+
+
+@dataclass
+class StrategyConfig:
+    name: Literal["default", "none"] = _f("default", "3DGS clone/split/prune, or a fixed set")
+    prune_opa: float = _f(0.005, ge=0.0, le=1.0)
+    grow_grad2d: float = _f(0.0002, ge=0.0)
+    grow_scale3d: float = _f(0.01, ge=0.0)
+    grow_scale2d: float = _f(0.05, ge=0.0)
+    prune_scale3d: float = _f(0.1, ge=0.0)
+    prune_scale2d: float = _f(0.15, ge=0.0)
+    refine_scale2d_stop: int = _f(0, ge=0)
+    refine_start: int = _f(500, ge=0)
+    refine_stop: int = _f(15000, ge=0)
+    refine_every: int = _f(100, ge=1)
+    reset_every: int = _f(3000, "0: never", ge=0)
+    pause_refine_after_reset: int = _f(0, ge=0)
+    max_gaussians: int = _f(0, "0: no cap", ge=0)
+    verbose: bool = _f(False)
+
+
+@dataclass
+class RenderConfig:
+    backend: Literal["auto", "cpu", "cuda", "torch"] = _f("auto", "passed to splat.rasterize")
+    near: float = _f(0.2, "0 < near < far", gt=0.0)
+    far: float = _f(100.0, gt=0.0)
+    depth: Literal["expected", "median"] = _f("expected", "depth written by render.py and used for metrics/mesh")
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = _f(1000, "steps (0: only at the end); a checkpoint is always written at the end", ge=0)
+    keep: int = _f(2, "newest checkpoints of this run kept", ge=1)
+
+
+@dataclass
+class LogConfig:
+    progress: bool = _f(True, "tqdm bar")
+    every: int = _f(10, "progress-bar postfix refresh period (steps)", ge=1)
+
+
+@dataclass
+class SplatConfig:
+    seed: int = _f(0, "seeds every RNG", ge=0, le=2**32 - 1)
+    device: str = _f("auto", "auto | cpu | cuda | cuda:N", pattern=r"auto|cpu|cuda(:\d+)?")
+    data: DataConfig = _section(DataConfig)
+    model: ModelConfig = _section(ModelConfig)
+    train: TrainConfig = _section(TrainConfig)
+    loss: LossConfig = _section(LossConfig)
+    strategy: StrategyConfig = _section(StrategyConfig)
+    render: RenderConfig = _section(RenderConfig)
+    checkpoint: CheckpointConfig = _section(CheckpointConfig)
+    log: LogConfig = _section(LogConfig)
+
+
+#: Every config field with its default, as the nested dict ``load_config`` returns.
+DEFAULT_CONFIG: Dict = dataclasses.asdict(SplatConfig())
+
+
+# ------------------------------------------------------------- checking
+def _type_name(tp) -> str:
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) in (list, List):
+        return f"a list of {typing.get_args(tp)[0].__name__}"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
+
+
+def _check_scalar(value, tp, key: str):
+    """``value`` converted to ``tp`` (int -> float, '1e-4' -> float), or ConfigError."""
+    bad = ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if typing.get_origin(tp) is Literal:
+        if isinstance(value, str) and value in typing.get_args(tp):
+            return value
+        raise bad
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise bad
+    if tp is float:
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise bad from None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = float(value)
+            if not math.isfinite(value):
+                raise ConfigError(f"{key}: must be finite, got {value!r}")
+            return value
+        raise bad
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # e.g. a folder named 2024
+        raise bad
+    raise TypeError(f"config field {key}: unsupported type {tp}")  # a bug in the declarations
+
+
+def _check_range(value, meta, key: str) -> None:
+    bounds = [("ge", ">=", lambda a, b: a >= b), ("gt", ">", lambda a, b: a > b),
+              ("le", "<=", lambda a, b: a <= b), ("lt", "<", lambda a, b: a < b)]
+    for name, sym, ok in bounds:
+        if name in meta and not ok(value, meta[name]):
+            lo = [f"{s} {meta[n]}" for n, s, _ in bounds if n in meta]
+            raise ConfigError(f"{key}: must be {' and '.join(lo)}, got {value!r}")
+
+
+def _check_field(value, tp, meta, key: str):
+    if typing.get_origin(tp) in (list, List):
+        (elem,) = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+        if "length" in meta and len(value) != meta["length"]:
+            raise ConfigError(f"{key}: expected {meta['length']} values, got {len(value)}: {value!r}")
+        out = [_check_scalar(v, elem, key) for v in value]
+        for v in out:
+            _check_range(v, meta, key)
+        return out
+    value = _check_scalar(value, tp, key)
+    if "pattern" in meta and not re.fullmatch(meta["pattern"], value):
+        raise ConfigError(f"{key}: expected {meta['doc'] or meta['pattern']}, got {value!r}")
+    _check_range(value, meta, key)
+    return value
+
+
+def _check_section(cls, data, prefix: str) -> Dict:
+    """Checked copy of the mapping ``data`` against dataclass ``cls``; missing
+    fields are errors (``_merge`` fills defaults first)."""
+    hints = typing.get_type_hints(cls)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping of keys, got {data!r}")
+    for k in data:
+        if k not in hints:
+            raise ConfigError(f"unknown config key {prefix + str(k)!r}")
+    out = {}
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        if f.name not in data:
+            raise ConfigError(f"config key {key!r} is missing")
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            out[f.name] = _check_section(tp, data[f.name], key + ".")
+        else:
+            out[f.name] = _check_field(data[f.name], tp, f.metadata, key)
+    return out
+
+
+def check_config(cfg: Dict) -> Dict:
+    """A checked, normalised copy of a complete config dict (types converted,
+    ranges and cross-field rules checked); raises ConfigError naming the key."""
+    out = _check_section(SplatConfig, cfg, "")
+    r = out["render"]
+    if not r["near"] < r["far"]:
+        raise ConfigError(f"render.near must be < render.far, got near={r['near']!r}, far={r['far']!r}")
+    return out
+
+
+# ---------------------------------------------------------------- loading
+def _parse_value(text: str):
+    import yaml
+
+    try:
+        return yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        return text  # e.g. an unbalanced bracket: keep the text, the type check names it
+
+
+def set_dotted(cfg: Dict, key: str, value) -> None:
+    """``set_dotted(cfg, "loss.dist_lambda", 10)``; unknown keys raise
+    ConfigError (typos must fail loudly instead of training something else)."""
+    parts = key.split(".")
+    node = cfg
+    for i, p in enumerate(parts[:-1]):
+        if p not in node or not isinstance(node[p], dict):
+            raise ConfigError(f"unknown config key {'.'.join(parts[: i + 1])!r} (in {key!r})")
+        node = node[p]
+    if parts[-1] not in node:
+        raise ConfigError(f"unknown config key {key!r}")
+    if isinstance(node[parts[-1]], dict) and not isinstance(value, dict):
+        raise ConfigError(f"config key {key!r} is a section, not a value")
+    node[parts[-1]] = value
+
+
+def _merge(base: Dict, override: Dict, prefix: str = "") -> None:
+    for k, v in override.items():
+        path = f"{prefix}{k}"
+        if k not in base:
+            raise ConfigError(f"unknown config key {path!r}")
+        if isinstance(base[k], dict):
+            if not isinstance(v, dict):
+                raise ConfigError(f"config key {path!r} is a section, not a value")
+            _merge(base[k], v, path + ".")
+        else:
+            base[k] = v
+
+
+def read_yaml(path) -> Dict:
+    """The mapping in the YAML file ``path`` (empty file -> {}), or ConfigError."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a folder, not a config file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read config file: {e}") from None
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where is not None else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}: invalid YAML{line}: {what}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of config keys, got {type(data).__name__}")
+    return data
+
+
+def load_config(path: Optional[str] = None, overrides: Sequence[str] = ()) -> Dict:
+    """Defaults <- YAML file (optional) <- ``key=value`` overrides, checked.
+
+    Raises ConfigError (a ValueError) naming the file or override, the key
+    and the value for anything that does not fit the declarations above."""
+    cfg = copy.deepcopy(DEFAULT_CONFIG)
+    if path is not None:
+        try:
+            _merge(cfg, read_yaml(path))
+            cfg = check_config(cfg)
+        except ConfigError as e:
+            msg = str(e)
+            raise ConfigError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not key=value")
+        key, text = item.split("=", 1)
+        try:
+            set_dotted(cfg, key.strip(), _parse_value(text.strip()))
+            cfg = _check_section(SplatConfig, cfg, "")  # cross-field rules at the end
+        except ConfigError as e:
+            raise ConfigError(f"override {item!r}: {e}") from None
+    return check_config(cfg)
+
+
+def config_to_yaml(cfg: Dict) -> str:
+    import yaml
+
+    return yaml.safe_dump(cfg, sort_keys=False)
