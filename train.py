@@ -4,10 +4,15 @@
     python train.py                                   # data/sample_scene -> output/sample_scene, default config
     python train.py --data DIR --out OUT --config configs/fast.yaml --iterations 3000 loss.dist_lambda=0
     python train.py --out OUT --resume                # continue OUT from its newest checkpoint
+    python train.py --out OUT --resume train.iterations=8000   # ... and train longer
 
 ``key=value`` arguments override any config field (dotted keys for nested
-sections, values parsed as YAML); see splat/config.py for every field,
-its type and range.  The work is done by splat.trainer.
+sections, values parsed as YAML; they may stand anywhere among the flags);
+see splat/config.py for every field, its type and range.  OUT must be empty
+or hold this same run (``--resume``); ``--overwrite`` deletes another run's
+outputs there first.  Mistakes print one line ``error: ...`` (exit code 1;
+2 for bad flags); ``--debug`` shows the traceback instead.  The work is done
+by splat.trainer.
 """
 
 import argparse
@@ -18,20 +23,25 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 
-def main(argv=None) -> int:
-    from splat.config import load_config
-    from splat.trainer import Trainer
-
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default=None, help="scene folder (default: data.path of the config)")
     p.add_argument("--out", default=None, help="output folder (default: output/<scene folder name>)")
     p.add_argument("--config", default=None,
                    help="YAML config (default: configs/default.yaml, or OUT/config.yaml with --resume)")
     p.add_argument("--iterations", type=int, default=None, help="override train.iterations")
-    p.add_argument("--resume", action="store_true", help="continue from OUT's newest checkpoint")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--resume", action="store_true", help="continue this run from OUT's newest checkpoint")
+    mode.add_argument("--overwrite", action="store_true", help="delete the outputs of any run in OUT first")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     p.add_argument("overrides", nargs="*", help="config overrides key=value")
-    args = p.parse_args(argv)
+    return p
+
+
+def run(args) -> int:
+    from splat.config import load_config
+    from splat.trainer import Trainer
 
     out = Path(args.out) if args.out else None
     config = args.config
@@ -47,24 +57,22 @@ def main(argv=None) -> int:
         overrides.append(f"train.iterations={args.iterations}")
     if args.no_progress:
         overrides.append("log.progress=false")
-    try:
-        cfg = load_config(config, overrides)
-    except (KeyError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config(config, overrides)
     data = Path(cfg["data"]["path"])
     if not data.is_absolute() and not data.exists() and (ROOT / data).exists():
         cfg["data"]["path"] = str(ROOT / data)  # e.g. the bundled data/sample_scene from another cwd
     if out is None:
         out = Path("output") / Path(cfg["data"]["path"]).resolve().name
-    from splat.data import DataError
-
-    try:
-        Trainer(cfg, out, resume=args.resume).train()
-    except (DataError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    Trainer(cfg, out, resume=args.resume, overwrite=args.overwrite).train()
     return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_intermixed_args(argv)  # key=value may stand between flags
+    from splat.data import DataError
+    from splat.errors import run_cli
+
+    return run_cli(lambda: run(args), debug=args.debug, extra=(DataError,))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ Raise these only for problems the user can fix; bugs stay ordinary exceptions.
 
 from __future__ import annotations
 
-__all__ = ["SplatInputError", "ConfigError", "RunStateError"]
+import sys
+from typing import Callable, Tuple
+
+__all__ = ["SplatInputError", "ConfigError", "RunStateError", "format_error", "run_cli"]
 
 
 class SplatInputError(ValueError):
@@ -23,3 +26,32 @@ class ConfigError(SplatInputError):
 class RunStateError(SplatInputError):
     """The output folder cannot be used for this run (it holds another run,
     is a file, is read-only, or its checkpoint does not fit the config)."""
+
+
+def format_error(e: BaseException) -> str:
+    """One line for ``error: ...``: OSErrors name their file, newlines are folded."""
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        msg = f"{e.filename}: {e.strerror}"
+    else:
+        msg = str(e) or type(e).__name__
+        if isinstance(e, KeyError) and len(e.args) == 1:
+            msg = str(e.args[0])
+    return " ".join(line.strip() for line in msg.splitlines() if line.strip())
+
+
+def run_cli(fn: Callable[[], int], debug: bool = False, extra: Tuple[type, ...] = ()) -> int:
+    """``fn()``, with every user-caused failure (SplatInputError, OSError,
+    ValueError, ``extra``) printed as one line ``error: ...`` and exit code 1
+    instead of a traceback; ``debug=True`` re-raises (full traceback)."""
+    try:
+        return int(fn() or 0)
+    except (SplatInputError, OSError, ValueError, *extra) as e:
+        if debug:
+            raise
+        print(f"error: {format_error(e)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("error: interrupted", file=sys.stderr)
+        return 130

@@ -43,6 +43,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from .errors import SplatInputError
+
 #: Set by tests/tools to substitute a rasterizer with the same signature.
 RASTERIZE_OVERRIDE = None
 
@@ -113,13 +115,13 @@ def load_run(model_dir, data: Optional[str] = None, overrides=()):
     """
     from .data import load_scene
     from .model import GaussianModel, load_ply
-    from .checkpoint import load_latest_checkpoint
+    from .checkpoint import load_latest_checkpoint, read_run_file
     from .config import load_config
 
     model_dir = Path(model_dir)
     cfg_path = model_dir / "config.yaml"
     if not cfg_path.is_file():
-        raise FileNotFoundError(f"{cfg_path}: not found (is {model_dir} a training output folder?)")
+        raise SplatInputError(f"{cfg_path}: not found (is {model_dir} a training output folder?)")
     cfg = load_config(str(cfg_path), overrides)
     if data is not None:
         cfg["data"]["path"] = str(data)
@@ -127,9 +129,10 @@ def load_run(model_dir, data: Optional[str] = None, overrides=()):
     if ply.is_file():
         model = load_ply(ply)
     else:
-        ckpt = load_latest_checkpoint(model_dir)
+        run = read_run_file(model_dir)
+        ckpt = load_latest_checkpoint(model_dir, run["run_id"] if run else None)
         if ckpt is None:
-            raise FileNotFoundError(f"{model_dir}: neither point_cloud.ply nor a checkpoint")
+            raise SplatInputError(f"{model_dir}: neither point_cloud.ply nor a readable checkpoint of this run")
         model = GaussianModel(ckpt["params"], ckpt["sh_degree"])
     d = cfg["data"]
     scene = load_scene(
@@ -280,12 +283,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh", action="store_true", help="TSDF-fuse train-view depth into OUT/mesh.ply (needs open3d)")
     p.add_argument("--mesh-res", type=int, default=1024, help="voxels across 2 x scene radius (default 1024)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     p.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. render.depth=expected")
     return p
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    """CLI entry: mistakes print one line ``error: ...`` (exit 1; 2 for bad
+    flags or missing open3d), ``--debug`` shows tracebacks instead."""
+    args = build_parser().parse_intermixed_args(argv)  # key=value may stand between flags
     progress = not args.no_progress
     if args.mesh:
         try:
@@ -294,13 +300,13 @@ def main(argv=None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
     from .data import DataError
+    from .errors import run_cli
 
-    try:
+    def run() -> int:
         if args.split is not None or not args.mesh:
             render_split(args.model, args.data, args.split or "test", args.overrides, progress)
         if args.mesh:
             extract_mesh(args.model, args.data, args.mesh_res, overrides=args.overrides, progress=progress)
-    except (FileNotFoundError, DataError, KeyError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+        return 0
+
+    return run_cli(run, debug=args.debug, extra=(DataError,))

@@ -38,18 +38,23 @@ import numpy as np
 import torch
 
 from .checkpoint import (
+    RunLock,
     atomic_write,
     atomic_write_bytes,
+    check_out_dir,
     checkpoint_path,
-    list_checkpoints,
+    claim_out_dir,
+    clean_temp_files,
     load_latest_checkpoint,
+    prune_checkpoints,
     rng_state,
+    run_identity,
     save_config,
     seed_everything,
     set_rng_state,
 )
 from .config import check_config
-from .errors import ConfigError
+from .errors import ConfigError, RunStateError, SplatInputError
 from .losses import psnr, ssim, total_loss
 from .model import GaussianModel, create_from_points, random_points_in_frustums, save_ply
 from .render import normalized_normals, render_frame
@@ -151,13 +156,13 @@ class Trainer:
     ``callbacks``: :data:`StepCallback` hooks called after every step."""
 
     def __init__(self, cfg: Dict, out_dir, resume: bool = False, scene=None,
-                 callbacks: Sequence[StepCallback] = ()):
+                 callbacks: Sequence[StepCallback] = (), overwrite: bool = False):
         from .data import load_scene
 
         cfg = check_config(cfg)
         self.cfg = cfg
         self.callbacks = list(callbacks)
-        self.out_dir = Path(out_dir)
+        self.out_dir = check_out_dir(Path(out_dir))  # before the (slow) data loading
         self.device = resolve_device(cfg["device"])
         dcfg = cfg["data"]
         self.background = torch.tensor(dcfg["background"], dtype=torch.float32).reshape(3)
@@ -166,15 +171,32 @@ class Trainer:
             test_every=dcfg["test_every"], layout=dcfg["layout"],
         )
         if not self.scene.train:
-            raise ValueError(f"{dcfg['path']}: no training images")
+            raise SplatInputError(f"{dcfg['path']}: no training images")
         self.scene_radius = float(self.scene.scene_radius())
         self.step = 0  # completed steps
         self.train_seconds = 0.0
-        seed_everything(cfg["seed"])
+        self.identity = run_identity(cfg, self.scene)
+        self.run_id = self.identity["run_id"]
+        self._lock = RunLock(self.out_dir)
+        try:
+            self._start(resume, overwrite)
+        except BaseException:
+            self._lock.release()
+            raise
 
-        ckpt = load_latest_checkpoint(self.out_dir) if resume else None
+    def _start(self, resume: bool, overwrite: bool) -> None:
+        """Claim the output folder, then build the model fresh or from this run's newest checkpoint."""
+        cfg = self.cfg
+        for p in clean_temp_files(self.out_dir):
+            print(f"removed {p} (left by a killed writer)", file=sys.stderr)
+        claim_out_dir(self.out_dir, self.identity, resume=resume, overwrite=overwrite)
+        seed_everything(cfg["seed"])
+        ckpt = load_latest_checkpoint(self.out_dir, self.run_id, quarantine=True) if resume else None
         if resume and ckpt is None:
             print(f"no checkpoint in {self.out_dir / 'checkpoints'}: starting from scratch", file=sys.stderr)
+        if ckpt is not None and int(ckpt["step"]) > cfg["train"]["iterations"]:
+            raise RunStateError(f"{ckpt['path']}: checkpoint is at step {ckpt['step']}, beyond "
+                                f"train.iterations={cfg['train']['iterations']}")
         if ckpt is not None:
             self.model = GaussianModel(ckpt["params"], ckpt["sh_degree"])
         else:
@@ -191,16 +213,25 @@ class Trainer:
             self.train_seconds = float(ckpt.get("train_seconds", 0.0))
             print(f"resumed from {ckpt['path']} at step {self.step}", file=sys.stderr)
 
+    def close(self) -> None:
+        """Release the output folder (``train()`` does this when it ends)."""
+        self._lock.release()
+
     # ------------------------------------------------------------ init
     def _init_model(self) -> GaussianModel:
         mcfg = self.cfg["model"]
-        use_points = mcfg["init"] == "points" or (mcfg["init"] == "auto" and self.scene.points is not None)
+        has_points = self.scene.points is not None and len(self.scene.points) > 0
+        use_points = mcfg["init"] == "points" or (mcfg["init"] == "auto" and has_points)
         if use_points:
-            if self.scene.points is None or len(self.scene.points) == 0:
-                raise ValueError("model.init=points but the scene has no point cloud")
+            if not has_points:
+                raise SplatInputError(f"model.init=points but the scene {self.cfg['data']['path']} has no point cloud")
             pts, cols = self.scene.points, self.scene.point_colors
         else:
             pts = self._random_points(mcfg["init_num_random"], mcfg["init_random_min_views"])
+            if len(pts) == 0:
+                raise SplatInputError(
+                    f"model.init_num_random={mcfg['init_num_random']}: no surfels to train "
+                    f"(the scene has no point cloud, so training starts from random points)")
             cols = torch.full_like(pts, 0.5)  # neutral grey: the photometric loss sets colours fast
         return create_from_points(pts, cols, mcfg["sh_degree"], mcfg["init_opacity"], mcfg["init_scale"])
 
@@ -266,10 +297,16 @@ class Trainer:
         return terms
 
     def train(self) -> dict:
-        """Run (or continue) training to ``train.iterations``; write outputs; return metrics."""
+        """Run (or continue) training to ``train.iterations``; write outputs;
+        return metrics; release the output folder."""
+        try:
+            return self._train()
+        finally:
+            self.close()
+
+    def _train(self) -> dict:
         cfg = self.cfg
         iterations = int(cfg["train"]["iterations"])
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, self.out_dir / "config.yaml")
         every = int(cfg["checkpoint"]["every"])
         bar = None
@@ -317,12 +354,11 @@ class Trainer:
             "rng": rng_state(),
             "train_seconds": self.train_seconds,
             "config": self.cfg,
+            "run_id": self.run_id,
         }
-        path = checkpoint_path(self.out_dir, self.step)
+        path = checkpoint_path(self.out_dir, self.step, self.run_id)
         atomic_write(path, lambda f: torch.save(state, f))
-        keep = max(int(self.cfg["checkpoint"]["keep"]), 1)
-        for old in list_checkpoints(self.out_dir)[keep:]:
-            old.unlink(missing_ok=True)
+        prune_checkpoints(self.out_dir, self.run_id, self.step, self.cfg["checkpoint"]["keep"])
         return path
 
     # ------------------------------------------------------- evaluation

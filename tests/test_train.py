@@ -346,15 +346,19 @@ def test_resume_after_sigkill_reproduces_uninterrupted_run(tiny_scene, tmp_path)
     # A checkpoint truncated mid-write must never be picked: neither a stray
     # temp file nor a (non-atomically written) corrupt newest file.
     good = done[0].read_bytes()
-    (killed / "checkpoints" / f".ckpt_{iters:07d}.pt.tmp999").write_bytes(good[: len(good) // 2])
-    (killed / "checkpoints" / f"ckpt_{iters - 1:07d}.pt").write_bytes(good[: len(good) // 2])
+    run_id = done[0].stem.split("_")[-1]
+    tmp = killed / "checkpoints" / f".ckpt_{iters:07d}_{run_id}.pt.tmp999"
+    tmp.write_bytes(good[: len(good) // 2])
+    corrupt = killed / "checkpoints" / f"ckpt_{iters - 1:07d}_{run_id}.pt"
+    corrupt.write_bytes(good[: len(good) // 2])
     assert load_latest_checkpoint(killed)["step"] == killed_at
 
     res = subprocess.run(_train_cmd(tiny_scene, killed, iters, *RESUME_EXTRA, "--resume"), env=env,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"at step {killed_at}" in res.stderr
-    (killed / "checkpoints" / f"ckpt_{iters - 1:07d}.pt").unlink()
+    assert not tmp.exists(), "temp file of the killed writer not cleaned at start"
+    assert not corrupt.exists() and corrupt.with_name(corrupt.name + ".corrupt").exists()
     assert ref.wait(timeout=120) == 0, ref.stderr.read().decode()[-3000:]
     a, b = _final_params(full), _final_params(killed)
     assert load_latest_checkpoint(killed)["step"] == iters

@@ -1,0 +1,169 @@
+"""train.py / render.py: every user mistake is one line ``error: ...`` naming
+the file, key or value, a non-zero exit code and no traceback (``--debug``
+keeps the traceback)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_train import TINY_OVERRIDES, make_tiny_scene  # tests/ is on sys.path under pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_train_cli():
+    spec = importlib.util.spec_from_file_location("train_cli", ROOT / "train.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+train_cli = _load_train_cli()
+
+
+@pytest.fixture(scope="module")
+def scene(tmp_path_factory):
+    return make_tiny_scene(tmp_path_factory.mktemp("scene"), n_views=6)
+
+
+def _train(capsys, *args):
+    """(exit code, stderr) of ``train.py args`` run in-process."""
+    code = train_cli.main([str(a) for a in args])
+    return code, capsys.readouterr().err
+
+
+def _one_error_line(err: str, *words) -> str:
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err, err
+    for w in words:
+        assert str(w) in lines[0], (w, lines[0])
+    return lines[0]
+
+
+def _base(scene, out, *extra):
+    return ["--data", scene, "--out", out, "--iterations", 2, "--no-progress", *TINY_OVERRIDES, *extra]
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["model.sh_degree=5"], ["model.sh_degree", "5"]),
+    (["data.downscale=0"], ["data.downscale", ">= 1", "0"]),
+    (["render.near=2", "render.far=1"], ["render.near", "render.far"]),
+    (["train.iterations=-3"], ["train.iterations", "-3"]),
+    (["model.init_opacity=1.5"], ["model.init_opacity", "1.5"]),
+    (["data.background=[1,1]"], ["data.background", "3 values"]),
+    (["model.colour=3"], ["unknown config key", "model.colour"]),
+    (["model.init=random", "model.init_num_random=0"], ["model.init_num_random=0", "no surfels"]),
+])
+def test_train_bad_values(capsys, scene, tmp_path, extra, words):
+    code, err = _train(capsys, *_base(scene, tmp_path / "out", *extra))
+    assert code == 1
+    _one_error_line(err, *words)
+
+
+def test_train_config_file_errors(capsys, scene, tmp_path):
+    code, err = _train(capsys, *_base(scene, tmp_path / "o1", "--config", tmp_path / "nope.yaml"))
+    assert code == 1
+    _one_error_line(err, "nope.yaml", "not found")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: {iterations: [\n")
+    code, err = _train(capsys, *_base(scene, tmp_path / "o2", "--config", bad))
+    assert code == 1
+    _one_error_line(err, "bad.yaml", "invalid YAML")
+    bad.write_text("train: {iterations: many}\n")
+    code, err = _train(capsys, "--data", scene, "--out", tmp_path / "o3", "--config", bad)
+    _one_error_line(err, "bad.yaml", "train.iterations", "many")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+def test_train_cuda_without_gpu(capsys, scene, tmp_path):
+    code, err = _train(capsys, *_base(scene, tmp_path / "out", "device=cuda"))
+    assert code == 1
+    _one_error_line(err, "device=cuda", "no CUDA GPU")
+
+
+def test_train_out_is_a_file_or_unwritable(capsys, scene, tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    code, err = _train(capsys, *_base(scene, f))
+    assert code == 1
+    _one_error_line(err, str(f), "is a file")
+    if sys.platform.startswith("linux"):
+        code, err = _train(capsys, *_base(scene, "/proc/self/no_such_dir"))  # cannot be created, even by root
+        assert code == 1
+        _one_error_line(err, "/proc/self/no_such_dir", "not writable")
+    if hasattr(os, "geteuid") and os.geteuid() != 0:  # root may write anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        try:
+            code, err = _train(capsys, *_base(scene, ro))
+        finally:
+            ro.chmod(0o700)
+        assert code == 1
+        _one_error_line(err, str(ro), "not writable")
+
+
+def test_train_missing_data(capsys, tmp_path):
+    code, err = _train(capsys, "--data", tmp_path / "nothing", "--out", tmp_path / "out", "--no-progress")
+    assert code == 1
+    _one_error_line(err, "nothing")
+
+
+def test_overrides_may_stand_between_flags_and_runs_are_guarded(capsys, scene, tmp_path):
+    out = tmp_path / "out"
+    args = ["--data", scene, "train.iterations=2", "--out", out, *TINY_OVERRIDES[:3], "--no-progress",
+            *TINY_OVERRIDES[3:], "checkpoint.every=1"]
+    code, err = _train(capsys, *args)
+    assert code == 0, err
+    assert "done: 2 steps" in err
+    code, err = _train(capsys, *args, "loss.dist_lambda=3")
+    assert code == 1
+    _one_error_line(err, str(out), "another run", "loss.dist_lambda", "--overwrite")
+    code, err = _train(capsys, *args, "loss.dist_lambda=3", "--resume")
+    assert code == 1
+    _one_error_line(err, "another run", "loss.dist_lambda")
+    code, err = _train(capsys, *args, "loss.dist_lambda=3", "--overwrite")
+    assert code == 0, err
+    with pytest.raises(SystemExit) as e:  # argparse: not allowed together
+        _train(capsys, *args, "--resume", "--overwrite")
+    assert e.value.code == 2
+
+
+def test_debug_keeps_the_traceback(capsys, scene, tmp_path):
+    from splat.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        train_cli.main([str(a) for a in _base(scene, tmp_path / "out", "model.sh_degree=5", "--debug")])
+
+
+def _render(*args):
+    return subprocess.run([sys.executable, str(ROOT / "render.py"), *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_render_errors(tmp_path, scene):
+    res = _render("--model", tmp_path / "nothing", "--no-progress")
+    assert res.returncode == 1
+    _one_error_line(res.stderr, "config.yaml", "not found")
+    # a run folder whose only checkpoint has no parameters
+    out = tmp_path / "run"
+    res = subprocess.run([sys.executable, str(ROOT / "train.py"), *map(str, _base(scene, out, "--iterations", 1))],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    (out / "point_cloud.ply").unlink()
+    ckpt = next((out / "checkpoints").glob("ckpt_*.pt"))
+    torch.save({"step": 1}, ckpt)
+    res = _render("--model", out, "--no-progress", "render.depth=median")
+    assert res.returncode == 1
+    _one_error_line(res.stderr, str(out), "checkpoint")
+    assert "has no model parameters" in res.stderr  # the warning says why it was skipped
+    res = _render("--model", out, "--no-progress", "render.near=-1")
+    _one_error_line(res.stderr, "render.near", "-1")
