@@ -60,15 +60,18 @@ def rasterize(means, quats, scales, opacities, colors, viewmat, K, width, height
     rgb_colors = _surfel_colors(means, colors, viewmat, sh_degree)
     n = means.shape[0]
     dtype, device = means.dtype, means.device
+    inputs = (means, quats, scales, opacities, colors, viewmat, K, background)
+    grad_enabled = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
     if n == 0:
-        return _empty_output(width, height, dtype, device, background)
+        radii = torch.zeros(0, dtype=torch.int32, device=device)
+        means2d = torch.zeros(0, 2, dtype=dtype, device=device, requires_grad=grad_enabled)
+        sums = _empty_sums(width, height, dtype, device)
+        return compose(*_connect(sums, inputs + (means2d,)), background=background, radii=radii, means2d=means2d)
 
     proj = _project(means, quats, scales, opacities, viewmat, K, width, height, near, far)
-    needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (means, quats, scales, opacities, colors, background))
     means2d = proj["center"].detach().clone()
     Tuvw, center = proj["Tuvw"], proj["center"]
-    if needs_grad:
+    if grad_enabled:
         means2d.requires_grad_(True)
         # A screen translation delta of the footprint: value 0, gradient
         # identity.  Folding it into M (rows Tu += dx Tw, Tv += dy Tw) and the
@@ -81,31 +84,84 @@ def rasterize(means, quats, scales, opacities, colors, viewmat, K, width, height
     if backend == "torch":
         sums = rasterize_reference(means, quats, scales, opacities, rgb_colors, viewmat, K,
                                    width, height, near, far,
-                                   means2d=means2d if needs_grad else None)
+                                   means2d=means2d if grad_enabled else None)
     else:
         sums = _RasterizeSurfels.apply(Tuvw, center, proj["normal"], rgb_colors, opacities,
                                        proj["depth"], proj["pixel_rect"], width, height, near, far)
+    if grad_enabled:
+        sums = _connect(sums, inputs + (means2d,))
     return compose(*sums, background=background, radii=proj["radii"], means2d=means2d)
+
+
+def _connect(sums, inputs):
+    """Attaches outputs that no surfel reached (N = 0, every surfel culled) to
+    the graph with an exact zero, so that backward() gives every input a zero
+    gradient instead of torch's "does not require grad" error."""
+    if not torch.is_grad_enabled() or all(s.requires_grad for s in sums):
+        return sums
+    # t * 0 is exactly 0 for the finite (validated) inputs; means2d is finite too.
+    zero = sum((t * 0).sum() for t in inputs if t is not None and t.requires_grad)
+    return tuple(s if s.requires_grad else s + zero for s in sums)
 
 
 # ---------------------------------------------------------------------------
 # Projection and screen bounds (per surfel, plain PyTorch)
 # ---------------------------------------------------------------------------
 def _project(means, quats, scales, opacities, viewmat, K, width, height, near, far):
-    """Screen matrix M = K [a b c] (rows Tu, Tv, Tw), centre, normal, bounds."""
+    """Screen matrix M = K [a b c] (rows Tu, Tv, Tw), centre, normal, bounds.
+
+    A surfel whose centre is not in (near, far) is culled, and its columns
+    [a b c] are replaced by zeros *before* M and the division by c_z: masking
+    only the outputs would still send 0 * inf = NaN gradients into means,
+    viewmat and K (the "double where" trap).  Its centre (means2d) is 0 and
+    every gradient it receives is exactly 0.
+    """
     rot_cam = viewmat[:3, :3] @ quat_to_rotmat(quats)  # [N, 3, 3]
     c = means @ viewmat[:3, :3].T + viewmat[:3, 3]  # [N, 3]
+    in_range = depth_in_range(c[:, 2], near, far)  # [N]
     columns = torch.stack([rot_cam[:, :, 0] * scales[:, :1], rot_cam[:, :, 1] * scales[:, 1:2], c], dim=-1)
+    columns = torch.where(in_range[:, None, None], columns, torch.zeros_like(columns))
     M = K @ columns  # [N, 3, 3]; M (u, v, 1) = homogeneous pixel
-    center = M[:, :2, 2] / M[:, 2:3, 2]  # [N, 2]
+    _check_magnitude(M.detach(), in_range, width, height)
+    safe_depth = torch.where(in_range, M[:, 2, 2], torch.ones_like(M[:, 2, 2]))  # [N]
+    center = M[:, :2, 2] / safe_depth[:, None]  # [N, 2]; 0 for culled surfels
     with torch.no_grad():
-        pixel_rect, radii = _screen_bounds(M.detach(), center.detach(), opacities.detach(),
-                                          width, height, near, far)
+        pixel_rect, radii = _screen_bounds(M.detach(), center.detach(), opacities.detach(), in_range,
+                                          width, height)
     return {"Tuvw": M.reshape(-1, 9), "center": center, "depth": c[:, 2].detach().contiguous(),
             "normal": facing_normals(quats, means, viewmat), "pixel_rect": pixel_rect, "radii": radii}
 
 
-def _screen_bounds(M, center, opacities, width, height, near, far):
+def _check_magnitude(M, in_range, width, height):
+    """Refuses surfels whose screen matrix the kernels cannot carry in M's dtype.
+
+    The per-pixel core forms q = (Tu - x Tw) x (Tv - y Tw) and |q|^2, fourth
+    powers of M's entries (and its gradients go no higher), so with
+    h = max(|Tu|, |Tv|) + max(W, H) |Tw| every intermediate stays finite while
+    h <= max_float^(1/4) / 16 (2.7e8 in float32, 8e75 in float64).  Beyond it
+    float32 would silently turn the surfel into a low-pass blob or NaN.
+    """
+    dtype = M.dtype
+    limit = torch.finfo(dtype).max ** 0.25 / 16
+    M = M.double()
+    h = M[:, :2].abs().amax((1, 2)) + max(width, height) * M[:, 2].abs().amax(-1)  # [N]
+    bad = in_range & ~(h <= limit)
+    if bool(bad.any()):
+        rows = bad.nonzero().flatten()[:5].tolist()
+        raise ValueError(
+            f"surfels at rows {rows} project to screen coordinates of magnitude {float(h[bad].max()):.3g}, "
+            f"beyond what {dtype} can rasterize (limit {limit:.3g}): their means "
+            f"or scales (or the viewmat translation, or K) are too large; rescale the scene or use float64")
+
+
+def depth_in_range(depth, near, far):
+    """[N] bool: camera depths strictly inside (near, far), compared in float64
+    so that every backend and the bounds agree on which surfels are culled."""
+    depth = depth.detach().double()
+    return (depth > near) & (depth < far)
+
+
+def _screen_bounds(M, center, opacities, in_range, width, height):
     """Pixels each surfel may draw: int32 [N, 4] (x0, y0, x1, y1, exclusive), and radii [N].
 
     A pixel is drawn only where o exp(-rho / 2) >= 1/255, i.e. rho <= k^2 with
@@ -120,9 +176,8 @@ def _screen_bounds(M, center, opacities, width, height, near, far):
     M = M.double()
     center = center.double()
     opac = opacities.double()
-    depth = M[:, 2, 2]
     k2 = 2.0 * torch.log(torch.clamp_min(opac * 255.0, 1e-30))
-    visible = (depth > near) & (depth < far) & (opac >= cv.ALPHA_MIN) & (k2 > 1e-12)
+    visible = in_range & (opac >= cv.ALPHA_MIN) & (k2 > 1e-12)
     k2 = torch.where(visible, k2, torch.ones_like(k2))
     weights = torch.stack([torch.ones_like(k2), torch.ones_like(k2), -1.0 / k2], dim=-1)  # [N, 3]
     dual = (M * weights[:, None, :]) @ M.transpose(1, 2)  # [N, 3, 3]
@@ -202,12 +257,11 @@ def _surfel_colors(means, colors, viewmat, sh_degree):
     return torch.clamp_min(eval_sh(sh_degree, colors, dirs) + cv.SH_COLOR_OFFSET, 0.0)
 
 
-def _empty_output(width, height, dtype, device, background):
+def _empty_sums(width, height, dtype, device):
+    """The raw sums of an image no surfel touches (see compose())."""
     zeros = torch.zeros(height, width, dtype=dtype, device=device)
     zeros3 = torch.zeros(height, width, 3, dtype=dtype, device=device)
-    return compose(zeros3, torch.ones_like(zeros), zeros, zeros3, zeros, zeros, background=background,
-                   radii=torch.zeros(0, dtype=torch.int32, device=device),
-                   means2d=torch.zeros(0, 2, dtype=dtype, device=device))
+    return zeros3, torch.ones_like(zeros), zeros, zeros3, zeros, zeros
 
 
 def _resolve_backend(backend, device):
@@ -248,6 +302,21 @@ def _check_tensor(name, t, shape, dtype, device):
         raise ValueError(f"{name} contains NaN or Inf (first bad rows: {bad})")
 
 
+def _check_clip_range(near, far, dtype):
+    """near and far as the kernels see them, in ``dtype``: far must not
+    overflow (inf would make m(z) NaN), near must stay >= sqrt(tiny) so that
+    d m / dz = far / (far - near) near / z^2 stays finite, and the two must
+    remain distinct after rounding."""
+    info = torch.finfo(dtype)
+    if far > info.max:
+        raise ValueError(f"far={far!r} is beyond the range of {dtype} (max {info.max:.3g})")
+    if near < info.tiny ** 0.5:
+        raise ValueError(f"near={near!r} is too small for {dtype} (need near >= {info.tiny ** 0.5:.3g})")
+    near_t, far_t = torch.tensor([near, far], dtype=torch.float64).to(dtype).tolist()
+    if not near_t < far_t:
+        raise ValueError(f"near={near!r} and far={far!r} round to the same {dtype} value; widen the range")
+
+
 def _validate(means, quats, scales, opacities, colors, viewmat, K, width, height, near, far,
               background, sh_degree, backend):
     if backend not in BACKENDS:
@@ -281,19 +350,27 @@ def _validate(means, quats, scales, opacities, colors, viewmat, K, width, height
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if not (isinstance(near, (int, float)) and isinstance(far, (int, float)) and 0 < near < far < math.inf):
         raise ValueError(f"need 0 < near < far < inf, got near={near!r}, far={far!r}")
+    _check_clip_range(near, far, dtype)
     # Cameras
     tol = 1e-4 if dtype == torch.float64 else 1e-3
     bottom = viewmat.new_tensor([0, 0, 0, 1])
     rot = viewmat[:3, :3]
     if not torch.allclose(viewmat[3], bottom) or not torch.allclose(rot @ rot.T, torch.eye(3, dtype=dtype, device=device), atol=tol):
         raise ValueError("viewmat must be a rigid world->camera transform: orthonormal rotation, last row (0, 0, 0, 1)")
+    if float(torch.linalg.det(rot.detach().double())) < 0:
+        raise ValueError("viewmat must be a rigid world->camera transform, but its rotation has determinant -1 "
+                         "(a reflection: a handedness flip, e.g. OpenGL axes converted by negating one axis)")
     if not torch.equal(K[2], K.new_tensor([0, 0, 1])) or K[0, 0] <= 0 or K[1, 1] <= 0 or K[1, 0] != 0:
         raise ValueError(f"K must be [[fx, s, cx], [0, fy, cy], [0, 0, 1]] with fx, fy > 0, got {K.tolist()}")
     # Surfels
     if n:
-        zero_quat = quats.norm(dim=-1) == 0
+        # Any larger finite quaternion is normalised exactly (reference.quat_to_rotmat
+        # rescales it first); a smaller one has a gradient ~1/|q| the dtype cannot carry.
+        min_quat = torch.finfo(dtype).tiny ** 0.5
+        zero_quat = quats.abs().amax(dim=-1) < min_quat
         if bool(zero_quat.any()):
-            raise ValueError(f"quats has zero-length quaternions at rows {zero_quat.nonzero().flatten()[:5].tolist()}")
+            raise ValueError(f"quats has zero-length quaternions at rows {zero_quat.nonzero().flatten()[:5].tolist()} "
+                             f"(largest component below {min_quat:.2g}, too small to normalise in {dtype})")
         if bool((scales < 0).any()):
             raise ValueError(f"scales must be >= 0 (they are standard deviations, not log-scales); "
                              f"negative at rows {(scales < 0).any(-1).nonzero().flatten()[:5].tolist()}")

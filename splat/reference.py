@@ -23,7 +23,12 @@ from . import conventions as cv
 
 def quat_to_rotmat(quats: torch.Tensor) -> torch.Tensor:
     """Rotation matrices [N, 3, 3] from quaternions [N, 4] (w, x, y, z), normalised here."""
-    w, x, y, z = (quats / quats.norm(dim=-1, keepdim=True)).unbind(-1)
+    # Dividing by the largest component first keeps |q|^2 finite for any
+    # finite q (a float32 |q| >= 2e19 would overflow to inf, a tiny one
+    # underflow to 0).  The factor is held constant (detached): q / |q| does
+    # not depend on it, so the gradient is exactly that of q / |q|.
+    q = quats / quats.detach().abs().amax(dim=-1, keepdim=True)
+    w, x, y, z = (q / q.norm(dim=-1, keepdim=True)).unbind(-1)
     return torch.stack(
         [
             1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
@@ -66,19 +71,21 @@ def rasterize_reference(means, quats, scales, opacities, colors, viewmat, K, wid
     normal_sum [H,W,3], distortion [H,W], median_depth [H,W]).
     """
     dtype, device = means.dtype, means.device
-    rot_cam = viewmat[:3, :3] @ quat_to_rotmat(quats)  # [N, 3, 3]
     c = means @ viewmat[:3, :3].T + viewmat[:3, 3]  # [N, 3] camera-space centres
-    a = rot_cam[:, :, 0] * scales[:, :1]  # [N, 3]
-    b = rot_cam[:, :, 1] * scales[:, 1:2]  # [N, 3]
-    normals = facing_normals(quats, means, viewmat)  # [N, 3]
-    centre = (c @ K.T)[:, :2] / c[:, 2:3]  # [N, 2] pixels
-    shift = torch.zeros_like(centre) if means2d is None else means2d - centre.detach()
-    centre = centre + shift
-
-    keep = (c[:, 2] > near) & (c[:, 2] < far) & (opacities >= cv.ALPHA_MIN)
+    depth = c[:, 2].detach().double()  # culling compared in float64, as in splat.rasterize
+    keep = (depth > near) & (depth < far) & (opacities >= cv.ALPHA_MIN)
     ids = torch.nonzero(keep).squeeze(1)
     ids = ids[torch.sort(c[ids, 2], stable=True).indices]  # front to back
-    c, a, b, normals, centre, shift = c[ids], a[ids], b[ids], normals[ids], centre[ids], shift[ids]
+    # Everything below sees only the kept surfels: a culled one (say at depth
+    # 0) never reaches a division, so its gradients are exactly 0, not NaN.
+    c = c[ids]
+    rot_cam = viewmat[:3, :3] @ quat_to_rotmat(quats[ids])  # [n, 3, 3]
+    a = rot_cam[:, :, 0] * scales[ids, :1]  # [n, 3]
+    b = rot_cam[:, :, 1] * scales[ids, 1:2]  # [n, 3]
+    normals = facing_normals(quats[ids], means[ids], viewmat)  # [n, 3]
+    centre = (c @ K.T)[:, :2] / c[:, 2:3]  # [n, 2] pixels
+    shift = torch.zeros_like(centre) if means2d is None else means2d[ids] - centre.detach()
+    centre = centre + shift
     opac, col = opacities[ids], colors[ids]
     n_cam = torch.cross(a, b, dim=-1)  # [n, 3]
     c_cross_b = torch.cross(c, b, dim=-1)

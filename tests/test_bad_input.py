@@ -174,3 +174,138 @@ def test_cpu_and_reference_agree_on_degenerate_surfels(scene):
     b = render(leaves(s), camera(s), "torch")
     for k in ("rgb", "alpha", "depth", "distortion", "normal", "median_depth"):
         assert torch.allclose(getattr(a, k), getattr(b, k), rtol=1e-9, atol=1e-12), k
+
+
+# ---------------------------------------------------------------------------
+# Issue 9: culled surfels, dtype range, reflections, backward with nothing drawn
+# ---------------------------------------------------------------------------
+GRAD_BACKENDS = BACKENDS + (["cuda"] if torch.cuda.is_available() and splat._backend.has_cuda_kernels() else [])
+
+
+def _on(scene, backend):
+    device = "cuda" if backend == "cuda" else "cpu"
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in scene.items()}
+
+
+def _grads_of_everything(scene, backend):
+    """Outputs and the gradient of a loss on every output w.r.t. every input
+    (viewmat, K and means2d included), via backward() as a user calls it."""
+    s = _on(scene, backend)
+    params = {k: s[k].detach().clone().requires_grad_(True) for k in PARAMS + ("viewmat", "K")}
+    out = splat.rasterize(params["means"], params["quats"], params["scales"], params["opacities"],
+                          params["colors"], params["viewmat"], params["K"], s["width"], s["height"],
+                          backend=backend)
+    loss = sum((getattr(out, k) * (1 + i)).sum()
+               for i, k in enumerate(("rgb", "alpha", "depth", "median_depth", "normal", "distortion")))
+    out.means2d.retain_grad()
+    loss.backward()
+    grads = {k: p.grad for k, p in params.items()}
+    grads["means2d"] = out.means2d.grad
+    return out, grads
+
+
+def _at_camera_depth(scene, row, z):
+    """The scene seen by an identity camera (so camera depth = means z, exactly),
+    with surfel ``row`` at camera depth ``z``."""
+    means = scene["means"].clone()
+    means[:, 2] += 4.0
+    means[row, 2] = z
+    return dict(scene, means=means, viewmat=torch.eye(4, dtype=means.dtype))
+
+
+@pytest.mark.parametrize("backend", GRAD_BACKENDS)
+@pytest.mark.parametrize("z", [0.0, 1e-300, -1e-300, 0.1])
+def test_surfel_at_camera_depth_zero_contributes_exactly_zero(scene, backend, z):
+    """Issue 9, finding 3: a surfel at camera depth ~0 (culled) made means2d
+    +-inf and the means, viewmat and K gradients NaN.  A culled surfel must
+    add exactly nothing: finite means2d, zero gradients of its own, and the
+    camera gradients of the scene without it."""
+    culled = _at_camera_depth(scene, 4, z)
+    out, g = _grads_of_everything(culled, backend)
+    assert int(out.radii[4]) == 0
+    assert torch.isfinite(out.means2d).all()
+    for k, v in g.items():
+        assert torch.isfinite(v).all(), k
+    for k in PARAMS + ("means2d",):
+        assert float(g[k][4].abs().max()) == 0.0, k
+    without = {k: (v[torch.arange(12) != 4] if k in PARAMS else v) for k, v in culled.items()}
+    _, g0 = _grads_of_everything(without, backend)
+    for k in ("viewmat", "K"):
+        assert torch.allclose(g[k], g0[k], rtol=1e-12, atol=1e-12), k
+    for k in PARAMS:
+        assert torch.allclose(g[k][torch.arange(12) != 4], g0[k], rtol=1e-12, atol=1e-12), k
+
+
+@pytest.mark.parametrize("backend", GRAD_BACKENDS)
+@pytest.mark.parametrize("case", ["empty", "all_culled", "all_transparent"])
+def test_backward_with_nothing_drawn_gives_zero_gradients(scene, backend, case):
+    """N = 0, every surfel behind the camera, or every surfel below the alpha
+    threshold: backward() works and every input gets an exact zero gradient."""
+    if case == "empty":
+        s = {k: (v[:0] if k in PARAMS else v) for k, v in scene.items()}
+    elif case == "all_culled":
+        s = dict(scene, means=scene["means"] * 0.1 - torch.tensor([0.0, 0.0, 10.0], dtype=torch.float64))
+    else:
+        s = dict(scene, opacities=torch.full_like(scene["opacities"], 1e-3))
+    out, g = _grads_of_everything(s, backend)
+    assert float(out.alpha.abs().max()) == 0
+    for k, v in g.items():
+        assert v is not None, f"{k} got no gradient"
+        assert v.shape == (s[k].shape if k in s else out.means2d.shape)
+        assert not bool(v.any()), k
+
+
+def test_float32_clip_range_the_dtype_cannot_carry(scene):
+    """Issue 9, finding 5: far = 1e39 is inf in float32 (NaN distortion before)."""
+    s32 = {k: (v.float() if isinstance(v, torch.Tensor) else v) for k, v in scene.items()}
+    with pytest.raises(ValueError, match=r"far=1e\+39 is beyond the range of torch.float32"):
+        _call(s32, far=1e39)
+    with pytest.raises(ValueError, match="near=1e-30 is too small for torch.float32"):
+        _call(s32, near=1e-30)
+    with pytest.raises(ValueError, match="round to the same torch.float32 value"):
+        _call(s32, near=1.0, far=1.0 + 1e-9)
+    out = _call(scene, far=1e39)  # float64 carries it
+    assert torch.isfinite(out.distortion).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_huge_quaternions_are_normalised_exactly(scene, backend):
+    """Issue 9, finding 5: float32 quats with |q| >= 2e19 became the identity
+    rotation (|q|^2 overflowed).  They are normalised exactly now: the same
+    image as the unit quaternions, with finite gradients."""
+    s32 = {k: (v.float() if isinstance(v, torch.Tensor) else v) for k, v in scene.items()}
+    unit = render(leaves(s32), camera(s32), backend)
+    big = dict(s32, quats=s32["quats"] * 1e30)
+    params = leaves(big)
+    out = render(params, camera(big), backend)
+    assert torch.allclose(out.rgb, unit.rgb, atol=1e-5)
+    assert torch.allclose(out.normal, unit.normal, atol=1e-5)
+    out.rgb.sum().backward()
+    assert torch.isfinite(params["quats"].grad).all()
+    tiny = s32["quats"].clone()
+    tiny[2] = 1e-25
+    with pytest.raises(ValueError, match=r"quats has zero-length quaternions at rows \[2\].*too small"):
+        _call(s32, quats=tiny)
+
+
+def test_float32_surfels_too_large_to_rasterize_are_refused(scene):
+    """Issue 9, finding 5: float32 scales >= 1e20 silently became a low-pass blob."""
+    s32 = {k: (v.float() if isinstance(v, torch.Tensor) else v) for k, v in scene.items()}
+    scales = s32["scales"].clone()
+    scales[3] = 1e20
+    with pytest.raises(ValueError, match=r"surfels at rows \[3\] .*float32.* means or scales"):
+        _call(s32, scales=scales)
+    means = s32["means"].clone()
+    means[5] = torch.tensor([1e30, 0.0, 3.0])  # in front of an identity camera, far off to the side
+    with pytest.raises(ValueError, match=r"surfels at rows \[5\]"):
+        _call(s32, means=means, viewmat=torch.eye(4))
+    out = _call(scene, scales=scene["scales"] * 1e6)  # float64 carries it: one huge wall
+    assert torch.isfinite(out.rgb).all()
+
+
+def test_reflected_viewmat_is_refused(scene):
+    """Issue 9, finding 6: a viewmat with determinant -1 was accepted."""
+    flipped = scene["viewmat"].clone()
+    flipped[0, :3] *= -1  # mirror camera x
+    with pytest.raises(ValueError, match="viewmat .*determinant -1"):
+        _call(scene, viewmat=flipped)
