@@ -80,7 +80,7 @@ setup(
     # installed build with the newest one.  Install torch first (see README).
     install_requires=["numpy", "plyfile>=1.0", "tqdm", "pyyaml", "pillow"],
     extras_require={
-        "test": ["pytest"],
+        "test": ["pytest", "hypothesis"],
         "mesh": ["open3d"],
         "viewer": ["viser"],
     },
