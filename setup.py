@@ -78,7 +78,8 @@ setup(
     python_requires=">=3.10",
     # torch is deliberately not listed: any torch requirement lets pip replace the
     # installed build with the newest one.  Install torch first (see README).
-    install_requires=["numpy", "plyfile>=1.0", "tqdm", "pyyaml", "pillow"],
+    # opencv-python-headless: lens undistortion at load (most real captures are distorted).
+    install_requires=["numpy", "plyfile>=1.0", "tqdm", "pyyaml", "pillow", "opencv-python-headless"],
     extras_require={
         "test": ["pytest", "hypothesis"],
         "mesh": ["open3d"],

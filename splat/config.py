@@ -46,12 +46,19 @@ def _section(cls):
 @dataclass
 class DataConfig:
     path: str = _f("data/sample_scene", "scene folder")
-    layout: Literal["auto", "colmap", "nerf"] = _f("auto", "COLMAP if sparse/ exists, else NeRF json")
+    layout: Literal["auto", "colmap", "transforms", "nerf"] = _f(
+        "auto", "COLMAP if sparse/ exists, else transforms.json (nerfstudio/instant-ngp), else NeRF-synthetic json")
     downscale: int = _f(1, "images are area-averaged by this integer factor", ge=1)
     test_every: int = _f(8, "COLMAP test split: every n-th image (<= 0: no test split)")
     background: List[float] = _f([1.0, 1.0, 1.0], "RGBA images are composited over this RGB; also the render "
                                  "background", length=3, ge=0.0, le=1.0)
     random_background: bool = _f(False, "train on a random background each step (needs RGBA images)")
+    masks: Literal["none", "background", "ignore"] = _f(
+        "none", "transforms.json mask_path: background = masked-out pixels become the background colour; "
+        "ignore = left out of the photometric loss")
+    cache_dir: str = _f("", "undistorted-image cache ('' = $SPLAT_CACHE_DIR or ~/.cache/splat)")
+    undistort_blank_pixels: float = _f(0.0, "undistortion crop: 0 = valid pixels only (COLMAP's default), "
+                                       "1 = every source pixel, blank border", ge=0.0, le=1.0)
 
 
 @dataclass

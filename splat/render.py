@@ -113,7 +113,7 @@ def load_run(model_dir, data: Optional[str] = None, overrides=()):
     or, for an unfinished run, from the newest checkpoint.  ``data`` replaces
     the data folder recorded in ``config.yaml``.
     """
-    from .data import load_scene
+    from .data import load_scene_from_config
     from .model import GaussianModel, load_ply
     from .checkpoint import load_latest_checkpoint, read_run_file
     from .config import load_config
@@ -134,11 +134,7 @@ def load_run(model_dir, data: Optional[str] = None, overrides=()):
         if ckpt is None:
             raise SplatInputError(f"{model_dir}: neither point_cloud.ply nor a readable checkpoint of this run")
         model = GaussianModel(ckpt["params"], ckpt["sh_degree"])
-    d = cfg["data"]
-    scene = load_scene(
-        d["path"], downscale=d["downscale"], background=d["background"],
-        test_every=d["test_every"], layout=d["layout"],
-    )
+    scene = load_scene_from_config(cfg["data"])
     return model, cfg, scene
 
 

@@ -26,6 +26,7 @@ have taken.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import resource
@@ -157,7 +158,7 @@ class Trainer:
 
     def __init__(self, cfg: Dict, out_dir, resume: bool = False, scene=None,
                  callbacks: Sequence[StepCallback] = (), overwrite: bool = False):
-        from .data import load_scene
+        from .data import load_scene_from_config
 
         cfg = check_config(cfg)
         self.cfg = cfg
@@ -166,10 +167,7 @@ class Trainer:
         self.device = resolve_device(cfg["device"])
         dcfg = cfg["data"]
         self.background = torch.tensor(dcfg["background"], dtype=torch.float32).reshape(3)
-        self.scene = scene if scene is not None else load_scene(
-            dcfg["path"], downscale=dcfg["downscale"], background=dcfg["background"],
-            test_every=dcfg["test_every"], layout=dcfg["layout"],
-        )
+        self.scene = scene if scene is not None else load_scene_from_config(dcfg)
         if not self.scene.train:
             raise SplatInputError(f"{dcfg['path']}: no training images")
         self.scene_radius = float(self.scene.scene_radius())
@@ -261,7 +259,16 @@ class Trainer:
         return min(step // max(self.cfg["train"]["sh_increase_every"], 1), self.model.sh_degree)
 
     def loss(self, out, gt: torch.Tensor, frame, step: int):
-        """(loss, logging terms) of one step's render ``out`` against ``gt`` [H, W, 3]."""
+        """(loss, logging terms) of one step's render ``out`` against ``gt`` [H, W, 3].
+
+        With ``frame.loss_mask`` (``data.masks=ignore``) render and target are
+        both multiplied by it, so masked-out pixels add nothing to the
+        photometric loss and get no gradient from it (the geometry
+        regularisers still see every pixel)."""
+        if frame.loss_mask is not None:
+            m = frame.loss_mask.to(self.device)[..., None]  # [H, W, 1]
+            out = dataclasses.replace(out, rgb=out.rgb * m)
+            gt = gt * m
         K = frame.K.to(self.device)
         viewmat = frame.viewmat.to(self.device)
         return total_loss(out, gt, K, viewmat, step, self.cfg["loss"])

@@ -26,6 +26,8 @@ COLMAP_MODEL_IDS = {
     "SIMPLE_RADIAL": 2,
     "RADIAL": 3,
     "OPENCV": 4,
+    "FOV": 7,
+    "THIN_PRISM_FISHEYE": 10,
 }
 
 

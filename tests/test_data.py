@@ -471,14 +471,14 @@ def case_size_mismatch(t):
 def case_unsupported_model_txt(t):
     root, _ = _colmap(t)
     _edit(root / "sparse/0/cameras.txt", lambda s: s.replace("1 PINHOLE 16 12 14.0 15.0 8.0 6.0",
-                                                            "1 OPENCV 16 12 14.0 15.0 8.0 6.0 0.1 0 0 0"))
+                                                            "1 FOV 16 12 14.0 15.0 8.0 6.0 0.1"))
     return root, "cameras.txt", "image_undistorter"
 
 
 def case_unsupported_model_bin(t):
-    truth = fx.make_scene(n_views=4, model="SIMPLE_RADIAL", params=[14.0, 8.0, 6.0, 0.01])
+    truth = fx.make_scene(n_views=4, model="THIN_PRISM_FISHEYE", params=[14.0, 15.0, 8.0, 6.0] + [0.01] * 8)
     root = fx.write_colmap_scene(t / "s", truth, "binary")
-    return root, "cameras.bin", "SIMPLE_RADIAL"
+    return root, "cameras.bin", "THIN_PRISM_FISHEYE"
 
 
 def case_zero_images(t):

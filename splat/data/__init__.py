@@ -17,13 +17,19 @@ Layouts (see :mod:`splat.data.colmap` and :mod:`splat.data.nerf`):
 * ``"colmap"``: ``images/`` + ``sparse/0/{cameras,images,points3D}.{bin,txt}``
   (or ``sparse/`` directly).  Test split: every ``test_every``-th image in
   name order.
+* ``"transforms"``: one nerfstudio / instant-ngp ``transforms.json`` (see
+  :mod:`splat.data.transforms`): lens distortion, masks, optional split.
 * ``"nerf"``: ``transforms_train.json`` [+ ``transforms_test.json``].
 
-``layout="auto"`` picks COLMAP when a COLMAP model folder exists, else NeRF
-when ``transforms_train.json`` exists (a folder with both, like the shared dev
-scene, loads as COLMAP, which has initial points; pass ``layout="nerf"`` for
-the json's own train/test split).  Every data problem raises
-:class:`DataError` naming the file.
+Distorted cameras (COLMAP SIMPLE_RADIAL, RADIAL, OPENCV, FULL_OPENCV,
+OPENCV_FISHEYE; distorted ``transforms.json`` cameras) are undistorted at load
+into pinhole cameras, cached on disk (:mod:`splat.data.undistort`).
+
+``layout="auto"`` picks COLMAP when a COLMAP model folder exists, else
+``transforms`` when ``transforms.json`` exists, else NeRF when
+``transforms_train.json`` exists (a folder with several, like the shared dev
+scenes, loads as COLMAP, which has initial points; pass ``layout=...`` to
+choose).  Every data problem raises :class:`DataError` naming the file.
 """
 
 from __future__ import annotations
@@ -33,26 +39,31 @@ from typing import Union
 
 from .colmap import find_sparse_dir, load_colmap
 from .nerf import load_nerf
+from .transforms import MASK_MODES, load_transforms
 from .types import DataError, Frame, SceneData
 
-__all__ = ["load_scene", "detect_layout", "Frame", "SceneData", "DataError"]
+__all__ = ["load_scene", "load_scene_from_config", "detect_layout", "Frame", "SceneData", "DataError"]
 
-LAYOUTS = ("auto", "colmap", "nerf")
+LAYOUTS = ("auto", "colmap", "transforms", "nerf")
 
 
 def detect_layout(path: Union[str, Path]) -> str:
     """``"colmap"`` if ``path/sparse/0`` (or a model in ``path/sparse``) exists,
-    else ``"nerf"`` if ``path/transforms_train.json`` exists, else DataError."""
+    else ``"transforms"`` if ``path/transforms.json`` exists, else ``"nerf"``
+    if ``path/transforms_train.json`` exists, else DataError."""
     root = Path(path)
     if not root.is_dir():
         raise DataError(f"{root}: scene folder not found")
     if find_sparse_dir(root) is not None:
         return "colmap"
+    if (root / "transforms.json").is_file():
+        return "transforms"
     if (root / "transforms_train.json").is_file():
         return "nerf"
     raise DataError(
         f"{root}: unrecognised scene folder: expected a COLMAP model in sparse/0/ "
-        "(with images/) or a NeRF-synthetic transforms_train.json"
+        "(with images/), a transforms.json (nerfstudio / instant-ngp) or a NeRF-synthetic "
+        "transforms_train.json"
     )
 
 
@@ -62,6 +73,9 @@ def load_scene(
     background=(1.0, 1.0, 1.0),
     test_every: int = 8,
     layout: str = "auto",
+    masks: str = "none",
+    cache_dir=None,
+    blank_pixels: float = 0.0,
 ) -> SceneData:
     """Load a scene folder into a :class:`SceneData`.
 
@@ -72,10 +86,18 @@ def load_scene(
             ``K`` is divided by it, which is exact under the pixel-centre
             convention.
         background: RGB in [0, 1] that RGBA images are composited over.
-        test_every: COLMAP only: every ``test_every``-th image (index 0
-            included, name-sorted) is a test view; ``<= 0`` for none.  NeRF
-            uses its own ``transforms_test.json`` instead.
-        layout: ``"auto"``, ``"colmap"`` or ``"nerf"``.
+        test_every: COLMAP and ``transforms.json`` without a split: every
+            ``test_every``-th image (index 0 included, name-sorted) is a test
+            view; ``<= 0`` for none.  NeRF uses its own
+            ``transforms_test.json`` instead.
+        layout: ``"auto"``, ``"colmap"``, ``"transforms"`` or ``"nerf"``.
+        masks: ``transforms.json`` ``mask_path`` masks: ``"none"``,
+            ``"background"`` (masked-out pixels become the background) or
+            ``"ignore"`` (left out of the loss via ``Frame.loss_mask``).
+        cache_dir: folder of the undistorted-image cache (None: the default,
+            see :func:`splat.data.undistort.default_cache_dir`).
+        blank_pixels: undistortion crop, 0 = only valid pixels (COLMAP's
+            default), 1 = every source pixel with a blank border.
 
     Raises:
         DataError: any problem with the data, naming the file.
@@ -91,6 +113,23 @@ def load_scene(
         layout = detect_layout(root)
     elif not root.is_dir():
         raise DataError(f"{root}: scene folder not found")
+    if masks not in MASK_MODES:
+        raise ValueError(f"masks must be one of {MASK_MODES}, got {masks!r}")
+    und = dict(cache_dir=cache_dir, blank_pixels=blank_pixels)
     if layout == "colmap":
-        return load_colmap(root, downscale=downscale, background=background, test_every=test_every)
+        return load_colmap(root, downscale=downscale, background=background, test_every=test_every, **und)
+    if layout == "transforms":
+        return load_transforms(root, downscale=downscale, background=background, test_every=test_every,
+                               masks=masks, **und)
     return load_nerf(root, downscale=downscale, background=background)
+
+
+def load_scene_from_config(data_cfg: dict) -> SceneData:
+    """:func:`load_scene` with the arguments of a config's ``data`` section
+    (see :class:`splat.config.DataConfig`)."""
+    d = data_cfg
+    return load_scene(
+        d["path"], downscale=d["downscale"], background=d["background"], test_every=d["test_every"],
+        layout=d["layout"], masks=d["masks"], cache_dir=d["cache_dir"] or None,
+        blank_pixels=d["undistort_blank_pixels"],
+    )

@@ -14,10 +14,13 @@ file (and, for text, the line).
 
 COLMAP already stores world -> camera poses in the OpenCV convention
 (``qvec = (w, x, y, z)``, ``x_cam = R(q) x_world + t``), so ``viewmat`` is
-just ``[[R, t], [0, 1]]``.  Only undistorted pinhole cameras are supported
-(``PINHOLE``: fx fy cx cy, ``SIMPLE_PINHOLE``: f cx cy); COLMAP's principal
-point is in the same pixel-centre convention as ours (the centre of the
-top-left pixel is (0.5, 0.5)), so it is kept exactly.
+just ``[[R, t], [0, 1]]``.  Pinhole cameras (``PINHOLE``: fx fy cx cy,
+``SIMPLE_PINHOLE``: f cx cy) are used as they are; ``SIMPLE_RADIAL``,
+``RADIAL``, ``OPENCV``, ``FULL_OPENCV`` and ``OPENCV_FISHEYE`` cameras are
+undistorted at load into pinhole cameras, with an on-disk cache (see
+:mod:`splat.data.undistort` for the crop policy and the cache folder).
+COLMAP's principal point is in the same pixel-centre convention as ours (the
+centre of the top-left pixel is (0.5, 0.5)), so it is kept exactly.
 
 Train/test split: images sorted by name; index ``% test_every == 0`` goes to
 test, the rest to train (the "LLFF hold-out" of 3DGS).  This is applied to the
@@ -36,7 +39,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .types import DataError, Frame, SceneData, load_image, parse_background, scaled_K
+from .types import DataError, Frame, SceneData, parse_background, scaled_K
+from .undistort import DISTORTED_MODELS, PINHOLE_MODELS, LensCamera, load_camera_image
 
 __all__ = [
     "ColmapCamera",
@@ -70,7 +74,7 @@ CAMERA_MODELS: dict[int, tuple[str, int]] = {
     11: ("RAD_TAN_THIN_PRISM_FISHEYE", 16),
 }
 _MODEL_PARAMS_BY_NAME = {name: n for name, n in CAMERA_MODELS.values()}
-_SUPPORTED_MODELS = ("PINHOLE", "SIMPLE_PINHOLE")
+_SUPPORTED_MODELS = PINHOLE_MODELS + DISTORTED_MODELS
 
 
 @dataclass
@@ -80,15 +84,6 @@ class ColmapCamera:
     width: int
     height: int
     params: np.ndarray  # [P] float64
-
-    def intrinsics(self) -> tuple[float, float, float, float]:
-        """(fx, fy, cx, cy) in pixels; only for PINHOLE and SIMPLE_PINHOLE."""
-        p = [float(v) for v in self.params]
-        if self.model == "PINHOLE":
-            return p[0], p[1], p[2], p[3]
-        if self.model == "SIMPLE_PINHOLE":
-            return p[0], p[0], p[1], p[2]
-        raise ValueError(self.model)
 
 
 @dataclass
@@ -433,7 +428,7 @@ def _unsupported_model_message(cam_file: Path, cam: ColmapCamera, image_name: st
         extra = ""
     return (
         f"{cam_file}: camera {cam.id} (used by image {image_name!r}) has camera model {cam.model}, "
-        f"which is unsupported: only {' and '.join(_SUPPORTED_MODELS)} are. Undistort the images first "
+        f"which is unsupported: only {', '.join(_SUPPORTED_MODELS)} are. Undistort the images first "
         f"with `colmap image_undistorter --image_path <images> --input_path <sparse/0> "
         f"--output_path <out> --output_type COLMAP`{extra} and load its output folder."
     )
@@ -444,6 +439,8 @@ def load_colmap(
     downscale: int = 1,
     background=(1.0, 1.0, 1.0),
     test_every: int = 8,
+    cache_dir=None,
+    blank_pixels: float = 0.0,
 ) -> SceneData:
     """Load a COLMAP scene folder (see the module docstring for the layout).
 
@@ -453,6 +450,8 @@ def load_colmap(
         background: RGB in [0, 1] that RGBA images are composited over.
         test_every: every ``test_every``-th image (name-sorted, index 0
             included) goes to test; ``<= 0`` for no test split.
+        cache_dir, blank_pixels: undistortion of non-pinhole cameras (see
+            :mod:`splat.data.undistort`).
 
     Raises:
         DataError: for any missing, unreadable or inconsistent file.
@@ -478,7 +477,8 @@ def load_colmap(
             )
         if cam.model not in _SUPPORTED_MODELS:
             raise DataError(_unsupported_model_message(files["cameras"], cam, im.name))
-        fx, fy, cx, cy = cam.intrinsics()
+        lens = LensCamera(cam.model, cam.width, cam.height, tuple(float(v) for v in cam.params))
+        fx, fy, _, _ = lens.fxfycxcy()
         if not (fx > 0 and fy > 0):
             raise DataError(f"{files['cameras']}: camera {cam.id}: non-positive focal length ({fx}, {fy})")
 
@@ -492,7 +492,7 @@ def load_colmap(
 
         # Check the size before decoding the whole image (PIL reads the header lazily).
         _check_size(ipath, cam, files["cameras"])
-        img, mask = load_image(ipath, downscale, bg)
+        img, mask, (fx, fy, cx, cy) = load_camera_image(ipath, lens, downscale, bg, cache_dir, blank_pixels)
         frames.append(
             Frame(
                 stem=Path(im.name).stem,

@@ -46,6 +46,9 @@ class Frame:
             loader's downscale factor.
         width, height: image size in pixels (after downscaling); equal to
             ``image.shape[1]``, ``image.shape[0]``.
+        loss_mask: ``[H, W]`` float32 in [0, 1] weighting each pixel in the
+            photometric loss (``data.masks=ignore``: 0 = left out), or
+            ``None`` (every pixel counts).
     """
 
     stem: str
@@ -56,6 +59,7 @@ class Frame:
     K: torch.Tensor  # [3, 3]
     width: int
     height: int
+    loss_mask: Optional[torch.Tensor] = None  # [H, W] or None
 
     @property
     def camera_center(self) -> torch.Tensor:
@@ -83,7 +87,7 @@ class SceneData:
             trainer then initialises randomly.
         point_colors: ``[M, 3]`` float32 colours in [0, 1], or ``None``
             exactly when ``points`` is ``None``.
-        layout: ``"colmap"`` or ``"nerf"``, the layout it was read from.
+        layout: ``"colmap"``, ``"nerf"`` or ``"transforms"``, the layout it was read from.
     """
 
     train: list
