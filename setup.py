@@ -34,7 +34,7 @@ def _extensions():
     from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
     sources = [os.path.join(KERNELS, "bindings.cpp"), os.path.join(KERNELS, "cpu", "rasterize_cpu.cpp")]
-    cxx = ["-O3", "-std=c++17", "-fopenmp"]
+    cxx = ["-O3", "-std=c++17", "-fopenmp", "-ffp-contract=off"]
     include_dirs = [os.path.join(HERE, KERNELS)]
     if _want_cuda():
         sources += sorted(glob.glob(os.path.join(KERNELS, "cuda", "*.cu")))

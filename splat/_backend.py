@@ -30,7 +30,7 @@ def load_extension():
             name="splat_C_jit",
             sources=sources,
             extra_include_paths=[str(_KERNELS)],
-            extra_cflags=["-O3", "-std=c++17", "-fopenmp"],
+            extra_cflags=["-O3", "-std=c++17", "-fopenmp", "-ffp-contract=off"],
             extra_ldflags=["-fopenmp"],
             verbose=False,
         )

@@ -6,6 +6,7 @@
 
 #include "core.h"
 #include "cpu/rasterize_cpu.h"
+#include "cpu/simd.h"
 #ifdef SPLAT_WITH_CUDA
 #include "cuda/bindings_cuda.h"
 #endif
@@ -67,12 +68,16 @@ std::vector<torch::Tensor> forward_cpu(const torch::Tensor& Tuvw, const torch::T
   auto totals = torch::empty({height, width, splat::kTotalsSize}, opts);
   const int tiles_x = tiles_along(width), tiles_y = tiles_along(height);
   std::vector<int64_t> offsets;
-  std::vector<int32_t> points;
+  torch::Tensor point_list;
+  const auto alloc_points = [&](int64_t count) {
+    point_list = torch::empty({count}, iopts);
+    return point_list.data_ptr<int32_t>();
+  };
   AT_DISPATCH_FLOATING_TYPES(Tuvw.scalar_type(), "splat_forward_cpu", [&] {
     auto s = surfel_arrays<scalar_t>(Tuvw, center, normal, color, opacity, depth, pixel_rect,
                                      width, height, near, far);
-    splat::bin_tiles_cpu<scalar_t>(s, tiles_x, tiles_y, offsets, points);
-    splat::TileBins bins{offsets.data(), points.data(), tiles_x, tiles_y};
+    splat::bin_tiles_cpu<scalar_t>(s, tiles_x, tiles_y, offsets, alloc_points);
+    splat::TileBins bins{offsets.data(), point_list.data_ptr<int32_t>(), tiles_x, tiles_y};
     splat::ForwardOutputs<scalar_t> out{
         color_sum.data_ptr<scalar_t>(), transmittance.data_ptr<scalar_t>(),
         depth_sum.data_ptr<scalar_t>(), normal_sum.data_ptr<scalar_t>(),
@@ -83,8 +88,6 @@ std::vector<torch::Tensor> forward_cpu(const torch::Tensor& Tuvw, const torch::T
   });
   auto tile_offsets = torch::from_blob(offsets.data(), {int64_t(offsets.size())},
                                        torch::kInt64).clone();
-  auto point_list =
-      torch::from_blob(points.data(), {int64_t(points.size())}, torch::kInt32).clone();
   return {color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth,
           end,       median_index,  totals,    tile_offsets, point_list};
 }
@@ -126,12 +129,31 @@ torch::Tensor backward_cpu(const torch::Tensor& Tuvw, const torch::Tensor& cente
   return v_surfels;
 }
 
+// core.h's float32 exp, one element at a time and 8 lanes at a time (tests).
+std::vector<torch::Tensor> exp_float32(const torch::Tensor& x) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.is_contiguous() && x.dim() == 1 &&
+                  x.size(0) % splat::kLanes == 0,
+              "x must be a contiguous float32 vector whose length is a multiple of 8");
+  auto scalar = torch::empty_like(x), lanes = torch::empty_like(x);
+  const float* src = x.data_ptr<float>();
+  for (int64_t i = 0; i < x.size(0); ++i) scalar.data_ptr<float>()[i] = splat::exp_of(src[i]);
+  for (int64_t i = 0; i < x.size(0); i += splat::kLanes)
+    splat::store8(lanes.data_ptr<float>() + i, splat::exp_of(splat::load8(src + i)));
+  return {scalar, lanes};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "splat rasterizer kernels (CPU always; CUDA when built with it)";
   m.def("forward_cpu", &forward_cpu, "rasterize forward on the CPU");
   m.def("backward_cpu", &backward_cpu, "rasterize backward on the CPU");
+  m.def("set_cpu_kernel_mode", [](int64_t mode) {
+    TORCH_CHECK(mode >= 0 && mode <= 2, "CPU kernel mode must be 0 (reference), 1 (scalar) or 2 (simd)");
+    splat::set_cpu_kernel_mode(static_cast<int>(mode));
+  }, "0: pixel by pixel over rectangles, 1: over exact spans, 2: 8 float32 lanes (default)");
+  m.def("cpu_kernel_mode", &splat::cpu_kernel_mode);
+  m.def("exp_float32", &exp_float32, "core.h's float32 exp: (scalar, 8 lanes)");
 #ifdef SPLAT_WITH_CUDA
   m.def("forward_cuda", &splat::forward_cuda, "rasterize forward on the GPU");
   m.def("backward_cuda", &splat::backward_cuda, "rasterize backward on the GPU");

@@ -23,6 +23,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "raster_args.h"
 
@@ -78,9 +79,78 @@ SPLAT_HD void load_surfel(const T* Tuvw, const T* center, const T* opacity,
   s.opacity = opacity[id];
 }
 
-// exp in the scalar's own precision on host and device alike (an unqualified
-// exp(float) would resolve to the double version on the host).
-SPLAT_HD float exp_of(float x) { return expf(x); }
+// ---- lanes ------------------------------------------------------------------
+// The per-pixel functions below are written once for a "lane" type V: a
+// scalar (float/double, on the host and the device) or, on the CPU, a vector
+// of 8 float32 pixels (cpu/simd.h).  Branches that depend on the pixel are
+// written as selects on a mask, so every lane performs exactly the scalar's
+// operations in the scalar's order (no FMA contraction: -ffp-contract=off on
+// the host, --fmad=false on the device), and the vector path is bitwise the
+// scalar path.  Masked-out lanes may compute garbage (inf, NaN); it is never
+// selected.  For scalars the mask is bool and these helpers are trivial.
+template <typename V>
+struct Lanes {
+  using Mask = bool;
+  using Int = int32_t;
+};
+template <typename V>
+using MaskOf = typename Lanes<V>::Mask;
+template <typename V>
+using IntOf = typename Lanes<V>::Int;
+
+SPLAT_HD bool mask_and(bool a, bool b) { return a && b; }
+SPLAT_HD bool mask_not(bool a) { return !a; }
+SPLAT_HD bool any_lane(bool a) { return a; }
+SPLAT_HD float select(bool m, float a, float b) { return m ? a : b; }
+SPLAT_HD double select(bool m, double a, double b) { return m ? a : b; }
+SPLAT_HD int32_t select(bool m, int32_t a, int32_t b) { return m ? a : b; }
+SPLAT_HD bool select(bool m, bool a, bool b) { return m ? a : b; }
+
+// ---- exp ---------------------------------------------------------------------
+// float32 exp written out (Cephes' expf: range reduction by ln 2 split in two
+// parts, degree-5 polynomial, exponent by bit construction; ~1 ulp), so that
+// the scalar CPU path, the SIMD lanes and the CUDA device compute the very
+// same bits (library expf differs between glibc, SIMD and CUDA).  Generic over
+// the lane type; needs trunc_to_int, to_float and pow2i for it.
+SPLAT_HD int32_t trunc_to_int(float x) { return static_cast<int32_t>(x); }
+SPLAT_HD float to_float(int32_t n) { return static_cast<float>(n); }
+// 2^n for n in [-126, 127], exactly.
+SPLAT_HD float pow2i(int32_t n) {
+  const int32_t bits = (n + 127) << 23;
+#if defined(__CUDA_ARCH__)
+  return __int_as_float(bits);
+#else
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+#endif
+}
+
+template <typename V>
+SPLAT_HD V exp_float(V x) {
+  const auto underflow = x < -87.0f;  // exp < 1.7e-38: returns 0 (no denormals)
+  x = select(x > 88.0f, V(88.0f), x);
+  x = select(underflow, V(-87.0f), x);
+  // n = floor(x / ln 2 + 1/2)
+  const V fx = x * 1.44269504088896341f + 0.5f;
+  V fn = to_float(trunc_to_int(fx));
+  fn = select(fn > fx, fn - 1.0f, fn);
+  x = x - fn * 0.693359375f;
+  x = x - fn * -2.12194440e-4f;
+  const V z = x * x;
+  V y = V(1.9875691500e-4f);
+  y = y * x + 1.3981999507e-3f;
+  y = y * x + 8.3334519073e-3f;
+  y = y * x + 4.1665795894e-2f;
+  y = y * x + 1.6666665459e-1f;
+  y = y * x + 5.0000001201e-1f;
+  y = y * z + x + 1.0f;
+  return select(underflow, V(0.0f), y * pow2i(trunc_to_int(fn)));
+}
+
+// exp in the scalar's own precision: the portable float32 exp above, and the
+// library exp for float64 (the finite-difference precision).
+SPLAT_HD float exp_of(float x) { return exp_float(x); }
 SPLAT_HD double exp_of(double x) { return exp(x); }
 
 // A surfel's pixel rectangle [x0, x1) x [y0, y1) (conservative: every pixel
@@ -107,34 +177,34 @@ SPLAT_HD void cross3(const T* a, const T* b, T* out) {
   out[2] = a[0] * b[1] - a[1] * b[0];
 }
 
-template <typename T>
-SPLAT_HD T normalized_depth(T z, T near, T far) {
+template <typename V, typename T>
+SPLAT_HD V normalized_depth(V z, T near, T far) {
   return far / (far - near) * (T(1) - near / z);
 }
 
-template <typename T>
-SPLAT_HD T normalized_depth_dz(T z, T near, T far) {
+template <typename V, typename T>
+SPLAT_HD V normalized_depth_dz(V z, T near, T far) {
   return far / (far - near) * near / (z * z);
 }
 
 // ---- the ray-surfel intersection -------------------------------------------
 // Everything the backward pass needs to differentiate one pixel-surfel pair.
-template <typename T>
+template <typename V>
 struct Hit {
-  T hx[3], hy[3];  // screen planes in surfel coordinates
-  T q[3];          // hx x hy
-  T u, v;          // local coordinates (3D branch only)
-  T d[2];          // centre - pixel (2D branch)
-  T G;             // exp(-rho / 2)
-  T alpha;         // min(kAlphaMax, opacity * G)
-  T z;             // camera depth of the sample
-  bool lowpass;    // true when the screen-space fallback won
-  bool contributes;  // alpha >= kAlphaMin and z > near
+  V hx[3], hy[3];  // screen planes in surfel coordinates
+  V q[3];          // hx x hy
+  V u, v;          // local coordinates (3D branch only)
+  V d[2];          // centre - pixel (2D branch)
+  V G;             // exp(-rho / 2)
+  V alpha;         // min(kAlphaMax, opacity * G)
+  V z;             // camera depth of the sample
+  MaskOf<V> lowpass;      // true when the screen-space fallback won
+  MaskOf<V> contributes;  // alpha >= kAlphaMin and z > near
 };
 
-// Evaluates surfel `s` at pixel centre (px, py).
-template <typename T>
-SPLAT_HD void intersect(const SurfelParams<T>& s, T px, T py, T near, Hit<T>& h) {
+// Evaluates surfel `s` at pixel centres (px, py) (one per lane).
+template <typename T, typename V>
+SPLAT_HD void intersect(const SurfelParams<T>& s, V px, V py, T near, Hit<V>& h) {
   for (int k = 0; k < 3; ++k) {
     h.hx[k] = s.Tu[k] - px * s.Tw[k];
     h.hy[k] = s.Tv[k] - py * s.Tw[k];
@@ -142,36 +212,28 @@ SPLAT_HD void intersect(const SurfelParams<T>& s, T px, T py, T near, Hit<T>& h)
   cross3(h.hx, h.hy, h.q);
   h.d[0] = s.center[0] - px;
   h.d[1] = s.center[1] - py;
-  const T rho2d = T(kLowpassInvVariance) * (h.d[0] * h.d[0] + h.d[1] * h.d[1]);
+  const V rho2d = T(kLowpassInvVariance) * (h.d[0] * h.d[0] + h.d[1] * h.d[1]);
   // rho3d < rho2d, written without dividing by q2: an edge-on or zero-area
   // surfel (q2 == 0) falls to the fallback instead of producing inf/NaN.
-  const T qq = h.q[0] * h.q[0] + h.q[1] * h.q[1];
-  const T q2q2 = h.q[2] * h.q[2];
-  h.lowpass = !(qq < rho2d * q2q2);
+  const V qq = h.q[0] * h.q[0] + h.q[1] * h.q[1];
+  const V q2q2 = h.q[2] * h.q[2];
+  h.lowpass = mask_not(qq < rho2d * q2q2);
   // Cheap exact reject before any division: past kRhoCutoff alpha < kAlphaMin.
-  const bool near_enough = h.lowpass ? rho2d < T(kRhoCutoff) : qq < T(kRhoCutoff) * q2q2;
-  if (!near_enough) {
-    h.G = T(0);
-    h.alpha = T(0);
-    h.contributes = false;
-    return;
-  }
-  T rho;
-  if (h.lowpass) {
-    h.u = T(0);
-    h.v = T(0);
-    rho = rho2d;
-    h.z = s.Tw[2];
-  } else {
-    h.u = h.q[0] / h.q[2];
-    h.v = h.q[1] / h.q[2];
-    rho = h.u * h.u + h.v * h.v;
-    h.z = s.Tw[0] * h.u + s.Tw[1] * h.v + s.Tw[2];
-  }
-  h.G = exp_of(T(-0.5) * rho);
-  const T raw_alpha = s.opacity * h.G;
-  h.alpha = raw_alpha < T(kAlphaMax) ? raw_alpha : T(kAlphaMax);
-  h.contributes = h.alpha >= T(kAlphaMin) && h.z > near;
+  const MaskOf<V> near_enough =
+      select(h.lowpass, MaskOf<V>(rho2d < T(kRhoCutoff)), MaskOf<V>(qq < T(kRhoCutoff) * q2q2));
+  h.contributes = near_enough;
+  h.G = h.alpha = h.u = h.v = h.z = V(T(0));
+  if (!any_lane(near_enough)) return;
+  // The 3D branch's division is selected away in fallback lanes (q2 may be 0).
+  h.u = select(h.lowpass, V(T(0)), h.q[0] / h.q[2]);
+  h.v = select(h.lowpass, V(T(0)), h.q[1] / h.q[2]);
+  const V rho = select(h.lowpass, rho2d, h.u * h.u + h.v * h.v);
+  // In the fallback the surfel is a sub-pixel blob at its centre's depth.
+  h.z = select(h.lowpass, V(s.Tw[2]), s.Tw[0] * h.u + s.Tw[1] * h.v + s.Tw[2]);
+  h.G = select(near_enough, exp_of(T(-0.5) * rho), V(T(0)));
+  const V raw_alpha = s.opacity * h.G;
+  h.alpha = select(raw_alpha < T(kAlphaMax), raw_alpha, V(T(kAlphaMax)));
+  h.contributes = mask_and(near_enough, mask_and(h.alpha >= T(kAlphaMin), h.z > near));
 }
 
 // ---- front-to-back blending ------------------------------------------------
@@ -182,18 +244,18 @@ SPLAT_HD void intersect(const SurfelParams<T>& s, T px, T py, T near, Hit<T>& h)
 // only sees differences of m, so the shift changes nothing exactly (its
 // derivative is identically zero), but it keeps the sums small and removes
 // most of the float32 cancellation in m^2 A + D2 - 2 m D.
-template <typename T>
+template <typename V>
 struct PixelState {
-  T transmittance;
-  T color[kChannels];
-  T depth_sum;
-  T normal[3];
-  T A, D, D2;
-  T m_shift;
-  T distortion;
-  T median_depth;
-  int32_t median_index;  // list position of the median surfel, -1 if none
-  int32_t end;           // one past the list position of the last blended surfel
+  V transmittance;
+  V color[kChannels];
+  V depth_sum;
+  V normal[3];
+  V A, D, D2;
+  V m_shift;
+  V distortion;
+  V median_depth;
+  IntOf<V> median_index;  // list position of the median surfel, -1 if none
+  IntOf<V> end;           // one past the list position of the last blended surfel
 };
 
 template <typename T>
@@ -208,43 +270,54 @@ SPLAT_HD void init_pixel(PixelState<T>& p) {
   p.end = 0;
 }
 
-// Blends one contributing sample into the pixel.  Returns false (and leaves
-// the pixel unchanged) when the transmittance would fall below
-// kTransmittanceMin: the pixel is then finished.
+// Blends one contributing sample into the pixels of the lanes in `active`.
+// A lane whose transmittance would fall below kTransmittanceMin is left
+// unchanged and reported in the returned mask: that pixel is then finished.
+template <typename V, typename T>
+SPLAT_HD MaskOf<V> blend_lanes(PixelState<V>& p, const Hit<V>& h, MaskOf<V> active,
+                               const T* color, const T* normal, T near, T far,
+                               int32_t list_pos) {
+  const V next_T = p.transmittance * (T(1) - h.alpha);
+  const MaskOf<V> stop = next_T < T(kTransmittanceMin);
+  const MaskOf<V> go = mask_and(active, mask_not(stop));
+  if (!any_lane(go)) return mask_and(active, stop);
+  const V w = h.alpha * p.transmittance;
+  const V nd = normalized_depth(h.z, near, far);
+  p.m_shift = select(mask_and(go, MaskOf<V>(p.end == 0)), nd, p.m_shift);
+  const V m = nd - p.m_shift;
+  for (int c = 0; c < kChannels; ++c) p.color[c] = select(go, p.color[c] + w * color[c], p.color[c]);
+  p.depth_sum = select(go, p.depth_sum + w * h.z, p.depth_sum);
+  for (int k = 0; k < 3; ++k) p.normal[k] = select(go, p.normal[k] + w * normal[k], p.normal[k]);
+  p.distortion =
+      select(go, p.distortion + w * (m * m * p.A + p.D2 - T(2) * m * p.D), p.distortion);
+  p.A = select(go, p.A + w, p.A);
+  p.D = select(go, p.D + w * m, p.D);
+  p.D2 = select(go, p.D2 + w * m * m, p.D2);
+  const MaskOf<V> median = mask_and(go, MaskOf<V>(p.transmittance > T(kMedianTransmittance)));
+  p.median_depth = select(median, h.z, p.median_depth);
+  p.median_index = select(median, IntOf<V>(list_pos), p.median_index);
+  p.transmittance = select(go, next_T, p.transmittance);
+  p.end = select(go, IntOf<V>(list_pos + 1), p.end);
+  return mask_and(active, stop);
+}
+
+// The scalar form: returns false (pixel unchanged) when the pixel is finished.
 template <typename T>
-SPLAT_HD bool blend(PixelState<T>& p, const Hit<T>& h, const T* color,
-                    const T* normal, T near, T far, int32_t list_pos) {
-  const T next_T = p.transmittance * (T(1) - h.alpha);
-  if (next_T < T(kTransmittanceMin)) return false;
-  const T w = h.alpha * p.transmittance;
-  if (p.end == 0) p.m_shift = normalized_depth(h.z, near, far);
-  const T m = normalized_depth(h.z, near, far) - p.m_shift;
-  for (int c = 0; c < kChannels; ++c) p.color[c] += w * color[c];
-  p.depth_sum += w * h.z;
-  for (int k = 0; k < 3; ++k) p.normal[k] += w * normal[k];
-  p.distortion += w * (m * m * p.A + p.D2 - T(2) * m * p.D);
-  p.A += w;
-  p.D += w * m;
-  p.D2 += w * m * m;
-  if (p.transmittance > T(kMedianTransmittance)) {
-    p.median_depth = h.z;
-    p.median_index = list_pos;
-  }
-  p.transmittance = next_T;
-  p.end = list_pos + 1;
-  return true;
+SPLAT_HD bool blend(PixelState<T>& p, const Hit<T>& h, const T* color, const T* normal, T near,
+                    T far, int32_t list_pos) {
+  return !blend_lanes(p, h, true, color, normal, near, far, list_pos);
 }
 
 // ---- back-to-front gradients -----------------------------------------------
 // Upstream gradients of one pixel and the final totals of its forward pass.
-template <typename T>
+template <typename V>
 struct PixelGrad {
-  T v_color[kChannels];
-  T v_depth_sum;
-  T v_normal[3];
-  T v_distortion;
-  T v_median;
-  T A, D, D2, m_shift;  // final totals (the distortion gradient needs only these)
+  V v_color[kChannels];
+  V v_depth_sum;
+  V v_normal[3];
+  V v_distortion;
+  V v_median;
+  V A, D, D2, m_shift;  // final totals (the distortion gradient needs only these)
 };
 
 // Per-pixel totals saved by the forward pass for the backward pass.
@@ -291,80 +364,88 @@ SPLAT_HD void load_pixel_grad(const UpstreamGrads<T>& up, const T* all_totals, i
 //     dL/dT_i = alpha_i s_i + (1 - alpha_i) dL/dT_{i+1},
 // where s_i is the value the loss assigns to one unit of weight w_i.  Then
 //     dL/dalpha_i = T_i (s_i - dL/dT_{i+1}).
-template <typename T>
+template <typename V>
 struct BackwardState {
-  T transmittance;
-  T last_dL_dT;
+  V transmittance;
+  V last_dL_dT;
 };
 
-// Differentiates one contributing sample (list position `list_pos`) and adds
-// its gradients to `grad` (a kGradSize record for this surfel).
+// Differentiates the samples of the lanes in `active` (list position
+// `list_pos`) and adds their gradients to `grad` (kGradSize accumulators, one
+// lane each).  `is_median`: lanes whose median surfel this is.
+template <typename T, typename V>
+SPLAT_HD void backward_lanes(BackwardState<V>& st, const PixelGrad<V>& g,
+                             const SurfelParams<T>& s, const Hit<V>& h, MaskOf<V> active,
+                             const T* color, const T* normal, V px, V py, T near, T far,
+                             MaskOf<V> is_median, V* grad) {
+  const V zero = V(T(0));
+  const V one_minus_alpha = T(1) - h.alpha;
+  const V T_i = st.transmittance / one_minus_alpha;
+  const V w = h.alpha * T_i;
+  const V m = normalized_depth(h.z, near, far) - g.m_shift;
+
+  // s_i: dL/dw_i with the distortion term taken from the final totals,
+  // distortion = A D2 - D^2  =>  d/dw_i = D2 + m_i^2 A - 2 m_i D.
+  V s_i = g.v_depth_sum * h.z + g.v_distortion * (g.D2 + m * m * g.A - T(2) * m * g.D);
+  for (int c = 0; c < kChannels; ++c) s_i += g.v_color[c] * color[c];
+  for (int k = 0; k < 3; ++k) s_i += g.v_normal[k] * normal[k];
+
+  const V v_alpha = T_i * (s_i - st.last_dL_dT);
+  st.last_dL_dT = select(active, h.alpha * s_i + one_minus_alpha * st.last_dL_dT, st.last_dL_dT);
+  st.transmittance = select(active, T_i, st.transmittance);
+
+  for (int c = 0; c < kChannels; ++c) grad[kGradColor + c] += select(active, w * g.v_color[c], zero);
+  for (int k = 0; k < 3; ++k) grad[kGradNormal + k] += select(active, w * g.v_normal[k], zero);
+
+  // d distortion / d m_i = w_i (2 m_i A - 2 D)
+  V v_z = w * g.v_depth_sum +
+          g.v_distortion * w * (T(2) * m * g.A - T(2) * g.D) *
+              normalized_depth_dz(h.z, near, far);
+  v_z = select(is_median, v_z + g.v_median, v_z);
+
+  // alpha = min(kAlphaMax, o G): the clamp has zero gradient.
+  const MaskOf<V> unclamped = mask_and(active, MaskOf<V>(s.opacity * h.G < T(kAlphaMax)));
+  grad[kGradOpacity] += select(unclamped, h.G * v_alpha, zero);
+  const V v_G = select(unclamped, s.opacity * v_alpha, zero);
+  const V v_rho = T(-0.5) * h.G * v_G;
+
+  // Fallback lanes: rho = k |d|^2, d = centre - pixel, z = c_z = Tw[2].
+  const MaskOf<V> flat = mask_and(active, h.lowpass);
+  const V scale = T(2) * T(kLowpassInvVariance) * v_rho;
+  for (int k = 0; k < 2; ++k) grad[kGradCenter + k] += select(flat, scale * h.d[k], zero);
+
+  // 3D lanes: rho = u^2 + v^2, z = Tw . (u, v, 1)
+  const MaskOf<V> solid = mask_and(active, mask_not(h.lowpass));
+  const V v_u = T(2) * h.u * v_rho + s.Tw[0] * v_z;
+  const V v_v = T(2) * h.v * v_rho + s.Tw[1] * v_z;
+  grad[kGradTw + 0] += select(solid, h.u * v_z, zero);
+  grad[kGradTw + 1] += select(solid, h.v * v_z, zero);
+  grad[kGradTw + 2] += select(active, v_z, zero);  // both branches
+  // (u, v) = (q0, q1) / q2
+  const V inv_q2 = T(1) / h.q[2];
+  V v_q[3];
+  v_q[0] = v_u * inv_q2;
+  v_q[1] = v_v * inv_q2;
+  v_q[2] = -(v_u * h.u + v_v * h.v) * inv_q2;
+  // q = hx x hy
+  V v_hx[3], v_hy[3];
+  cross3(h.hy, v_q, v_hx);
+  cross3(v_q, h.hx, v_hy);
+  // hx = Tu - x Tw, hy = Tv - y Tw
+  for (int k = 0; k < 3; ++k) {
+    grad[kGradTu + k] += select(solid, v_hx[k], zero);
+    grad[kGradTv + k] += select(solid, v_hy[k], zero);
+    grad[kGradTw + k] -= select(solid, px * v_hx[k] + py * v_hy[k], zero);
+  }
+}
+
+// The scalar form, for one contributing sample.
 template <typename T>
 SPLAT_HD void backward_step(BackwardState<T>& st, const PixelGrad<T>& g,
                             const SurfelParams<T>& s, const Hit<T>& h,
                             const T* color, const T* normal, T px, T py,
                             T near, T far, bool is_median, T* grad) {
-  const T one_minus_alpha = T(1) - h.alpha;
-  const T T_i = st.transmittance / one_minus_alpha;
-  const T w = h.alpha * T_i;
-  const T m = normalized_depth(h.z, near, far) - g.m_shift;
-
-  // s_i: dL/dw_i with the distortion term taken from the final totals,
-  // distortion = A D2 - D^2  =>  d/dw_i = D2 + m_i^2 A - 2 m_i D.
-  T s_i = g.v_depth_sum * h.z + g.v_distortion * (g.D2 + m * m * g.A - T(2) * m * g.D);
-  for (int c = 0; c < kChannels; ++c) s_i += g.v_color[c] * color[c];
-  for (int k = 0; k < 3; ++k) s_i += g.v_normal[k] * normal[k];
-
-  const T v_alpha = T_i * (s_i - st.last_dL_dT);
-  st.last_dL_dT = h.alpha * s_i + one_minus_alpha * st.last_dL_dT;
-  st.transmittance = T_i;
-
-  for (int c = 0; c < kChannels; ++c) grad[kGradColor + c] += w * g.v_color[c];
-  for (int k = 0; k < 3; ++k) grad[kGradNormal + k] += w * g.v_normal[k];
-
-  // d distortion / d m_i = w_i (2 m_i A - 2 D)
-  T v_z = w * g.v_depth_sum +
-          g.v_distortion * w * (T(2) * m * g.A - T(2) * g.D) *
-              normalized_depth_dz(h.z, near, far);
-  if (is_median) v_z += g.v_median;
-
-  // alpha = min(kAlphaMax, o G): the clamp has zero gradient.
-  T v_G = T(0);
-  if (s.opacity * h.G < T(kAlphaMax)) {
-    grad[kGradOpacity] += h.G * v_alpha;
-    v_G = s.opacity * v_alpha;
-  }
-  const T v_rho = T(-0.5) * h.G * v_G;
-
-  if (h.lowpass) {
-    // rho = k |d|^2, d = centre - pixel, z = c_z = Tw[2]
-    const T scale = T(2) * T(kLowpassInvVariance) * v_rho;
-    for (int k = 0; k < 2; ++k) grad[kGradCenter + k] += scale * h.d[k];
-    grad[kGradTw + 2] += v_z;
-    return;
-  }
-  // rho = u^2 + v^2, z = Tw . (u, v, 1)
-  const T v_u = T(2) * h.u * v_rho + s.Tw[0] * v_z;
-  const T v_v = T(2) * h.v * v_rho + s.Tw[1] * v_z;
-  grad[kGradTw + 0] += h.u * v_z;
-  grad[kGradTw + 1] += h.v * v_z;
-  grad[kGradTw + 2] += v_z;
-  // (u, v) = (q0, q1) / q2
-  const T inv_q2 = T(1) / h.q[2];
-  T v_q[3];
-  v_q[0] = v_u * inv_q2;
-  v_q[1] = v_v * inv_q2;
-  v_q[2] = -(v_u * h.u + v_v * h.v) * inv_q2;
-  // q = hx x hy
-  T v_hx[3], v_hy[3];
-  cross3(h.hy, v_q, v_hx);
-  cross3(v_q, h.hx, v_hy);
-  // hx = Tu - x Tw, hy = Tv - y Tw
-  for (int k = 0; k < 3; ++k) {
-    grad[kGradTu + k] += v_hx[k];
-    grad[kGradTv + k] += v_hy[k];
-    grad[kGradTw + k] -= px * v_hx[k] + py * v_hy[k];
-  }
+  backward_lanes(st, g, s, h, true, color, normal, px, py, near, far, is_median, grad);
 }
 
 }  // namespace splat

@@ -1,24 +1,51 @@
 // CPU backend: the same tiles, order and per-pixel maths as the CUDA backend,
 // with OpenMP over tiles.  The per-pixel maths comes from core.h.
 //
+// Three kernel modes (set_cpu_kernel_mode; the default is the fastest):
+//   kModeReference  one pixel at a time over each surfel's whole pixel rectangle;
+//   kModeScalar     one pixel at a time over the exact per-row spans of each
+//                   surfel's footprint (RowSpans below);
+//   kModeSimd       float32: 8 pixels of a row at a time (cpu/simd.h) over those
+//                   spans, compiled for AVX2 and for baseline x86-64 and chosen
+//                   at run time; float64 falls back to kModeScalar.
+// Every mode computes, for each pixel, exactly the operations of core.h in the
+// same order, so the forward outputs are bitwise equal across modes.  Backward
+// gradients are bitwise equal between the two scalar modes; the SIMD mode sums
+// the eight lanes' contributions to a surfel in another order (float32 noise).
+//
 // Determinism: the backward pass never adds two threads' results into one
-// place.  Each (tile, surfel) pair owns one gradient record, filled by the one
-// thread that renders that tile, in a fixed pixel order; records are then
-// reduced into surfels serially in tile order.  Gradients are therefore
-// bitwise identical across runs and thread counts.
+// place.  Each tile owns one gradient record per list position it blended
+// (below the tile's largest `end`), filled by the one thread that renders the
+// tile; records are then reduced into surfels in tile order, each thread
+// owning a range of surfels.  Gradients are therefore bitwise identical across
+// runs and thread counts, and the memory is bounded by the blended work.
 #include "rasterize_cpu.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <vector>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "../core.h"
+#include "simd.h"
 
 namespace splat {
 
+namespace {
+int g_kernel_mode = kModeSimd;
+}
+
+void set_cpu_kernel_mode(int mode) { g_kernel_mode = mode; }
+int cpu_kernel_mode() { return g_kernel_mode; }
+
 template <typename T>
 void bin_tiles_cpu(const SurfelArrays<T>& s, int tiles_x, int tiles_y,
-                   std::vector<int64_t>& tile_offsets, std::vector<int32_t>& point_list) {
+                   std::vector<int64_t>& tile_offsets,
+                   const std::function<int32_t*(int64_t)>& alloc_point_list) {
   const int64_t n = s.num_surfels;
   std::vector<int32_t> order;
   std::vector<PixelRect> tiles(n);
@@ -41,7 +68,7 @@ void bin_tiles_cpu(const SurfelArrays<T>& s, int tiles_x, int tiles_y,
     for (int ty = tiles[id].y0; ty < tiles[id].y1; ++ty)
       for (int tx = tiles[id].x0; tx < tiles[id].x1; ++tx) tile_offsets[ty * tiles_x + tx + 1]++;
   std::partial_sum(tile_offsets.begin(), tile_offsets.end(), tile_offsets.begin());
-  point_list.resize(tile_offsets[num_tiles]);
+  int32_t* point_list = alloc_point_list(tile_offsets[num_tiles]);
   std::vector<int64_t> cursor(tile_offsets.begin(), tile_offsets.end() - 1);
   for (int32_t id : order)
     for (int ty = tiles[id].y0; ty < tiles[id].y1; ++ty)
@@ -50,6 +77,8 @@ void bin_tiles_cpu(const SurfelArrays<T>& s, int tiles_x, int tiles_y,
 }
 
 namespace {
+
+constexpr int kPixels = kTileSize * kTileSize;
 
 // The pixels of one tile, and the part of a surfel's rectangle inside it.
 struct TileWindow {
@@ -67,52 +96,495 @@ struct TileWindow {
   int local(int px, int py) const { return (py - y0) * kTileSize + (px - x0); }
 };
 
-}  // namespace
-
-// Within a tile the loop is surfel-major: each surfel visits only the pixels
-// of its rectangle, and every pixel still sees its surfels front to back
-// with exactly the per-pixel operations of core.h.
+// The exact per-row span of a surfel's footprint: the pixels of row y whose
+// centre can pass intersect()'s cutoff with alpha >= kAlphaMin.  With
+// q = hx x hy = Tu x Tv - x (Tw x Tv) - y (Tu x Tw), affine in the pixel
+// centre (x, y), the 3D condition |q01|^2 < c q2^2 is a quadratic inequality in
+// x for each row, and the low-pass one a disc.  The span is the hull of both
+// intervals, computed in float64 and widened by one pixel on each side, which
+// covers float32 rounding of the kernel's own test many times over; when the
+// quadratic is not a bounded interval (edge-on or camera-crossing surfels) the
+// whole rectangle row is kept.  Skipping a pixel outside the span is exact:
+// the kernel would have rejected it.
 template <typename T>
-void forward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const ForwardOutputs<T>& out) {
-  const int W = s.width, H = s.height;
-  const int num_tiles = bins.tiles_x * bins.tiles_y;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int tile = 0; tile < num_tiles; ++tile) {
-    const TileWindow win(tile, bins.tiles_x, W, H);
-    const int64_t begin = bins.tile_offsets[tile];
-    const int32_t count = static_cast<int32_t>(bins.tile_offsets[tile + 1] - begin);
-    const int32_t* list = bins.point_list + begin;
-    PixelState<T> pixels[kTileSize * kTileSize];
-    bool done[kTileSize * kTileSize] = {};
-    int active = (win.x1 - win.x0) * (win.y1 - win.y0);
-    for (auto& p : pixels) init_pixel(p);
-    SurfelParams<T> sp;
-    Hit<T> h;
-    for (int32_t k = 0; k < count && active > 0; ++k) {
-      const int32_t id = list[k];
-      const PixelRect r = win.clip(load_pixel_rect(s.pixel_rect, id));
-      if (r.x1 <= r.x0 || r.y1 <= r.y0) continue;
-      load_surfel(s.Tuvw, s.center, s.opacity, id, sp);
-      for (int py = r.y0; py < r.y1; ++py) {
-        for (int px = r.x0; px < r.x1; ++px) {
-          const int i = win.local(px, py);
-          if (done[i]) continue;
-          intersect(sp, T(px) + T(0.5), T(py) + T(0.5), s.near, h);
-          if (!h.contributes) continue;
-          if (!blend(pixels[i], h, s.color + 3 * id, s.normal + 3 * id, s.near, s.far, k)) {
-            done[i] = true;
-            --active;
-          }
+struct RowSpans {
+  double a0[3], ay[3], b[3];  // q(x, y) = a0 - y ay + x b
+  double c;                   // rho cutoff for this opacity
+  double cx, cy;
+  bool never;                 // opacity too low to ever reach kAlphaMin
+
+  RowSpans() = default;
+
+  // alpha >= kAlphaMin needs o exp(-rho/2) >= 1/255: rho <= 2 ln(255 o); the
+  // 0.05 margin covers float32 rounding of exp and of the product.
+  static double rho_cut(double opacity) {
+    return opacity > 0 ? std::min(kRhoCutoff, 2.0 * std::log(opacity / kAlphaMin) + 0.05) : -1.0;
+  }
+
+  explicit RowSpans(const SurfelParams<T>& s) : RowSpans(s, rho_cut(double(s.opacity))) {}
+
+  RowSpans(const SurfelParams<T>& s, double cut) {
+    double Tu[3], Tv[3], Tw[3];
+    for (int k = 0; k < 3; ++k) Tu[k] = s.Tu[k], Tv[k] = s.Tv[k], Tw[k] = s.Tw[k];
+    double wv[3];
+    cross3(Tu, Tv, a0);
+    cross3(Tu, Tw, ay);
+    cross3(Tw, Tv, wv);
+    for (int k = 0; k < 3; ++k) b[k] = -wv[k];
+    c = cut;
+    never = !(c > 0);
+    cx = s.center[0];
+    cy = s.center[1];
+  }
+
+  // Clips [x0, x1) to the pixels of row y (centre y + 0.5) the surfel can draw.
+  void clip_row(int y, int& x0, int& x1) const {
+    if (never) {
+      x1 = x0;
+      return;
+    }
+    const double py = y + 0.5;
+    double lo = HUGE_VAL, hi = -HUGE_VAL;  // hull of the two intervals of x centres
+    // low-pass disc: 2 |centre - p|^2 < c
+    const double dy = cy - py, rem = 0.5 * c - dy * dy;
+    if (rem > 0) {
+      const double r = std::sqrt(rem);
+      lo = cx - r;
+      hi = cx + r;
+    }
+    // 3D: f(x) = |a01 + x b01|^2 - c (a2 + x b2)^2 < 0
+    double a[3];
+    for (int k = 0; k < 3; ++k) a[k] = a0[k] - py * ay[k];
+    const double A = b[0] * b[0] + b[1] * b[1] - c * b[2] * b[2];
+    const double B = 2.0 * (a[0] * b[0] + a[1] * b[1] - c * a[2] * b[2]);
+    const double C = a[0] * a[0] + a[1] * a[1] - c * a[2] * a[2];
+    const double scale = b[0] * b[0] + b[1] * b[1] + c * b[2] * b[2];
+    if (!(A > 1e-9 * scale) || !std::isfinite(B) || !std::isfinite(C)) return;  // keep the row
+    const double disc = B * B - 4.0 * A * C;
+    if (disc >= 0) {
+      const double qr = -0.5 * (B + std::copysign(std::sqrt(disc), B));
+      double r1 = qr / A, r2 = qr != 0 ? C / qr : r1;
+      if (r1 > r2) std::swap(r1, r2);
+      lo = std::min(lo, r1);
+      hi = std::max(hi, r2);
+    }
+    if (!(hi >= lo)) {
+      x1 = x0;
+      return;
+    }
+    // pixel x has centre x + 0.5: keep x in [floor(lo - 0.5) - 1, floor(hi - 0.5) + 1]
+    const double flo = std::floor(lo - 0.5) - 1.0, fhi = std::floor(hi - 0.5) + 2.0;
+    if (flo > x0) x0 = flo >= x1 ? x1 : static_cast<int>(flo);
+    if (fhi < x1) x1 = fhi <= x0 ? x0 : static_cast<int>(fhi);
+  }
+};
+
+// ---- one pixel at a time (float64, and the float32 reference modes) ------
+template <typename T>
+void forward_tile_scalar(const SurfelArrays<T>& s, const TileBins& bins, int tile,
+                         const ForwardOutputs<T>& out, bool spans) {
+  const TileWindow win(tile, bins.tiles_x, s.width, s.height);
+  const int64_t begin = bins.tile_offsets[tile];
+  const int32_t count = static_cast<int32_t>(bins.tile_offsets[tile + 1] - begin);
+  const int32_t* list = bins.point_list + begin;
+  PixelState<T> pixels[kPixels];
+  bool done[kPixels] = {};
+  int active = (win.x1 - win.x0) * (win.y1 - win.y0);
+  for (auto& p : pixels) init_pixel(p);
+  SurfelParams<T> sp;
+  Hit<T> h;
+  for (int32_t k = 0; k < count && active > 0; ++k) {
+    const int32_t id = list[k];
+    const PixelRect r = win.clip(load_pixel_rect(s.pixel_rect, id));
+    if (r.x1 <= r.x0 || r.y1 <= r.y0) continue;
+    load_surfel(s.Tuvw, s.center, s.opacity, id, sp);
+    const RowSpans<T> rows(sp);
+    for (int py = r.y0; py < r.y1; ++py) {
+      int x0 = r.x0, x1 = r.x1;
+      if (spans) rows.clip_row(py, x0, x1);
+      for (int px = x0; px < x1; ++px) {
+        const int i = win.local(px, py);
+        if (done[i]) continue;
+        intersect(sp, T(px) + T(0.5), T(py) + T(0.5), s.near, h);
+        if (!h.contributes) continue;
+        if (!blend(pixels[i], h, s.color + 3 * id, s.normal + 3 * id, s.near, s.far, k)) {
+          done[i] = true;
+          --active;
         }
       }
     }
-    for (int py = win.y0; py < win.y1; ++py) {
-      for (int px = win.x0; px < win.x1; ++px) {
-        const PixelState<T>& p = pixels[win.local(px, py)];
-        const int64_t pix = int64_t(py) * W + px;
-        store_pixel(p, pix, out);
+  }
+  for (int py = win.y0; py < win.y1; ++py)
+    for (int px = win.x0; px < win.x1; ++px)
+      store_pixel(pixels[win.local(px, py)], int64_t(py) * s.width + px, out);
+}
+
+// Backward state of a tile's pixels, loaded from the forward's outputs.
+template <typename T>
+int32_t load_tile_grads(const SurfelArrays<T>& s, const TileWindow& win, const int32_t* end,
+                        const int32_t* median_index, const T* transmittance, const T* totals,
+                        const UpstreamGrads<T>& up, PixelGrad<T>* grads,
+                        BackwardState<T>* states, int32_t* ends, int32_t* medians) {
+  int32_t max_end = 0;
+  for (int i = 0; i < kPixels; ++i) ends[i] = 0, medians[i] = -1;
+  for (int py = win.y0; py < win.y1; ++py) {
+    for (int px = win.x0; px < win.x1; ++px) {
+      const int i = win.local(px, py);
+      const int64_t pix = int64_t(py) * s.width + px;
+      load_pixel_grad(up, totals, pix, grads[i]);
+      states[i] = BackwardState<T>{transmittance[pix], up.v_transmittance[pix]};
+      ends[i] = end[pix];
+      medians[i] = median_index[pix];
+      max_end = std::max(max_end, ends[i]);
+    }
+  }
+  return max_end;
+}
+
+template <typename T>
+void backward_tile_scalar(const SurfelArrays<T>& s, const TileBins& bins, int tile,
+                          const int32_t* end, const int32_t* median_index,
+                          const T* transmittance, const T* totals, const UpstreamGrads<T>& up,
+                          T* records, bool spans) {
+  const TileWindow win(tile, bins.tiles_x, s.width, s.height);
+  const int32_t* list = bins.point_list + bins.tile_offsets[tile];
+  PixelGrad<T> grads[kPixels];
+  BackwardState<T> states[kPixels];
+  int32_t ends[kPixels], medians[kPixels];
+  const int32_t max_end =
+      load_tile_grads(s, win, end, median_index, transmittance, totals, up, grads, states, ends,
+                      medians);
+  SurfelParams<T> sp;
+  Hit<T> h;
+  for (int32_t k = max_end - 1; k >= 0; --k) {
+    const int32_t id = list[k];
+    const PixelRect r = win.clip(load_pixel_rect(s.pixel_rect, id));
+    if (r.x1 <= r.x0 || r.y1 <= r.y0) continue;
+    load_surfel(s.Tuvw, s.center, s.opacity, id, sp);
+    const RowSpans<T> rows(sp);
+    T* record = records + int64_t(k) * kGradSize;
+    for (int py = r.y0; py < r.y1; ++py) {
+      int x0 = r.x0, x1 = r.x1;
+      if (spans) rows.clip_row(py, x0, x1);
+      for (int px = x0; px < x1; ++px) {
+        const int i = win.local(px, py);
+        if (k >= ends[i]) continue;
+        const T x = T(px) + T(0.5), y = T(py) + T(0.5);
+        intersect(sp, x, y, s.near, h);
+        if (!h.contributes) continue;
+        backward_step(states[i], grads[i], sp, h, s.color + 3 * id, s.normal + 3 * id, x, y,
+                      s.near, s.far, k == medians[i], record);
       }
     }
+  }
+}
+
+// ---- 8 pixels at a time (float32) -------------------------------------------
+// A tile's pixel state as structures of arrays, so that 8 pixels of a row
+// load as one vector.  Lanes are the fixed half-rows [0, 8) and [8, 16) of
+// each tile row.
+struct alignas(32) ForwardTileState {
+  float T[kPixels], color[3][kPixels], depth[kPixels], normal[3][kPixels];
+  float A[kPixels], D[kPixels], D2[kPixels], shift[kPixels], dist[kPixels], median[kPixels];
+  int32_t median_index[kPixels], end[kPixels], done[kPixels];
+
+  void load(int i, PixelState<VFloat>& p) const {
+    p.transmittance = load8(T + i);
+    for (int c = 0; c < 3; ++c) p.color[c] = load8(color[c] + i);
+    p.depth_sum = load8(depth + i);
+    for (int c = 0; c < 3; ++c) p.normal[c] = load8(normal[c] + i);
+    p.A = load8(A + i);
+    p.D = load8(D + i);
+    p.D2 = load8(D2 + i);
+    p.m_shift = load8(shift + i);
+    p.distortion = load8(dist + i);
+    p.median_depth = load8(median + i);
+    p.median_index = load8(median_index + i);
+    p.end = load8(end + i);
+  }
+  void store(int i, const PixelState<VFloat>& p) {
+    store8(T + i, p.transmittance);
+    for (int c = 0; c < 3; ++c) store8(color[c] + i, p.color[c]);
+    store8(depth + i, p.depth_sum);
+    for (int c = 0; c < 3; ++c) store8(normal[c] + i, p.normal[c]);
+    store8(A + i, p.A);
+    store8(D + i, p.D);
+    store8(D2 + i, p.D2);
+    store8(shift + i, p.m_shift);
+    store8(dist + i, p.distortion);
+    store8(median + i, p.median_depth);
+    store8(median_index + i, p.median_index);
+    store8(end + i, p.end);
+  }
+  PixelState<float> pixel(int i) const {
+    PixelState<float> p;
+    p.transmittance = T[i];
+    for (int c = 0; c < 3; ++c) p.color[c] = color[c][i], p.normal[c] = normal[c][i];
+    p.depth_sum = depth[i];
+    p.A = A[i];
+    p.D = D[i];
+    p.D2 = D2[i];
+    p.m_shift = shift[i];
+    p.distortion = dist[i];
+    p.median_depth = median[i];
+    p.median_index = median_index[i];
+    p.end = end[i];
+    return p;
+  }
+};
+
+const VInt kLaneIndex(i32x8{0, 1, 2, 3, 4, 5, 6, 7});
+
+// Everything the SIMD tile loops read about one surfel, packed in 96 bytes:
+// the lists visit surfels in depth order, i.e. at random addresses, so one
+// contiguous record (prefetched a few list entries ahead) replaces six
+// scattered reads.
+struct alignas(32) PackedSurfel {
+  SurfelParams<float> params;
+  PixelRect rect;
+  float color[3], normal[3];
+  float rho_cut;  // RowSpans::rho_cut(opacity)
+  float pad;
+};
+static_assert(sizeof(PackedSurfel) == 96, "PackedSurfel layout");
+
+std::vector<PackedSurfel> pack_surfels(const SurfelArrays<float>& s) {
+  std::vector<PackedSurfel> packed(s.num_surfels);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < s.num_surfels; ++i) {
+    PackedSurfel& p = packed[i];
+    p.rect = load_pixel_rect(s.pixel_rect, i);
+    if (p.rect.x1 <= p.rect.x0 || p.rect.y1 <= p.rect.y0) continue;  // never listed
+    load_surfel(s.Tuvw, s.center, s.opacity, i, p.params);
+    for (int k = 0; k < 3; ++k) p.color[k] = s.color[3 * i + k], p.normal[k] = s.normal[3 * i + k];
+    p.rho_cut = float(RowSpans<float>::rho_cut(double(s.opacity[i])));
+  }
+  return packed;
+}
+
+constexpr int kPrefetchAhead = 4;
+
+inline void prefetch_surfel(const PackedSurfel* packed, const int32_t* list, int32_t k,
+                            int32_t count) {
+  if (k + kPrefetchAhead < count) {
+    const char* p = reinterpret_cast<const char*>(packed + list[k + kPrefetchAhead]);
+    __builtin_prefetch(p);
+    __builtin_prefetch(p + 64);
+  }
+}
+
+// Row spans only pay when they can drop one of a row's two 8-pixel halves.
+inline bool spans_pay(const PixelRect& r, const TileWindow& win) {
+  return r.x0 < win.x0 + kLanes && r.x1 > win.x0 + kLanes;
+}
+
+// Lanes of half-row `gx` (pixels x_start .. x_start + 7) inside [x0, x1).
+inline VMask span_lanes(int x_start, int x0, int x1) {
+  const VInt x = VInt(kLaneIndex.v + x_start);
+  return mask_and(mask_not(x < VInt(x0)), x < VInt(x1));
+}
+
+}  // namespace
+
+// Not in the anonymous namespace: target_clones needs external linkage.
+__attribute__((target_clones("avx2", "default"))) void forward_tile_simd(
+    const SurfelArrays<float>& s, const PackedSurfel* packed, const TileBins& bins, int tile,
+    const ForwardOutputs<float>& out) {
+  const TileWindow win(tile, bins.tiles_x, s.width, s.height);
+  const int64_t begin = bins.tile_offsets[tile];
+  const int32_t count = static_cast<int32_t>(bins.tile_offsets[tile + 1] - begin);
+  const int32_t* list = bins.point_list + begin;
+  ForwardTileState st;
+  {
+    PixelState<VFloat> init;
+    init_pixel(init);
+    for (int i = 0; i < kPixels; i += kLanes) {
+      st.store(i, init);
+      store_mask(st.done + i, VMask{i32x8{}});
+    }
+  }
+  int active = (win.x1 - win.x0) * (win.y1 - win.y0);
+  Hit<VFloat> h;
+  PixelState<VFloat> p;
+  for (int32_t k = 0; k < count && active > 0; ++k) {
+    prefetch_surfel(packed, list, k, count);
+    const PackedSurfel& ps = packed[list[k]];
+    const PixelRect r = win.clip(ps.rect);
+    if (r.x1 <= r.x0 || r.y1 <= r.y0) continue;
+    const SurfelParams<float>& sp = ps.params;
+    const bool use_spans = spans_pay(r, win);
+    const RowSpans<float> rows = use_spans ? RowSpans<float>(sp, ps.rho_cut) : RowSpans<float>();
+    const float* color = ps.color;
+    const float* normal = ps.normal;
+    for (int py = r.y0; py < r.y1; ++py) {
+      int x0 = r.x0, x1 = r.x1;
+      if (use_spans) rows.clip_row(py, x0, x1);
+      if (x1 <= x0) continue;
+      const VFloat y = VFloat(float(py) + 0.5f);
+      for (int xs = win.x0; xs < win.x0 + kTileSize; xs += kLanes) {
+        if (xs >= x1 || xs + kLanes <= x0) continue;
+        const int i = win.local(xs, py);
+        const VMask valid = mask_and(span_lanes(xs, x0, x1), mask_not(load_mask(st.done + i)));
+        if (!any_lane(valid)) continue;
+        const VFloat x = to_float(VInt(kLaneIndex.v + xs)) + 0.5f;
+        intersect(sp, x, y, s.near, h);
+        const VMask go = mask_and(valid, h.contributes);
+        if (!any_lane(go)) continue;
+        st.load(i, p);
+        const VMask finished = blend_lanes(p, h, go, color, normal, s.near, s.far, k);
+        st.store(i, p);
+        if (any_lane(finished)) {
+          store_mask(st.done + i, mask_or(load_mask(st.done + i), finished));
+          active -= count_lanes(finished);
+        }
+      }
+    }
+  }
+  for (int py = win.y0; py < win.y1; ++py)
+    for (int px = win.x0; px < win.x1; ++px)
+      store_pixel(st.pixel(win.local(px, py)), int64_t(py) * s.width + px, out);
+}
+
+namespace {
+
+struct alignas(32) BackwardTileState {
+  float v_color[3][kPixels], v_depth[kPixels], v_normal[3][kPixels], v_dist[kPixels],
+      v_median[kPixels], A[kPixels], D[kPixels], D2[kPixels], shift[kPixels];
+  float T[kPixels], dL_dT[kPixels];
+  int32_t end[kPixels], median_index[kPixels];
+
+  void load(int i, PixelGrad<VFloat>& g, BackwardState<VFloat>& b) const {
+    for (int c = 0; c < 3; ++c) g.v_color[c] = load8(v_color[c] + i);
+    g.v_depth_sum = load8(v_depth + i);
+    for (int c = 0; c < 3; ++c) g.v_normal[c] = load8(v_normal[c] + i);
+    g.v_distortion = load8(v_dist + i);
+    g.v_median = load8(v_median + i);
+    g.A = load8(A + i);
+    g.D = load8(D + i);
+    g.D2 = load8(D2 + i);
+    g.m_shift = load8(shift + i);
+    b.transmittance = load8(T + i);
+    b.last_dL_dT = load8(dL_dT + i);
+  }
+  void set(int i, const PixelGrad<float>& g, const BackwardState<float>& b) {
+    for (int c = 0; c < 3; ++c) v_color[c][i] = g.v_color[c], v_normal[c][i] = g.v_normal[c];
+    v_depth[i] = g.v_depth_sum;
+    v_dist[i] = g.v_distortion;
+    v_median[i] = g.v_median;
+    A[i] = g.A;
+    D[i] = g.D;
+    D2[i] = g.D2;
+    shift[i] = g.m_shift;
+    T[i] = b.transmittance;
+    dL_dT[i] = b.last_dL_dT;
+  }
+};
+
+}  // namespace
+
+__attribute__((target_clones("avx2", "default"))) void backward_tile_simd(
+    const SurfelArrays<float>& s, const PackedSurfel* packed, const TileBins& bins, int tile,
+    const int32_t* end,
+    const int32_t* median_index, const float* transmittance, const float* totals,
+    const UpstreamGrads<float>& up, float* records) {
+  const TileWindow win(tile, bins.tiles_x, s.width, s.height);
+  const int32_t* list = bins.point_list + bins.tile_offsets[tile];
+  BackwardTileState st;
+  int32_t max_end;
+  {
+    PixelGrad<float> grads[kPixels] = {};
+    BackwardState<float> states[kPixels] = {};
+    max_end = load_tile_grads(s, win, end, median_index, transmittance, totals, up, grads,
+                              states, st.end, st.median_index);
+    for (int i = 0; i < kPixels; ++i) st.set(i, grads[i], states[i]);
+  }
+  Hit<VFloat> h;
+  PixelGrad<VFloat> g;
+  BackwardState<VFloat> b;
+  VFloat acc[kGradSize];
+  for (int32_t k = max_end - 1; k >= 0; --k) {
+    if (k >= kPrefetchAhead) __builtin_prefetch(packed + list[k - kPrefetchAhead]);
+    const PackedSurfel& ps = packed[list[k]];
+    const PixelRect r = win.clip(ps.rect);
+    if (r.x1 <= r.x0 || r.y1 <= r.y0) continue;
+    const SurfelParams<float>& sp = ps.params;
+    const bool use_spans = spans_pay(r, win);
+    const RowSpans<float> rows = use_spans ? RowSpans<float>(sp, ps.rho_cut) : RowSpans<float>();
+    const float* color = ps.color;
+    const float* normal = ps.normal;
+    bool touched = false;
+    for (int py = r.y0; py < r.y1; ++py) {
+      int x0 = r.x0, x1 = r.x1;
+      if (use_spans) rows.clip_row(py, x0, x1);
+      if (x1 <= x0) continue;
+      const VFloat y = VFloat(float(py) + 0.5f);
+      for (int xs = win.x0; xs < win.x0 + kTileSize; xs += kLanes) {
+        if (xs >= x1 || xs + kLanes <= x0) continue;
+        const int i = win.local(xs, py);
+        const VMask valid = mask_and(span_lanes(xs, x0, x1), VInt(k) < load8(st.end + i));
+        if (!any_lane(valid)) continue;
+        const VFloat x = to_float(VInt(kLaneIndex.v + xs)) + 0.5f;
+        intersect(sp, x, y, s.near, h);
+        const VMask go = mask_and(valid, h.contributes);
+        if (!any_lane(go)) continue;
+        if (!touched) {
+          for (auto& a : acc) a = VFloat(0.0f);
+          touched = true;
+        }
+        st.load(i, g, b);
+        const VMask is_median = mask_and(go, load8(st.median_index + i) == k);
+        backward_lanes(b, g, sp, h, go, color, normal, x, y, s.near, s.far, is_median, acc);
+        store8(st.T + i, b.transmittance);
+        store8(st.dL_dT + i, b.last_dL_dT);
+      }
+    }
+    if (touched) {
+      float* record = records + int64_t(k) * kGradSize;
+      for (int j = 0; j < kGradSize; ++j) record[j] = lane_sum(acc[j]);
+    }
+  }
+}
+
+namespace {
+
+// Tiles ordered by decreasing list length, so that dynamic scheduling starts
+// the expensive tiles first and the threads finish together.
+std::vector<int> tiles_by_cost(const TileBins& bins) {
+  const int num_tiles = bins.tiles_x * bins.tiles_y;
+  std::vector<int> order(num_tiles);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return bins.tile_offsets[a + 1] - bins.tile_offsets[a] >
+           bins.tile_offsets[b + 1] - bins.tile_offsets[b];
+  });
+  return order;
+}
+
+template <typename T>
+constexpr bool kHasSimd = false;
+template <>
+constexpr bool kHasSimd<float> = true;
+
+}  // namespace
+
+template <typename T>
+void forward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const ForwardOutputs<T>& out) {
+  const std::vector<int> order = tiles_by_cost(bins);
+  const int num_tiles = static_cast<int>(order.size());
+  const int mode = g_kernel_mode;
+  std::vector<PackedSurfel> packed;
+  if constexpr (kHasSimd<T>)
+    if (mode == kModeSimd) packed = pack_surfels(s);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int t = 0; t < num_tiles; ++t) {
+    const int tile = order[t];
+    if constexpr (kHasSimd<T>) {
+      if (mode == kModeSimd) {
+        forward_tile_simd(s, packed.data(), bins, tile, out);
+        continue;
+      }
+    }
+    forward_tile_scalar(s, bins, tile, out, mode != kModeReference);
   }
 }
 
@@ -122,64 +594,72 @@ void backward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const int32_t*
                   const UpstreamGrads<T>& up, T* v_surfels /* [N, kGradSize] */) {
   const int W = s.width, H = s.height;
   const int num_tiles = bins.tiles_x * bins.tiles_y;
-  const int64_t num_pairs = bins.tile_offsets[num_tiles];
-  std::vector<T> pair_grads(static_cast<size_t>(num_pairs) * kGradSize, T(0));
-
-#pragma omp parallel for schedule(dynamic, 1)
+  // Records only for list positions below each tile's largest `end`: those
+  // are the only ones any pixel of the tile blended.
+  std::vector<int32_t> tile_end(num_tiles, 0);
+#pragma omp parallel for schedule(static)
   for (int tile = 0; tile < num_tiles; ++tile) {
     const TileWindow win(tile, bins.tiles_x, W, H);
-    const int64_t begin = bins.tile_offsets[tile];
-    const int32_t* list = bins.point_list + begin;
-    T* tile_grads = pair_grads.data() + begin * kGradSize;
-    constexpr int kPixels = kTileSize * kTileSize;
-    PixelGrad<T> grads[kPixels];
-    BackwardState<T> states[kPixels];
-    int32_t ends[kPixels] = {}, medians[kPixels];
-    int32_t max_end = 0;
-    for (int py = win.y0; py < win.y1; ++py) {
-      for (int px = win.x0; px < win.x1; ++px) {
-        const int i = win.local(px, py);
-        const int64_t pix = int64_t(py) * W + px;
-        load_pixel_grad(up, totals, pix, grads[i]);
-        states[i] = BackwardState<T>{transmittance[pix], up.v_transmittance[pix]};
-        ends[i] = end[pix];
-        medians[i] = median_index[pix];
-        max_end = std::max(max_end, ends[i]);
-      }
-    }
-    SurfelParams<T> sp;
-    Hit<T> h;
-    for (int32_t k = max_end - 1; k >= 0; --k) {
-      const int32_t id = list[k];
-      const PixelRect r = win.clip(load_pixel_rect(s.pixel_rect, id));
-      if (r.x1 <= r.x0 || r.y1 <= r.y0) continue;
-      load_surfel(s.Tuvw, s.center, s.opacity, id, sp);
-      T* record = tile_grads + int64_t(k) * kGradSize;
-      for (int py = r.y0; py < r.y1; ++py) {
-        for (int px = r.x0; px < r.x1; ++px) {
-          const int i = win.local(px, py);
-          if (k >= ends[i]) continue;
-          const T x = T(px) + T(0.5), y = T(py) + T(0.5);
-          intersect(sp, x, y, s.near, h);
-          if (!h.contributes) continue;
-          backward_step(states[i], grads[i], sp, h, s.color + 3 * id, s.normal + 3 * id, x, y,
-                        s.near, s.far, k == medians[i], record);
-        }
-      }
-    }
+    int32_t m = 0;
+    for (int py = win.y0; py < win.y1; ++py)
+      for (int px = win.x0; px < win.x1; ++px) m = std::max(m, end[int64_t(py) * W + px]);
+    tile_end[tile] = m;
   }
-  // Serial, fixed-order reduction of the pair records into surfels.
-  std::fill(v_surfels, v_surfels + s.num_surfels * kGradSize, T(0));
-  for (int64_t pair = 0; pair < num_pairs; ++pair) {
-    T* dst = v_surfels + int64_t(bins.point_list[pair]) * kGradSize;
-    const T* src = pair_grads.data() + pair * kGradSize;
-    for (int k = 0; k < kGradSize; ++k) dst[k] += src[k];
+  std::vector<int64_t> record_offset(num_tiles + 1, 0);
+  for (int tile = 0; tile < num_tiles; ++tile)
+    record_offset[tile + 1] = record_offset[tile] + tile_end[tile];
+  std::vector<T> records(static_cast<size_t>(record_offset[num_tiles]) * kGradSize, T(0));
+
+  const std::vector<int> order = tiles_by_cost(bins);
+  const int mode = g_kernel_mode;
+  std::vector<PackedSurfel> packed;
+  if constexpr (kHasSimd<T>)
+    if (mode == kModeSimd) packed = pack_surfels(s);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int t = 0; t < num_tiles; ++t) {
+    const int tile = order[t];
+    if (tile_end[tile] == 0) continue;
+    T* tile_records = records.data() + record_offset[tile] * kGradSize;
+    if constexpr (kHasSimd<T>) {
+      if (mode == kModeSimd) {
+        backward_tile_simd(s, packed.data(), bins, tile, end, median_index, transmittance, totals, up,
+                           tile_records);
+        continue;
+      }
+    }
+    backward_tile_scalar(s, bins, tile, end, median_index, transmittance, totals, up,
+                         tile_records, mode != kModeReference);
+  }
+
+  // Reduction into surfels in tile order; each thread owns a range of surfel
+  // ids, so the order of additions into any surfel is the same for any
+  // number of threads.
+  const int64_t n = s.num_surfels;
+#pragma omp parallel
+  {
+    int parts = 1, part = 0;
+#ifdef _OPENMP
+    parts = omp_get_num_threads();
+    part = omp_get_thread_num();
+#endif
+    const int64_t lo = n * part / parts, hi = n * (part + 1) / parts;
+    std::fill(v_surfels + lo * kGradSize, v_surfels + hi * kGradSize, T(0));
+    for (int tile = 0; tile < num_tiles; ++tile) {
+      const int32_t* list = bins.point_list + bins.tile_offsets[tile];
+      const T* src = records.data() + record_offset[tile] * kGradSize;
+      for (int32_t k = 0; k < tile_end[tile]; ++k, src += kGradSize) {
+        const int64_t id = list[k];
+        if (id < lo || id >= hi) continue;
+        T* dst = v_surfels + id * kGradSize;
+        for (int j = 0; j < kGradSize; ++j) dst[j] += src[j];
+      }
+    }
   }
 }
 
 #define SPLAT_INSTANTIATE(T)                                                                 \
   template void bin_tiles_cpu<T>(const SurfelArrays<T>&, int, int, std::vector<int64_t>&,   \
-                                 std::vector<int32_t>&);                                    \
+                                 const std::function<int32_t*(int64_t)>&);                  \
   template void forward_cpu<T>(const SurfelArrays<T>&, const TileBins&,                     \
                                const ForwardOutputs<T>&);                                   \
   template void backward_cpu<T>(const SurfelArrays<T>&, const TileBins&, const int32_t*,    \

@@ -2,16 +2,26 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "../raster_args.h"
 
 namespace splat {
 
-// Sorts the visible surfels front to back and lists them per tile.
+// Kernel modes (see rasterize_cpu.cpp): all give bitwise equal forward outputs.
+constexpr int kModeReference = 0;  // pixel by pixel over whole pixel rectangles
+constexpr int kModeScalar = 1;     // pixel by pixel over exact row spans
+constexpr int kModeSimd = 2;       // 8 float32 pixels at a time (float64: kModeScalar)
+void set_cpu_kernel_mode(int mode);
+int cpu_kernel_mode();
+
+// Sorts the visible surfels front to back and lists them per tile; the list
+// (P entries) is written to alloc_point_list(P).
 template <typename T>
 void bin_tiles_cpu(const SurfelArrays<T>& s, int tiles_x, int tiles_y,
-                   std::vector<int64_t>& tile_offsets, std::vector<int32_t>& point_list);
+                   std::vector<int64_t>& tile_offsets,
+                   const std::function<int32_t*(int64_t)>& alloc_point_list);
 
 template <typename T>
 void forward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const ForwardOutputs<T>& out);

@@ -1,0 +1,127 @@
+// 8 float32 lanes for the CPU kernels: the lane type core.h's per-pixel
+// functions are instantiated with (see "lanes" in core.h).  Written with GCC /
+// Clang vector extensions, so it is portable: the compiler emits one AVX2
+// instruction per operation in functions compiled for AVX2 (runtime dispatch
+// in rasterize_cpu.cpp) and two SSE instructions elsewhere.  Only IEEE
+// operations that round exactly like their scalar counterparts are used
+// (+ - * / and compares; no FMA, no approximate reciprocals), so every lane
+// computes the scalar path's bits.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "../core.h"
+
+#pragma GCC diagnostic ignored "-Wpsabi"  // vector arguments only cross inlined calls
+
+namespace splat {
+
+constexpr int kLanes = 8;
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+
+// Lane mask: all bits set (-1) or clear (0) per lane, as vector compares give.
+struct VMask {
+  i32x8 m;
+};
+struct VInt {
+  i32x8 v;
+  VInt() = default;
+  VInt(int32_t x) : v(i32x8{} + x) {}
+  explicit VInt(i32x8 x) : v(x) {}
+};
+struct VFloat {
+  f32x8 v;
+  VFloat() = default;
+  VFloat(float x) : v(f32x8{} + x) {}
+  explicit VFloat(f32x8 x) : v(x) {}
+};
+
+template <>
+struct Lanes<VFloat> {
+  using Mask = VMask;
+  using Int = VInt;
+};
+
+inline VFloat operator+(VFloat a, VFloat b) { return VFloat(a.v + b.v); }
+inline VFloat operator-(VFloat a, VFloat b) { return VFloat(a.v - b.v); }
+inline VFloat operator*(VFloat a, VFloat b) { return VFloat(a.v * b.v); }
+inline VFloat operator/(VFloat a, VFloat b) { return VFloat(a.v / b.v); }
+inline VFloat operator-(VFloat a) { return VFloat(-a.v); }
+inline VFloat operator+(VFloat a, float b) { return VFloat(a.v + b); }
+inline VFloat operator-(VFloat a, float b) { return VFloat(a.v - b); }
+inline VFloat operator*(VFloat a, float b) { return VFloat(a.v * b); }
+inline VFloat operator/(VFloat a, float b) { return VFloat(a.v / b); }
+inline VFloat operator+(float a, VFloat b) { return VFloat(a + b.v); }
+inline VFloat operator-(float a, VFloat b) { return VFloat(a - b.v); }
+inline VFloat operator*(float a, VFloat b) { return VFloat(a * b.v); }
+inline VFloat operator/(float a, VFloat b) { return VFloat(a / b.v); }
+inline VFloat& operator+=(VFloat& a, VFloat b) { a.v += b.v; return a; }
+inline VFloat& operator-=(VFloat& a, VFloat b) { a.v -= b.v; return a; }
+inline VMask operator<(VFloat a, VFloat b) { return VMask{a.v < b.v}; }
+inline VMask operator>(VFloat a, VFloat b) { return VMask{a.v > b.v}; }
+inline VMask operator>=(VFloat a, VFloat b) { return VMask{a.v >= b.v}; }
+inline VMask operator<(VFloat a, float b) { return VMask{a.v < b}; }
+inline VMask operator>(VFloat a, float b) { return VMask{a.v > b}; }
+inline VMask operator>=(VFloat a, float b) { return VMask{a.v >= b}; }
+inline VMask operator==(VInt a, int32_t b) { return VMask{a.v == b}; }
+inline VMask operator<(VInt a, VInt b) { return VMask{a.v < b.v}; }
+
+inline VMask mask_and(VMask a, VMask b) { return VMask{a.m & b.m}; }
+inline VMask mask_or(VMask a, VMask b) { return VMask{a.m | b.m}; }
+inline VMask mask_not(VMask a) { return VMask{~a.m}; }
+inline bool any_lane(VMask a) {
+  typedef int64_t i64x4 __attribute__((vector_size(32)));
+  const i64x4 x = (i64x4)a.m;
+  return ((x[0] | x[1]) | (x[2] | x[3])) != 0;
+}
+inline int count_lanes(VMask a) {
+  int n = 0;
+  for (int i = 0; i < kLanes; ++i) n += a.m[i] != 0;
+  return n;
+}
+inline VFloat select(VMask m, VFloat a, VFloat b) {
+  // same-size vector casts reinterpret the bits
+  const i32x8 r = ((i32x8)a.v & m.m) | ((i32x8)b.v & ~m.m);
+  return VFloat((f32x8)r);
+}
+inline VInt select(VMask m, VInt a, VInt b) { return VInt((a.v & m.m) | (b.v & ~m.m)); }
+inline VMask select(VMask m, VMask a, VMask b) { return VMask{(a.m & m.m) | (b.m & ~m.m)}; }
+
+// For exp_float (core.h).
+inline VInt trunc_to_int(VFloat x) { return VInt(__builtin_convertvector(x.v, i32x8)); }
+inline VFloat to_float(VInt n) { return VFloat(__builtin_convertvector(n.v, f32x8)); }
+inline VFloat pow2i(VInt n) {
+  return VFloat((f32x8)((n.v + 127) << 23));
+}
+inline VFloat exp_of(VFloat x) { return exp_float(x); }
+
+inline VFloat load8(const float* p) {
+  VFloat r;
+  std::memcpy(&r.v, p, sizeof r.v);
+  return r;
+}
+inline void store8(float* p, VFloat x) { std::memcpy(p, &x.v, sizeof x.v); }
+inline VInt load8(const int32_t* p) {
+  VInt r;
+  std::memcpy(&r.v, p, sizeof r.v);
+  return r;
+}
+inline void store8(int32_t* p, VInt x) { std::memcpy(p, &x.v, sizeof x.v); }
+inline VMask load_mask(const int32_t* p) {
+  VMask r;
+  std::memcpy(&r.m, p, sizeof r.m);
+  return r;
+}
+inline void store_mask(int32_t* p, VMask x) { std::memcpy(p, &x.m, sizeof x.m); }
+
+// Sum of the lanes in a fixed order (0..7), so that results do not depend on
+// the instruction set.
+inline float lane_sum(VFloat x) {
+  float s = x.v[0];
+  for (int i = 1; i < kLanes; ++i) s += x.v[i];
+  return s;
+}
+
+}  // namespace splat
