@@ -122,36 +122,44 @@ def _project(means, quats, scales, opacities, viewmat, K, width, height, near, f
     columns = torch.stack([rot_cam[:, :, 0] * scales[:, :1], rot_cam[:, :, 1] * scales[:, 1:2], c], dim=-1)
     columns = torch.where(in_range[:, None, None], columns, torch.zeros_like(columns))
     M = K @ columns  # [N, 3, 3]; M (u, v, 1) = homogeneous pixel
-    _check_magnitude(M.detach(), in_range, width, height)
+    _check_magnitude(M.detach(), in_range, None, width, height)
     safe_depth = torch.where(in_range, M[:, 2, 2], torch.ones_like(M[:, 2, 2]))  # [N]
     center = M[:, :2, 2] / safe_depth[:, None]  # [N, 2]; 0 for culled surfels
     with torch.no_grad():
         pixel_rect, radii = _screen_bounds(M.detach(), center.detach(), opacities.detach(), in_range,
                                           width, height)
+        drawn = (pixel_rect[:, 2] > pixel_rect[:, 0]) & (pixel_rect[:, 3] > pixel_rect[:, 1])
+    _check_magnitude(M.detach(), in_range, drawn, width, height)
     return {"Tuvw": M.reshape(-1, 9), "center": center, "depth": c[:, 2].detach().contiguous(),
             "normal": facing_normals(quats, means, viewmat), "pixel_rect": pixel_rect, "radii": radii}
 
 
-def _check_magnitude(M, in_range, width, height):
-    """Refuses surfels whose screen matrix the kernels cannot carry in M's dtype.
+def _check_magnitude(M, in_range, drawn, width, height):
+    """Refuses surfels whose screen matrix M's dtype cannot carry.
 
-    The per-pixel core forms q = (Tu - x Tw) x (Tv - y Tw) and |q|^2, fourth
-    powers of M's entries (and its gradients go no higher), so with
-    h = max(|Tu|, |Tv|) + max(W, H) |Tw| every intermediate stays finite while
-    h <= max_float^(1/4) / 16 (2.7e8 in float32, 8e75 in float64).  Beyond it
-    float32 would silently turn the surfel into a low-pass blob or NaN.
+    Every surfel in the depth range needs a finite M (drawn=None checks that).
+    A drawn surfel needs more: the per-pixel core forms
+    q = (Tu - x Tw) x (Tv - y Tw) and |q|^2, fourth powers of M's entries (and
+    its gradients go no higher), so with h = max(|Tu|, |Tv|) + max(W, H) |Tw|
+    every intermediate stays finite while h <= max_float^(1/4) / 16 (2.7e8 in
+    float32, 8e75 in float64).  Beyond it float32 would silently turn the
+    surfel into a low-pass blob or NaN.  Surfels off screen are never
+    evaluated per pixel, so only their M must be finite.
     """
     dtype = M.dtype
-    limit = torch.finfo(dtype).max ** 0.25 / 16
+    if drawn is None:
+        limit, check = torch.finfo(dtype).max, in_range
+    else:
+        limit, check = torch.finfo(dtype).max ** 0.25 / 16, drawn
     M = M.double()
     h = M[:, :2].abs().amax((1, 2)) + max(width, height) * M[:, 2].abs().amax(-1)  # [N]
-    bad = in_range & ~(h <= limit)
+    bad = check & ~(h <= limit)
     if bool(bad.any()):
         rows = bad.nonzero().flatten()[:5].tolist()
         raise ValueError(
             f"surfels at rows {rows} project to screen coordinates of magnitude {float(h[bad].max()):.3g}, "
-            f"beyond what {dtype} can rasterize (limit {limit:.3g}): their means "
-            f"or scales (or the viewmat translation, or K) are too large; rescale the scene or use float64")
+            f"beyond what {dtype} can rasterize (limit {limit:.3g}): their means or scales (or the viewmat "
+            f"translation, or K) are too large; rescale the scene or use float64")
 
 
 def depth_in_range(depth, near, far):

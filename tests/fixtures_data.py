@@ -277,3 +277,32 @@ def write_nerf_scene(
 def truncate_file(path: Path, drop: int = 5) -> None:
     data = Path(path).read_bytes()
     Path(path).write_bytes(data[: len(data) - drop])
+
+
+def write_png(path: Path, pixels: np.ndarray, size=None) -> None:
+    """A PNG written by hand from the spec (so tests can make any bit depth and
+    colour type, independently of the readers under test).
+
+    ``pixels``: uint8 or uint16 [H, W] (grey), [H, W, 2] (grey + alpha),
+    [H, W, 3] (RGB) or [H, W, 4] (RGBA).  ``size=(W, H)`` overrides the size
+    in the header (for decompression-bomb headers; the pixel data is then
+    whatever ``pixels`` holds).
+    """
+    import zlib
+
+    a = np.asarray(pixels)
+    if a.ndim == 2:
+        a = a[..., None]
+    H, W, C = a.shape
+    depth = 16 if a.dtype == np.uint16 else 8
+    color_type = {1: 0, 2: 4, 3: 2, 4: 6}[C]
+    raw = a.astype(">u2" if depth == 16 else np.uint8).reshape(H, -1).view(np.uint8)
+    data = b"".join(b"\x00" + row.tobytes() for row in raw)  # filter type 0 per row
+    W, H = size if size is not None else (W, H)
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+
+    ihdr = struct.pack(">IIBBBBB", W, H, depth, color_type, 0, 0, 0)
+    Path(path).write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(data))
+                           + chunk(b"IEND", b""))

@@ -296,7 +296,10 @@ def test_float32_surfels_too_large_to_rasterize_are_refused(scene):
     with pytest.raises(ValueError, match=r"surfels at rows \[3\] .*float32.* means or scales"):
         _call(s32, scales=scales)
     means = s32["means"].clone()
-    means[5] = torch.tensor([1e30, 0.0, 3.0])  # in front of an identity camera, far off to the side
+    means[5] = torch.tensor([1e30, 0.0, 3.0])  # in front of an identity camera, far off to the side:
+    out = _call(s32, means=means, viewmat=torch.eye(4))  # never evaluated per pixel, so harmless
+    assert int(out.radii[5]) == 0 and torch.isfinite(out.means2d).all()
+    means[5] = torch.tensor([3e38, 0.0, 3.0])  # fx * 3e38 overflows float32
     with pytest.raises(ValueError, match=r"surfels at rows \[5\]"):
         _call(s32, means=means, viewmat=torch.eye(4))
     out = _call(scene, scales=scene["scales"] * 1e6)  # float64 carries it: one huge wall

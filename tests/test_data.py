@@ -558,6 +558,92 @@ def case_nerf_size_mismatch(t):
     return root, "transforms_train.json", "mismatch"
 
 
+def _patch(path: Path, offset: int, fmt: str, *values):
+    data = bytearray(path.read_bytes())
+    struct.pack_into(fmt, data, offset, *values)
+    path.write_bytes(bytes(data))
+
+
+# Issue 9: non-finite values in binary files, absurd poses, reflections, huge images.
+def case_nan_point_bin(t):
+    root, _ = _colmap(t, "binary")
+    _patch(root / "sparse/0/points3D.bin", 8 + 8 + 8, "<d", float("nan"))  # y of the first point
+    return root, "points3D.bin", "non-finite"
+
+
+def case_inf_point_txt(t):
+    root, _ = _colmap(t)
+    lines = (root / "sparse/0/points3D.txt").read_text().splitlines()
+    tok = lines[3].split()
+    tok[1] = "1e300"
+    lines[3] = " ".join(tok)
+    (root / "sparse/0/points3D.txt").write_text("\n".join(lines) + "\n")
+    return root, "points3D.txt", "absurd"
+
+
+def case_nan_camera_bin(t):
+    root, _ = _colmap(t, "binary")
+    _patch(root / "sparse/0/cameras.bin", 8 + 24, "<d", float("nan"))  # fx of the first camera
+    return root, "cameras.bin", "non-finite"
+
+
+def case_absurd_principal_point_bin(t):
+    root, _ = _colmap(t, "binary")
+    _patch(root / "sparse/0/cameras.bin", 8 + 24 + 16, "<d", 1e308)  # cx of the first camera
+    return root, "cameras.bin", "absurd intrinsics"
+
+
+def case_absurd_translation_bin(t):
+    root, _ = _colmap(t, "binary")
+    _patch(root / "sparse/0/images.bin", 8 + 4 + 32, "<d", 1e308)  # tx of the first image
+    return root, "images.bin", "absurd camera pose"
+
+
+def case_absurd_translation_txt(t):
+    root, _ = _colmap(t)
+    lines = (root / "sparse/0/images.txt").read_text().splitlines()
+    k = next(i for i, ln in enumerate(lines) if "view_01.png" in ln)
+    tok = lines[k].split()
+    tok[6] = "-1e308"
+    lines[k] = " ".join(tok)
+    (root / "sparse/0/images.txt").write_text("\n".join(lines) + "\n")
+    return root, "images.txt", "view_01.png"
+
+
+def case_nerf_reflection(t):
+    root, _ = _nerf(t)
+
+    def mirror(d):
+        m = np.array(d["frames"][1]["transform_matrix"])
+        m[:3, 0] *= -1  # flip the camera's x axis: determinant -1
+        d["frames"][1]["transform_matrix"] = m.tolist()
+
+    _edit_json(root / "transforms_train.json", mirror)
+    return root, "transforms_train.json", "frames[1]: 'transform_matrix' is a reflection"
+
+
+def case_nerf_absurd_translation(t):
+    root, _ = _nerf(t)
+
+    def far_away(d):
+        d["frames"][0]["transform_matrix"][0][3] = 1e308
+
+    _edit_json(root / "transforms_test.json", far_away)
+    return root, "transforms_test.json", "frames[0]: absurd camera pose"
+
+
+def case_decompression_bomb_image(t):
+    root, _ = _colmap(t)
+    fx.write_png(root / "images" / "view_01.png", np.zeros((2, 2), np.uint8), size=(12_000, 9_000))
+    return root, "view_01.png", "larger than the limit"
+
+
+def case_nerf_decompression_bomb_image(t):
+    root, _ = _nerf(t)
+    fx.write_png(root / "images" / "view_02.png", np.zeros((2, 2), np.uint8), size=(30_000, 30_000))
+    return root, "view_02.png", "too large"
+
+
 BAD_CASES = [v for k, v in sorted(globals().items()) if k.startswith("case_")]
 
 
@@ -573,3 +659,108 @@ def test_bad_data_raises_data_error_naming_file(tmp_path, case):
     assert name in msg, msg
     if extra is not None:
         assert extra in msg, msg
+
+
+# ---------------------------------------------------------------- image modes (issue 9, finding 4)
+
+
+def _modes():
+    """(name, writer(path) -> expected [H, W, 3|4] float in [0, 1], suffix)."""
+    rng = np.random.default_rng(7)
+    H, W = 5, 6
+    g8 = rng.integers(0, 256, (H, W), dtype=np.uint8)
+    c8 = rng.integers(0, 256, (H, W, 4), dtype=np.uint8)
+    g16 = rng.integers(0, 65536, (H, W), dtype=np.uint16)
+    g16[0, 0], g16[0, 1] = 65535, 300  # a full-scale and a dark sample (300 saturated at 255 before)
+    c16 = rng.integers(0, 65536, (H, W, 4), dtype=np.uint16)
+    grey = lambda v: np.repeat(v[..., None], 3, -1)  # noqa: E731
+
+    def pil(mode, arr, expected, **kw):
+        def write(p):
+            Image.fromarray(arr).convert(mode).save(p, **kw) if mode != "keep" else Image.fromarray(arr).save(p, **kw)
+            return expected
+        return write
+
+    def png(arr, expected):
+        def write(p):
+            fx.write_png(p, arr)
+            return expected
+        return write
+
+    palette = Image.fromarray(c8[..., :3]).quantize(8)
+    pal_rgb = np.asarray(palette.convert("RGB")) / 255.0
+
+    def palette_png(p, transparency=None):
+        palette.save(p, **({} if transparency is None else {"transparency": transparency}))
+        if transparency is None:
+            return pal_rgb
+        alpha = (np.asarray(palette) != transparency).astype(np.float64)[..., None]
+        return np.concatenate([pal_rgb, alpha], -1)
+
+    f32 = rng.random((H, W)).astype(np.float32)
+    return [
+        ("L", png(g8, grey(g8 / 255.0)), ".png"),
+        ("LA", png(c8[..., :2], np.concatenate([grey(c8[..., 0] / 255.0), c8[..., 1:2] / 255.0], -1)), ".png"),
+        ("RGB", png(c8[..., :3], c8[..., :3] / 255.0), ".png"),
+        ("RGBA", png(c8, c8 / 255.0), ".png"),
+        ("P", palette_png, ".png"),
+        ("P_transparency", lambda p: palette_png(p, transparency=2), ".png"),
+        ("1", pil("1", (g8 > 127).astype(np.uint8) * 255, grey((g8 > 127).astype(np.float64))), ".png"),
+        ("I;16_png", png(g16, grey(g16 / 65535.0)), ".png"),
+        ("I;16_tiff", pil("keep", g16, grey(g16 / 65535.0)), ".tif"),
+        ("I;16B_tiff", lambda p: (Image.frombytes("I;16B", (W, H), g16.astype(">u2").tobytes()).save(p),
+                                  grey(g16 / 65535.0))[1], ".tif"),
+        ("I_tiff", pil("keep", g16.astype(np.int32), grey(g16 / 65535.0)), ".tif"),
+        ("F_tiff", pil("keep", f32, grey(f32.astype(np.float64))), ".tif"),
+        ("LA16", png(c16[..., :2], np.concatenate([grey(c16[..., 0] / 65535.0), c16[..., 1:2] / 65535.0], -1)),
+         ".png"),
+        ("RGB16", png(c16[..., :3], c16[..., :3] / 65535.0), ".png"),
+        ("RGBA16", png(c16, c16 / 65535.0), ".png"),
+    ]
+
+
+@pytest.mark.parametrize("mode", _modes(), ids=lambda m: m[0])
+def test_read_image_every_mode_at_full_bit_depth(tmp_path, mode):
+    """8- and 16-bit images in every mode load with the right scale: a 16-bit
+    greyscale PNG (Pillow mode I;16) used to saturate at 1.0 (issue 9)."""
+    from splat.data.types import read_image
+
+    name, write, suffix = mode
+    path = tmp_path / f"img{suffix}"
+    expected = write(path)
+    got = read_image(path)
+    assert got.dtype == np.float32 and got.shape == expected.shape, (got.shape, expected.shape)
+    # exact up to float32 rounding of k / 255 or k / 65535
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
+
+
+def test_load_image_16bit_grey_is_not_saturated(tmp_path):
+    from splat.data.types import load_image
+
+    g16 = np.array([[0, 300, 32768, 65535]], np.uint16)
+    fx.write_png(tmp_path / "g.png", g16)
+    img, mask = load_image(tmp_path / "g.png", 1, torch.ones(3))
+    assert mask is None
+    np.testing.assert_allclose(img[0, :, 1].numpy(), g16[0] / 65535.0, rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("bad,message", [("I", "outside 0..65535"), ("F", "outside \\[0, 1\\]")])
+def test_read_image_out_of_range_integer_and_float_images(tmp_path, bad, message):
+    from splat.data.types import read_image
+
+    arr = np.array([[0, 70000]], np.int32) if bad == "I" else np.array([[0.5, 2.0]], np.float32)
+    Image.fromarray(arr).save(tmp_path / "x.tif")
+    with pytest.raises(DataError, match=f"x.tif: .*{message}"):
+        read_image(tmp_path / "x.tif")
+
+
+@pytest.mark.parametrize("size", [(10_000, 10_000), (20_000, 20_000)])
+def test_decompression_bomb_is_refused_naming_the_file(tmp_path, size):
+    """A header claiming 1e8 (over splat's limit) or 4e8 pixels (over Pillow's
+    own bomb limit) is refused before decoding."""
+    from splat.data.types import image_size, read_image
+
+    fx.write_png(tmp_path / "bomb.png", np.zeros((2, 2), np.uint8), size=size)
+    for fn in (image_size, read_image):
+        with pytest.raises(DataError, match="bomb.png: image .*(too large|larger than the limit)"):
+            fn(tmp_path / "bomb.png")

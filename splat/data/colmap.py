@@ -39,7 +39,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .types import DataError, Frame, SceneData, parse_background, scaled_K
+from .types import (DataError, Frame, SceneData, check_intrinsics, check_points, check_pose, image_size,
+                    parse_background, scaled_K)
 from .undistort import DISTORTED_MODELS, PINHOLE_MODELS, LensCamera, load_camera_image
 
 __all__ = [
@@ -315,6 +316,8 @@ def read_cameras_binary(path: Path) -> dict[int, ColmapCamera]:
             raise DataError(f"{path}: camera {cid}: unknown camera model id {model_id} (corrupt file?)")
         model, nparams = CAMERA_MODELS[model_id]
         params = np.array(r.unpack("d" * nparams, f"camera {cid} parameters"), dtype=np.float64)
+        if not np.all(np.isfinite(params)):
+            raise DataError(f"{path}: camera {cid}: non-finite camera parameters {params.tolist()}")
         if cid in cams:
             raise DataError(f"{path}: duplicate camera id {cid}")
         cams[cid] = ColmapCamera(cid, model, int(w), int(h), params)
@@ -412,11 +415,11 @@ def read_model(sparse: Path):
     return cams, images, xyz, rgb, files
 
 
-def _viewmat(q: np.ndarray, t: np.ndarray) -> torch.Tensor:
+def _viewmat(q: np.ndarray, t: np.ndarray) -> np.ndarray:
     V = np.eye(4)
     V[:3, :3] = qvec_to_rotmat(q)
     V[:3, 3] = t
-    return torch.from_numpy(V).float()  # [4, 4]
+    return V  # [4, 4] float64
 
 
 def _unsupported_model_message(cam_file: Path, cam: ColmapCamera, image_name: str) -> str:
@@ -462,6 +465,7 @@ def load_colmap(
         raise DataError(f"{root}: no COLMAP model (expected {root / 'sparse' / '0'} with cameras/images/points3D)")
     bg = parse_background(background)
     cams, images, xyz, rgb, files = read_model(sparse)
+    check_points(str(files["points3D"]), xyz)
 
     if not images:
         raise DataError(f"{files['images']}: the model has zero images, so zero usable cameras")
@@ -478,17 +482,17 @@ def load_colmap(
         if cam.model not in _SUPPORTED_MODELS:
             raise DataError(_unsupported_model_message(files["cameras"], cam, im.name))
         lens = LensCamera(cam.model, cam.width, cam.height, tuple(float(v) for v in cam.params))
-        fx, fy, _, _ = lens.fxfycxcy()
-        if not (fx > 0 and fy > 0):
-            raise DataError(f"{files['cameras']}: camera {cam.id}: non-positive focal length ({fx}, {fy})")
+        fx, fy, cx, cy = lens.fxfycxcy()
+        check_intrinsics(f"{files['cameras']}: camera {cam.id}", fx, fy, cx, cy)
 
         ipath = image_dir / im.name
         if not ipath.is_file():
             raise DataError(f"{ipath}: image file not found (named by {files['images']})")
         try:
-            viewmat = _viewmat(im.qvec, im.tvec)
-        except ValueError as e:
+            pose = _viewmat(im.qvec, im.tvec)
+        except ValueError as e:  # a zero quaternion
             raise DataError(f"{files['images']}: image {im.name!r}: {e}") from None
+        viewmat = check_pose(f"{files['images']}: image {im.name!r}", pose)
 
         # Check the size before decoding the whole image (PIL reads the header lazily).
         _check_size(ipath, cam, files["cameras"])
@@ -525,13 +529,7 @@ def load_colmap(
 
 
 def _check_size(ipath: Path, cam: ColmapCamera, cam_file: Path) -> None:
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(ipath) as pim:
-            W, H = pim.size
-    except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as e:
-        raise DataError(f"{ipath}: cannot read image ({type(e).__name__}: {e})") from e
+    W, H = image_size(ipath)
     if (W, H) != (cam.width, cam.height):
         raise DataError(
             f"{ipath}: image is {W}x{H} pixels but its camera {cam.id} in {cam_file} is "

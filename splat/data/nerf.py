@@ -33,7 +33,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from .types import DataError, Frame, SceneData, load_image, parse_background, scaled_K
+from .types import (DataError, Frame, SceneData, check_intrinsics, check_pose, image_size, load_image,
+                    parse_background, scaled_K)
 
 __all__ = ["opengl_c2w_to_viewmat", "load_nerf"]
 
@@ -163,6 +164,11 @@ def _transform(json_path: Path, where: str, frame: dict) -> np.ndarray:
             f"{json_path}: {where}: 'transform_matrix' is not a rigid camera-to-world transform "
             "(rotation not orthonormal, or last row not 0 0 0 1)"
         )
+    if np.linalg.det(R) < 0:
+        raise DataError(
+            f"{json_path}: {where}: 'transform_matrix' is a reflection (rotation part has determinant -1), "
+            "not a rigid camera-to-world transform"
+        )
     return M
 
 
@@ -178,8 +184,9 @@ def _load_split(json_path: Path, downscale: int, bg: torch.Tensor) -> list[Frame
         c2w = _transform(json_path, where, fr)
         ipath = _resolve_image(json_path, where, fr["file_path"])
         # Intrinsics are defined at full resolution: read the size from the header first.
-        W, H = _image_size(ipath)
+        W, H = image_size(ipath)
         fx, fy, cx, cy = _intrinsics(json_path, where, meta, fr, W, H)
+        check_intrinsics(f"{json_path}: {where}", fx, fy, cx, cy)
         img, mask = load_image(ipath, downscale, bg)
         frames.append(
             Frame(
@@ -187,24 +194,13 @@ def _load_split(json_path: Path, downscale: int, bg: torch.Tensor) -> list[Frame
                 image_path=ipath,
                 image=img,
                 mask=mask,
-                viewmat=torch.from_numpy(opengl_c2w_to_viewmat(c2w)).float(),
+                viewmat=check_pose(f"{json_path}: {where}", opengl_c2w_to_viewmat(c2w)),
                 K=scaled_K(fx, fy, cx, cy, downscale),
                 width=img.shape[1],
                 height=img.shape[0],
             )
         )
     return frames
-
-
-def _image_size(ipath: Path) -> tuple[int, int]:
-    """(W, H) from the image header, without decoding the pixels."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(ipath) as pim:
-            return pim.size
-    except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as e:
-        raise DataError(f"{ipath}: cannot read image ({type(e).__name__}: {e})") from e
 
 
 def load_nerf(path: Path, downscale: int = 1, background=(1.0, 1.0, 1.0)) -> SceneData:

@@ -48,8 +48,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .nerf import _get_float, _image_size, _read_json, _resolve_image, _transform, opengl_c2w_to_viewmat
-from .types import DataError, Frame, SceneData, parse_background, scaled_K
+from .nerf import _get_float, _read_json, _resolve_image, _transform, opengl_c2w_to_viewmat
+from .types import (DataError, Frame, SceneData, check_intrinsics, check_points, check_pose, image_size,
+                    parse_background, scaled_K)
 from .undistort import LensCamera, load_camera_image
 
 __all__ = ["MASK_MODES", "load_transforms", "lens_camera_from_json"]
@@ -135,8 +136,7 @@ def _read_ply_points(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
             rgb = np.full_like(xyz, 0.5)
     except Exception as e:  # plyfile raises many types for bad files
         raise DataError(f"{path}: cannot read point cloud ({type(e).__name__}: {e})") from e
-    if not np.all(np.isfinite(xyz)):
-        raise DataError(f"{path}: point cloud has non-finite coordinates")
+    check_points(str(path), xyz)
     return torch.from_numpy(xyz).float(), torch.from_numpy(np.clip(rgb, 0, 1)).float()
 
 
@@ -201,15 +201,16 @@ def load_transforms(
         fr, where = raw[i], f"frames[{i}]"
         c2w = _transform(json_path, where, fr)
         ipath = _resolve_image(json_path, where, fr["file_path"])
-        W, H = _image_size(ipath)
+        W, H = image_size(ipath)
         cam = lens_camera_from_json(json_path, where, meta, fr, W, H)
+        check_intrinsics(f"{json_path}: {where}", *cam.fxfycxcy())
         img, alpha, (fx, fy, cx, cy) = load_camera_image(ipath, cam, downscale, bg, cache_dir, blank_pixels)
         loss_mask = None
         if masks != "none" and "mask_path" in fr:
             mpath = json_path.parent / str(fr["mask_path"])
             if not mpath.is_file():
                 raise DataError(f"{mpath}: mask file not found (named by {json_path}, {where})")
-            mW, mH = _image_size(mpath)
+            mW, mH = image_size(mpath)
             if (mW, mH) != (W, H):
                 raise DataError(f"{mpath}: mask is {mW}x{mH} but its image {ipath.name} is {W}x{H}")
             m_img, m_alpha, _ = load_camera_image(mpath, cam, downscale, torch.zeros(3), cache_dir,
@@ -224,7 +225,7 @@ def load_transforms(
                 loss_mask = m.contiguous()
         frames.append(Frame(
             stem=ipath.stem, image_path=ipath, image=img.contiguous(), mask=alpha,
-            viewmat=torch.from_numpy(opengl_c2w_to_viewmat(c2w)).float(),
+            viewmat=check_pose(f"{json_path}: {where}", opengl_c2w_to_viewmat(c2w)),
             K=scaled_K(fx, fy, cx, cy, downscale), width=img.shape[1], height=img.shape[0],
             loss_mask=loss_mask,
         ))

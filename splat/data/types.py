@@ -9,6 +9,7 @@ the loaders knows any other convention.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, Union
@@ -17,11 +18,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["DataError", "Frame", "SceneData", "load_image", "parse_background"]
+from ..errors import SplatInputError
+
+__all__ = ["DataError", "Frame", "SceneData", "check_intrinsics", "check_points", "check_pose", "image_size",
+           "load_image", "parse_background", "read_image"]
 
 
-class DataError(Exception):
-    """Any problem with the data on disk.
+class DataError(SplatInputError):
+    """Any problem with the data on disk (a :class:`splat.errors.SplatInputError`,
+    so the CLIs print it as one line ``error: ...``).
 
     The message always names the offending file (or folder) and says what is
     wrong with it, e.g. ``"/data/x/sparse/0/images.bin: truncated: ..."``.
@@ -131,11 +136,131 @@ def parse_background(background: BackgroundLike) -> torch.Tensor:
     return bg
 
 
+#: Largest image accepted, in pixels: Pillow's own decompression-bomb limit
+#: (about 9459 x 9459).  A bigger file is refused before it is decoded.
+MAX_IMAGE_PIXELS = 89_478_485
+
+# Pillow modes holding 16-bit greyscale samples (16-bit PNGs open as "I;16").
+_GREY16_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
+
+
+def image_size(path: Path) -> tuple[int, int]:
+    """(W, H) from the image header, without decoding the pixels.
+
+    Raises :class:`DataError` naming ``path`` if the file is missing, is not
+    an image, or has more than :data:`MAX_IMAGE_PIXELS` pixels (a
+    decompression bomb, or an image far too large to train on).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: image file not found")
+    with _open_image(path) as im:
+        return im.size
+
+
+def _open_image(path: Path):
+    """PIL image opened lazily (header only), with the size limit applied."""
+    import warnings
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # we refuse those ourselves
+            im = Image.open(path)
+    except Image.DecompressionBombError as e:
+        raise DataError(f"{path}: image too large ({e}); refusing to decode it") from e
+    except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as e:
+        raise DataError(f"{path}: cannot read image ({type(e).__name__}: {e})") from e
+    W, H = im.size
+    if W * H > MAX_IMAGE_PIXELS:
+        im.close()
+        raise DataError(
+            f"{path}: image of {W}x{H} = {W * H} pixels is larger than the limit of {MAX_IMAGE_PIXELS} pixels "
+            "(a decompression bomb, or an image too large to train on: downscale it on disk first)"
+        )
+    return im
+
+
+def read_image(path: Path) -> np.ndarray:
+    """Decode an image file into ``[H, W, 3]`` RGB or ``[H, W, 4]`` RGBA
+    float32 in [0, 1], at its full bit depth.
+
+    The one image reader of every loader.  8-bit images (any Pillow mode:
+    L, LA, P, RGB, RGBA, CMYK, 1, ...) are read by Pillow and divided by 255;
+    greyscale becomes RGB; a palette or transparency key becomes alpha.
+    16-bit greyscale (modes ``I;16``, ``I;16B``, ...) is divided by 65535;
+    mode ``I`` (32-bit integers, as older Pillow opens 16-bit PNGs) must hold
+    0..65535 and is divided by 65535; mode ``F`` (float TIFF) must already lie
+    in [0, 1].  16-bit RGB, RGBA and grey+alpha, which Pillow would cut to 8
+    bits, are read by OpenCV (``cv2.imread(..., IMREAD_UNCHANGED)``) and
+    divided by 65535.
+
+    Raises :class:`DataError` naming ``path`` for a missing, unreadable,
+    truncated, too large or out-of-range image.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: image file not found")
+    with _open_image(path) as im:
+        try:
+            if im.mode in ("RGB", "RGBA", "LA") and _has_16bit_samples(im):
+                return _read_16bit_color(path)
+            im.load()  # decode now: a truncated file raises here, not later
+            if im.mode in _GREY16_MODES or im.mode in ("I", "F"):
+                return _grey_to_rgb(path, im)
+            has_alpha = im.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in im.info
+            arr = np.asarray(im.convert("RGBA" if has_alpha else "RGB"), dtype=np.uint8)  # [H, W, 3|4]
+        except (OSError, ValueError, SyntaxError) as e:
+            raise DataError(f"{path}: cannot read image ({type(e).__name__}: {e})") from e
+    return arr.astype(np.float32) / np.float32(255.0)
+
+
+def _has_16bit_samples(im) -> bool:
+    """True when the file stores 16 bits per channel (Pillow's raw mode, e.g.
+    "RGB;16B" for a 16-bit RGB PNG, although it decodes to 8-bit "RGB")."""
+    return any(";16" in str(getattr(tile, "args", "")) for tile in getattr(im, "tile", None) or ())
+
+
+def _read_16bit_color(path: Path) -> np.ndarray:
+    import cv2
+
+    arr = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)  # uint16 [H, W, 3|4], BGR(A)
+    if arr is None or arr.dtype != np.uint16 or arr.ndim != 3 or arr.shape[2] not in (3, 4):
+        got = None if arr is None else (arr.dtype, arr.shape)
+        raise DataError(f"{path}: cannot read 16-bit colour image (OpenCV returned {got})")
+    arr = cv2.cvtColor(arr, cv2.COLOR_BGRA2RGBA if arr.shape[2] == 4 else cv2.COLOR_BGR2RGB)
+    return arr.astype(np.float32) / np.float32(65535.0)
+
+
+def _grey_to_rgb(path: Path, im) -> np.ndarray:
+    """16-bit, 32-bit integer or float greyscale -> [H, W, 3|4] float32 in [0, 1]."""
+    raw = np.asarray(im)
+    if im.mode == "F":
+        grey = raw.astype(np.float32)
+        if not np.all(np.isfinite(grey)) or grey.min(initial=0.0) < 0 or grey.max(initial=0.0) > 1:
+            raise DataError(f"{path}: float (mode F) image has values outside [0, 1] or non-finite values; "
+                            "only [0, 1] float images are supported")
+    else:
+        if im.mode == "I" and (raw.min(initial=0) < 0 or raw.max(initial=0) > 65535):
+            raise DataError(f"{path}: 32-bit integer image with values outside 0..65535; only 8- and 16-bit "
+                            "integer images are supported")
+        grey = raw.astype(np.float32) / np.float32(65535.0)
+    rgb = np.repeat(grey[..., None], 3, axis=-1)  # [H, W, 3]
+    key = im.info.get("transparency")
+    if isinstance(key, int) and im.mode != "F":
+        alpha = (raw != key).astype(np.float32)[..., None]
+        return np.concatenate([rgb, alpha], axis=-1)
+    return rgb
+
+
 def load_image(
     path: Path, downscale: int, background: torch.Tensor
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Read an image file into ``(image [h, w, 3], mask [h, w] or None)``.
 
+    * Any 8- or 16-bit image is read at its full bit depth by
+      :func:`read_image`.
     * RGBA (and LA, or palette/grey images with a transparency key) is
       composited over ``background`` (``[3]``): ``rgb * a + bg * (1 - a)``,
       and ``a`` is returned as the mask.  Anything else is converted to RGB
@@ -147,23 +272,10 @@ def load_image(
       under the pixel-centre convention: the crop does not move the origin.
 
     Raises :class:`DataError` naming ``path`` if the file is missing,
-    unreadable, truncated, or smaller than ``s`` pixels.
+    unreadable, truncated, too large, or smaller than ``s`` pixels.
     """
-    from PIL import Image, UnidentifiedImageError
-
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: image file not found")
-    try:
-        with Image.open(path) as im:
-            im.load()  # decode now: a truncated file raises here, not later
-            has_alpha = im.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (
-                "transparency" in im.info
-            )
-            im = im.convert("RGBA" if has_alpha else "RGB")
-            arr = np.asarray(im, dtype=np.uint8)  # [H, W, 3|4]
-    except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as e:
-        raise DataError(f"{path}: cannot read image ({type(e).__name__}: {e})") from e
+    arr = read_image(path)  # [H, W, 3|4]
+    has_alpha = arr.shape[2] == 4
 
     H, W = arr.shape[:2]
     s = int(downscale)
@@ -172,7 +284,7 @@ def load_image(
     if H < s or W < s:
         raise DataError(f"{path}: image of {W}x{H} pixels is smaller than downscale factor {s}")
 
-    img = torch.from_numpy(arr.copy()).float().div_(255.0)  # [H, W, C]
+    img = torch.from_numpy(arr)  # [H, W, C]
     mask: Optional[torch.Tensor] = None
     if has_alpha:
         alpha = img[..., 3:4]  # [H, W, 1]
@@ -188,6 +300,55 @@ def load_image(
             mask = pool(mask[..., None])[..., 0]
 
     return img.contiguous(), (mask.contiguous() if mask is not None else None)
+
+
+#: Largest |coordinate| accepted at load (camera positions and translations,
+#: points), in scene units.  float32, which training uses, spaces numbers
+#: 1024 units apart at 1e10, so a larger value is a corrupt or absurd pose.
+MAX_COORDINATE = 1e10
+
+
+def check_pose(source: str, viewmat: np.ndarray) -> torch.Tensor:
+    """A world -> camera ``[4, 4]`` (float64) checked for use: finite, a
+    rotation (orthonormal, determinant +1, not a reflection), last row
+    0 0 0 1, translation and camera centre within :data:`MAX_COORDINATE`.
+
+    Returns it as a float32 tensor.  ``source`` names the file (and frame) in
+    the :class:`DataError`.
+    """
+    V = np.asarray(viewmat, dtype=np.float64)
+    if V.shape != (4, 4) or not np.all(np.isfinite(V)):
+        raise DataError(f"{source}: camera pose has non-finite entries")
+    R, t = V[:3, :3], V[:3, 3]
+    if not np.allclose(V[3], [0, 0, 0, 1], atol=1e-6) or not np.allclose(R.T @ R, np.eye(3), atol=1e-3):
+        raise DataError(f"{source}: camera pose is not rigid (rotation not orthonormal, or last row not 0 0 0 1)")
+    if np.linalg.det(R) < 0:
+        raise DataError(f"{source}: camera pose is a reflection (rotation with determinant -1), not a rigid motion")
+    centre = -R.T @ t
+    worst = float(max(np.abs(t).max(), np.abs(centre).max()))
+    if worst > MAX_COORDINATE:
+        raise DataError(f"{source}: absurd camera pose: translation of magnitude {worst:.3g} "
+                        f"(more than {MAX_COORDINATE:g} scene units)")
+    return torch.from_numpy(V).float()
+
+
+def check_points(source: str, xyz: np.ndarray) -> None:
+    """Initial points ``[M, 3]``: finite and within :data:`MAX_COORDINATE`."""
+    xyz = np.asarray(xyz, dtype=np.float64)
+    bad = ~np.all(np.isfinite(xyz) & (np.abs(np.nan_to_num(xyz, nan=np.inf)) <= MAX_COORDINATE), axis=-1)
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise DataError(f"{source}: point {k} (0-based, {int(bad.sum())} bad in all) has a non-finite or absurd "
+                        f"coordinate {xyz[k].tolist()} (limit {MAX_COORDINATE:g})")
+
+
+def check_intrinsics(source: str, fx: float, fy: float, cx: float, cy: float) -> None:
+    """Pinhole intrinsics in pixels: finite, fx, fy > 0, all within :data:`MAX_COORDINATE`."""
+    values = (fx, fy, cx, cy)
+    if not all(math.isfinite(v) and abs(v) <= MAX_COORDINATE for v in values):
+        raise DataError(f"{source}: non-finite or absurd intrinsics fx, fy, cx, cy = {values}")
+    if not (fx > 0 and fy > 0):
+        raise DataError(f"{source}: non-positive focal length ({fx}, {fy})")
 
 
 def scaled_K(fx: float, fy: float, cx: float, cy: float, downscale: int) -> torch.Tensor:
