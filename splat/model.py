@@ -43,6 +43,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from .errors import SplatInputError
+
 #: Real spherical-harmonic constant of degree 0: Y_0^0 = 1 / (2 sqrt(pi)).
 SH_C0 = 0.28209479177387814
 #: Thickness of the normal axis written to PLY, relative to the smaller tangent scale.
@@ -301,20 +303,43 @@ def load_ply(path) -> GaussianModel:
 
     The SH degree is inferred from the number of ``f_rest_*`` attributes;
     ``scale_2`` (if any) is ignored because surfels have two scales.
+
+    Raises :class:`splat.errors.SplatInputError` naming the file for a
+    missing, truncated or garbage file, a missing attribute, or values that
+    are not finite (or whose activation is not: log-scales over ~88 overflow
+    float32) or zero quaternions.
     """
     from plyfile import PlyData
 
-    v = PlyData.read(str(path))["vertex"]
+    path = Path(path)
+    if not path.is_file():
+        raise SplatInputError(f"{path}: PLY file not found")
+    try:
+        ply = PlyData.read(str(path))
+    except Exception as e:  # plyfile raises many types (header, element, EOF, numpy) for bad files
+        raise SplatInputError(f"{path}: not a readable PLY file ({type(e).__name__}: {e})") from e
+    if "vertex" not in [el.name for el in ply.elements]:
+        raise SplatInputError(f"{path}: PLY has no 'vertex' element: not a Gaussian splat model")
+    v = ply["vertex"]
     names = [p.name for p in v.properties]
+    required = ["x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2", "opacity", "scale_0", "scale_1",
+                "rot_0", "rot_1", "rot_2", "rot_3"]
+    missing = [name for name in required if name not in names]
+    if missing:
+        raise SplatInputError(f"{path}: PLY vertex lacks attribute(s) {missing}: not a 3DGS/2DGS splat model")
 
     def col(name: str) -> np.ndarray:
-        return np.asarray(v[name], dtype=np.float32)
+        values = np.asarray(v[name], dtype=np.float32)
+        if not np.all(np.isfinite(values)):
+            row = int(np.argmax(~np.isfinite(values)))
+            raise SplatInputError(f"{path}: attribute {name!r} is not finite at vertex {row} ({values[row]})")
+        return values
 
     n_rest = len([x for x in names if x.startswith("f_rest_")])
     k_rest = n_rest // 3  # coefficients per channel beyond DC
     degree = int(round(math.sqrt(k_rest + 1))) - 1
-    if num_sh_bases(degree) - 1 != k_rest or n_rest % 3:
-        raise ValueError(f"{path}: {n_rest} f_rest attributes is not a valid SH layout")
+    if num_sh_bases(degree) - 1 != k_rest or n_rest % 3 or any(f"f_rest_{i}" not in names for i in range(n_rest)):
+        raise SplatInputError(f"{path}: {n_rest} f_rest attributes is not a valid SH layout")
     n = len(v["x"])
     means = np.stack([col("x"), col("y"), col("z")], axis=1)
     sh0 = np.stack([col(f"f_dc_{i}") for i in range(3)], axis=1)[:, None, :]  # [N, 1, 3]
@@ -323,10 +348,21 @@ def load_ply(path) -> GaussianModel:
         shN = rest.reshape(n, 3, k_rest).transpose(0, 2, 1)  # [N, K-1, 3]
     else:
         shN = np.zeros((n, 0, 3), np.float32)
+    quats = np.stack([col(f"rot_{i}") for i in range(4)], axis=1)
+    zero = ~np.any(quats != 0, axis=1)
+    if zero.any():
+        raise SplatInputError(f"{path}: zero quaternion (rot_0..3) at vertex {int(np.argmax(zero))}")
+    scales = np.stack([col("scale_0"), col("scale_1")], axis=1)  # log standard deviations
+    with np.errstate(over="ignore"):
+        huge = ~np.all(np.isfinite(np.exp(scales)), axis=1)
+    if huge.any():
+        row = int(np.argmax(huge))
+        raise SplatInputError(f"{path}: log-scale {scales[row].max()} at vertex {row} overflows float32 "
+                              "(scale_0/scale_1 hold log standard deviations)")
     params = {
         "means": torch.from_numpy(means),
-        "quats": torch.from_numpy(np.stack([col(f"rot_{i}") for i in range(4)], axis=1)),
-        "scales": torch.from_numpy(np.stack([col("scale_0"), col("scale_1")], axis=1)),
+        "quats": torch.from_numpy(quats),
+        "scales": torch.from_numpy(scales),
         "opacities": torch.from_numpy(col("opacity")),
         "sh0": torch.from_numpy(np.ascontiguousarray(sh0)),
         "shN": torch.from_numpy(np.ascontiguousarray(shN)),

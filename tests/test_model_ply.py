@@ -125,3 +125,92 @@ def test_random_points_are_seen_by_cameras():
     cam = pts + torch.tensor([0, 0, 5.0])
     u = 20 * cam[:, 0] / cam[:, 2] + 16
     assert ((u >= 0) & (u < 32)).all()
+
+
+# ------------------------------------------------ bad PLY files (issue 9)
+def _ply_with(tmp_path, edit):
+    """A valid model's PLY with one column edited (``edit(arr)`` in place)."""
+    from plyfile import PlyData, PlyElement
+
+    path = tmp_path / "m.ply"
+    save_ply(random_model(6, degree=1), path)
+    arr = PlyData.read(str(path))["vertex"].data.copy()
+    arr = edit(arr) if edit is not None else arr
+    PlyData([PlyElement.describe(arr, "vertex")]).write(str(path))
+    return path
+
+
+def _drop(name):
+    def edit(arr):
+        keep = [n for n in arr.dtype.names if n != name]
+        out = np.empty(len(arr), dtype=[(n, arr.dtype[n]) for n in keep])
+        for n in keep:
+            out[n] = arr[n]
+        return out
+    return edit
+
+
+def _set(name, value, row=2):
+    def edit(arr):
+        arr[name][row] = value
+        return arr
+    return edit
+
+
+def _zero_quaternion(row):
+    def edit(arr):
+        for i in range(4):
+            arr[f"rot_{i}"][row] = 0.0
+        return arr
+    return edit
+
+
+def _truncated(tmp_path):
+    path = _ply_with(tmp_path, None)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 37])
+    return path
+
+
+def _garbage(tmp_path):
+    path = tmp_path / "m.ply"
+    path.write_bytes(b"ply\nformat ascii 1.0\nelement vertex 2\nproperty float x\nend_header\n1.0\nbanana\n")
+    return path
+
+
+def _not_ply(tmp_path):
+    path = tmp_path / "m.ply"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(100))
+    return path
+
+
+def _faces_only(tmp_path):
+    from plyfile import PlyData, PlyElement
+
+    path = tmp_path / "m.ply"
+    arr = np.zeros(2, dtype=[("vertex_indices", "i4", (3,))])
+    PlyData([PlyElement.describe(arr, "face")]).write(str(path))
+    return path
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda t: t / "missing.ply", "PLY file not found"),
+    (_truncated, "not a readable PLY"),
+    (_garbage, "not a readable PLY"),
+    (_not_ply, "not a readable PLY"),
+    (_faces_only, "no 'vertex' element"),
+    (lambda t: _ply_with(t, _drop("rot_2")), r"lacks attribute\(s\) \['rot_2'\]"),
+    (lambda t: _ply_with(t, _drop("f_rest_4")), "not a valid SH layout"),
+    (lambda t: _ply_with(t, _set("x", np.nan)), "'x' is not finite at vertex 2"),
+    (lambda t: _ply_with(t, _set("opacity", np.inf)), "'opacity' is not finite at vertex 2"),
+    (lambda t: _ply_with(t, _zero_quaternion(4)), "zero quaternion .* at vertex 4"),
+    (lambda t: _ply_with(t, _set("scale_1", 200.0, row=3)), "log-scale 200.0 at vertex 3 overflows"),
+], ids=["missing", "truncated", "garbage", "not_ply", "faces_only", "missing_attribute", "bad_sh_layout",
+        "nan_position", "inf_opacity", "zero_quaternion", "huge_log_scale"])
+def test_bad_ply_raises_input_error_naming_the_file(tmp_path, make, message):
+    from splat.errors import SplatInputError
+
+    path = make(tmp_path)
+    with pytest.raises(SplatInputError, match=message) as info:
+        load_ply(path)
+    assert str(path) in str(info.value)
