@@ -18,6 +18,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
 import splat  # noqa: E402
+from splat._backend import has_cuda_kernels  # noqa: E402
 from splat.testing import rotmat_to_quat  # noqa: E402
 
 ARGUMENTS = ("means", "quats", "scales", "opacities", "colors", "viewmat", "K", "width", "height",
@@ -37,6 +38,8 @@ def magnitude(draw, lo=-45, hi=45, signed=True):
     return -value if signed and draw(st.booleans()) else value
 
 
+# The CUDA kernels join when a GPU and a CUDA build are present.
+BACKENDS = ["cpu", "torch"] + (["cuda"] if torch.cuda.is_available() and has_cuda_kernels() else [])
 ATTACKS = ("value", "camera_depth", "reflect", "viewmat_scale", "viewmat_translate", "viewmat_bottom",
            "intrinsics", "near_far", "unit", "quat_magnitude", "edge_on", "zero_scales", "opacity_edges")
 
@@ -45,7 +48,7 @@ ATTACKS = ("value", "camera_depth", "reflect", "viewmat_scale", "viewmat_transla
 def calls(draw):
     """A sane random scene, then zero to three attacks on it."""
     dtype = draw(st.sampled_from([torch.float32, torch.float64]))
-    backend = draw(st.sampled_from(["cpu", "torch"]))
+    backend = draw(st.sampled_from(BACKENDS))
     n = draw(st.integers(0, 6))
     width, height = draw(st.integers(1, 24)), draw(st.integers(1, 20))
     sh_degree = draw(st.sampled_from([None, None, 0, 1, 3]))
@@ -109,7 +112,8 @@ def calls(draw):
             t["opacities"][0] = draw(st.sampled_from([0.0, 1.0, 1.0 / 255.0, 1e-30]))
     if sh_degree is None:
         t["colors"] = t["colors"][:, 0]
-    t = {k: None if v is None else v.to(dtype) for k, v in t.items()}
+    device = "cuda" if backend == "cuda" else "cpu"
+    t = {k: None if v is None else v.to(dtype=dtype, device=device) for k, v in t.items()}
     return dict(t, width=width, height=height, near=near, far=far, sh_degree=sh_degree, backend=backend)
 
 
