@@ -34,6 +34,9 @@ def _extensions():
     from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
     sources = [os.path.join(KERNELS, "bindings.cpp"), os.path.join(KERNELS, "cpu", "rasterize_cpu.cpp")]
+    # -ffp-contract=off: no fused multiply-adds (GCC contracts by default on
+    # ARM, and other compilers may on x86), so the CPU kernels round like the
+    # GPU build (nvcc --fmad=false) and the CUDA emulation tests.
     cxx = ["-O3", "-std=c++17", "-fopenmp", "-ffp-contract=off"]
     include_dirs = [os.path.join(HERE, KERNELS)]
     if _want_cuda():

@@ -1,0 +1,69 @@
+"""Builds (just in time, cached) the CUDA emulation harness: the project's
+UNCHANGED ``splat/cuda_rasterizer/cuda/*.cu`` compiled by the host C++ compiler
+against the cudaemu shim (``shim/``), plus the shared host call sequence
+(``cuda/host_sequence.h``) bound to Python.
+
+The build goes through ``torch.utils.cpp_extension.load`` like splat's own JIT
+extension, under its own name, in ``$TORCH_EXTENSIONS_DIR`` (ninja rebuilds
+only what changed, headers included).
+
+Environment (for the mutation and sanitizer scripts):
+    SPLAT_CUDAEMU_KERNELS   folder with binning.cu / forward.cu / backward.cu to
+                            build instead of the project's (a mutant's copy);
+                            the headers still come from the project.
+    SPLAT_CUDAEMU_SANITIZE  1: build with -fsanitize=address,undefined (the
+                            process must preload libasan, see scripts/).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+KERNELS = ROOT / "splat" / "cuda_rasterizer"
+CU_FILES = ("binning.cu", "forward.cu", "backward.cu")
+
+
+def kernel_dir() -> Path:
+    return Path(os.environ.get("SPLAT_CUDAEMU_KERNELS", KERNELS / "cuda")).resolve()
+
+
+def _name(kdir: Path, sanitize: bool) -> str:
+    name = "splat_cudaemu"
+    if kdir != (KERNELS / "cuda").resolve():
+        name += "_" + hashlib.sha1(str(kdir).encode()).hexdigest()[:10]
+    return name + ("_san" if sanitize else "")
+
+
+def build(verbose: bool = False):
+    """Returns the emulation module (forward, backward, configure, stats, selftest)."""
+    import torch.utils.cpp_extension as ext
+
+    kdir = kernel_dir()
+    sanitize = os.environ.get("SPLAT_CUDAEMU_SANITIZE") == "1"
+    name = _name(kdir, sanitize)
+    build_dir = Path(ext._get_build_directory(name, verbose))
+    gen = build_dir / "rewritten"
+    gen.mkdir(parents=True, exist_ok=True)
+    from .rewrite import rewrite_file
+
+    sources = [str(HERE / "emu_bindings.cpp"), str(HERE / "shim" / "cudaemu_runtime.cpp")]
+    for cu in [kdir / f for f in CU_FILES] + [HERE / "selftest.cu"]:
+        out = gen / (cu.stem + "_cu.cpp")
+        rewrite_file(cu, out)
+        sources.append(str(out))
+    # -ffp-contract=off: no fused multiply-adds, like nvcc --fmad=false and the
+    # CPU backend, so the emulated forward is bitwise equal to the CPU one.
+    # -iquote: the .cu files' relative includes ("../core.h", "rasterize_cuda.h")
+    # resolve against the project's kernel folder, not the generated copy's.
+    cflags = ["-O2", "-g", "-std=c++17", "-ffp-contract=off", "-Wno-unknown-pragmas",
+              "-iquote", str(KERNELS / "cuda")]
+    ldflags = []
+    if sanitize:
+        cflags += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
+        ldflags += ["-fsanitize=address,undefined"]
+    return ext.load(name=name, sources=sources, build_directory=str(build_dir),
+                    extra_include_paths=[str(HERE / "shim"), str(KERNELS)],
+                    extra_cflags=cflags, extra_ldflags=ldflags, verbose=verbose)
