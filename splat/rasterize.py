@@ -19,6 +19,8 @@ from .reference import camera_center, facing_normals, quat_to_rotmat, rasterize_
 from .sh import eval_sh, num_sh_bases
 
 BACKENDS = ("auto", "cuda", "cpu", "torch")
+#: Largest image width or height: keeps pixel rectangles and tile counts within int32.
+MAX_IMAGE_SIDE = 1 << 16
 
 
 def rasterize(means, quats, scales, opacities, colors, viewmat, K, width, height,
@@ -356,6 +358,9 @@ def _validate(means, quats, scales, opacities, colors, viewmat, K, width, height
     for name, value in (("width", width), ("height", height)):
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if value > MAX_IMAGE_SIDE:
+            raise ValueError(f"{name}={value} is larger than {MAX_IMAGE_SIDE} pixels (pixel rectangles and tile "
+                             "counts are int32)")
     if not (isinstance(near, (int, float)) and isinstance(far, (int, float)) and 0 < near < far < math.inf):
         raise ValueError(f"need 0 < near < far < inf, got near={near!r}, far={far!r}")
     _check_clip_range(near, far, dtype)

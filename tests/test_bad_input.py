@@ -58,6 +58,8 @@ def test_bad_cameras_and_sizes(scene):
         _call(scene, width=0)
     with pytest.raises(ValueError, match="positive int"):
         _call(scene, height=12.5)
+    with pytest.raises(ValueError, match="width=100000 is larger than 65536"):
+        _call(scene, width=100_000)
     with pytest.raises(ValueError, match="near < far"):
         _call(scene, near=0.0)
     with pytest.raises(ValueError, match="near < far"):
