@@ -84,8 +84,12 @@ setup(
     # opencv-python-headless: lens undistortion at load (most real captures are distorted).
     install_requires=["numpy", "plyfile>=1.0", "tqdm", "pyyaml", "pillow", "opencv-python-headless"],
     extras_require={
-        "test": ["pytest", "hypothesis"],
+        # The test extra pulls every optional part the suite exercises, so CI
+        # tests them all: pycolmap (convert.py, triangulation), viser and
+        # playwright (the viewer, driven in the system Chromium).
+        "test": ["pytest", "hypothesis", "pycolmap", "viser", "playwright"],
         "mesh": ["open3d"],
+        "sfm": ["pycolmap"],
         "viewer": ["viser"],
     },
     ext_modules=_extensions(),
