@@ -1,0 +1,104 @@
+"""What ``view.py --model PATH`` shows: a model, its render settings and where the camera starts."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..errors import SplatInputError
+from .camera import StartView, start_view_from_camera, start_view_looking_at
+
+
+@dataclass
+class ViewerInput:
+    model: object  # splat.model.GaussianModel
+    start: StartView
+    near: float = 0.2
+    far: float = 100.0
+    background: Sequence[float] = (1.0, 1.0, 1.0)
+    scene_radius: Optional[float] = None
+    source: str = ""  # the file the model came from
+
+
+def model_extent(model):
+    """(centre [3], radius): the median of the surfel centres and the 90th
+    percentile of their distances from it (robust to a few far floaters)."""
+    means = model.means.detach().cpu().double().numpy()
+    if len(means) == 0:
+        return np.zeros(3), 1.0
+    center = np.median(means, axis=0)
+    radius = float(np.percentile(np.linalg.norm(means - center, axis=1), 90))
+    return center, radius if radius > 0 else 1.0
+
+
+def load_model_file(path: Path):
+    """(model, source) of a PLY file or a training output folder: its
+    ``point_cloud.ply``, else the newest readable checkpoint of its run."""
+    from ..checkpoint import load_latest_checkpoint, read_run_file
+    from ..model import GaussianModel, load_ply
+
+    if path.is_file():
+        if path.suffix.lower() != ".ply":
+            raise SplatInputError(f"{path}: not a .ply file or a training output folder")
+        return load_ply(path), str(path)
+    ply = path / "point_cloud.ply"
+    if ply.is_file():
+        return load_ply(ply), str(ply)
+    run = read_run_file(path)
+    ckpt = load_latest_checkpoint(path, run["run_id"] if run and run["run_id"] != "<unreadable>" else None)
+    if ckpt is None:
+        raise SplatInputError(f"{path}: holds neither point_cloud.ply nor a readable checkpoint "
+                              f"(is it a training output folder?)")
+    return GaussianModel(ckpt["params"], ckpt["sh_degree"]), ckpt["path"]
+
+
+def start_from_data(cfg, target, log=sys.stderr):
+    """(start, scene radius) at the first test camera (else the first train
+    camera) of the config's data, or None if the data do not load."""
+    from ..data import load_scene_from_config
+
+    try:
+        scene = load_scene_from_config(cfg["data"])
+    except (SplatInputError, OSError, ValueError) as e:
+        print(f"warning: cannot load the data of the run ({e}); starting from a camera looking at the model",
+              file=log)
+        return None
+    frames = scene.test or scene.train
+    if not frames:
+        return None
+    f = frames[0]
+    return start_view_from_camera(f.viewmat.double().numpy(), f.K.double().numpy(), f.height, target), \
+        float(scene.scene_radius())
+
+
+def load_for_viewer(path, data: Optional[str] = None, root: Optional[Path] = None, log=sys.stderr) -> ViewerInput:
+    """Load a PLY file or a training output folder (``OUT/config.yaml`` gives
+    near/far, background and the data whose first test camera is the start).
+    A relative data path that does not exist is looked up under ``root`` too
+    (as train.py does for the bundled sample)."""
+    from ..config import load_config
+
+    path = Path(path)
+    if not path.exists():
+        raise SplatInputError(f"{path}: no such file or folder")
+    model, source = load_model_file(path)
+    center, radius = model_extent(model)
+    inp = ViewerInput(model, start_view_looking_at(center, radius), source=source, scene_radius=radius)
+    cfg_path = path / "config.yaml" if path.is_dir() else path.parent / "config.yaml"
+    if cfg_path.is_file():
+        cfg = load_config(str(cfg_path))
+        if data is not None:
+            cfg["data"]["path"] = str(data)
+        d = Path(cfg["data"]["path"])
+        if root is not None and not d.is_absolute() and not d.exists() and (Path(root) / d).exists():
+            cfg["data"]["path"] = str(Path(root) / d)
+        inp.near, inp.far = float(cfg["render"]["near"]), float(cfg["render"]["far"])
+        inp.background = tuple(float(c) for c in cfg["data"]["background"])
+        found = start_from_data(cfg, center, log)
+        if found is not None:
+            inp.start, inp.scene_radius = found
+    return inp
