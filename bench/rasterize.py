@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import resource
 import statistics
 import subprocess
 import sys
 import time
+
+from report import emit, machine
 
 CASES = [
     # (surfels, width, height, backends, repetitions)
@@ -115,17 +116,7 @@ def main():
     if ("cpu", 20_000, 256) in by_key and ("torch", 20_000, 256) in by_key:
         ratios["cpu_over_reference_speedup_20k_256"] = round(
             by_key[("torch", 20_000, 256)]["total_ms"] / by_key[("cpu", 20_000, 256)]["total_ms"], 1)
-    report = dict(machine=dict(platform=platform.platform(), processor=platform.processor(),
-                               cpus=__import__("os").cpu_count(), torch=torch.__version__,
-                               cuda=torch.version.cuda,
-                               gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None),
-                  results=results, ratios=ratios)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-
+    emit(dict(machine=machine(), results=results, ratios=ratios), args.out)
 
 if __name__ == "__main__":
     main()

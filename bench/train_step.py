@@ -31,12 +31,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from report import commit, emit, machine
 
 DTU = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "scenes", "dtu_scan24")
 PHASES = ("projection", "rasterizer_forward", "loss", "rasterizer_backward", "autograd_other", "optimiser",
@@ -179,18 +180,9 @@ def main():
             old = next(t for t in table if t["scene"] == scene and t["root"] == roots[0])["ms_per_step"]
             new = next(t for t in table if t["scene"] == scene and t["root"] == roots[-1])["ms_per_step"]
             ratios[scene] = {k: round(old[k] / new[k], 2) for k in old if new[k] > 0}
-    import torch
-
-    report = dict(machine=dict(platform=platform.platform(), cpus=os.cpu_count(), torch=torch.__version__,
-                               load_average=os.getloadavg()),
-                  command=" ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
-                  results=table, speedup_old_over_new=ratios)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-
+    emit(dict(machine=machine(), command=" ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
+              commits={root: commit(root) for root in roots}, results=table, speedup_old_over_new=ratios),
+         args.out)
 
 if __name__ == "__main__":
     main()

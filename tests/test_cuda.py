@@ -1,10 +1,26 @@
 """CUDA backend against the CPU backend (skipped without a GPU and CUDA kernels).
 
-float64 runs the same core.h on both sides (nvcc built with --fmad=false and
-IEEE division), so values and gradients agree to 1e-9 relative (atomics only
-reorder the sums).  float32: exp differs by an ulp between glibc and CUDA and
-atomics reorder sums, so we allow 1e-5 on values and 1e-3 on gradients,
-relative to each tensor's largest magnitude.
+Both sides run the same core.h with the same float32 exp (core.h's portable
+exp_float), no FMA contraction (nvcc --fmad=false, g++ -ffp-contract=off) and
+IEEE division and sqrt, and the CUDA kernels are executed against the CPU
+backend in every CI run under emulation (tests/test_cuda_emulation.py, bitwise
+forward).  What only a GPU shows: the projection runs as torch ops whose CUDA
+reductions (matmul, sums) round differently from the CPU's, and the float64
+exp is the device library's, not glibc's.  An input that moves by an ulp can
+flip a pixel's threshold decision -- alpha >= 1/255, the transmittance floor,
+the median's T > 0.5 -- and that pixel's values then differ by O(1/255), not
+by rounding.  So:
+
+* values: every pixel within the tolerance, except at most FLIP_PIXELS pixels
+  per output (a flip is local to its pixel);
+* gradients: every surfel's gradient within the tolerance, except at most
+  FLIP_SURFELS surfels (a flipped pixel changes the gradients of the surfels
+  blended there, a handful);
+* tolerances relative to each tensor's largest magnitude: float64 1e-9
+  (rounding of reordered sums only: the atomics and torch's reductions);
+  float32 1e-5 on values, 1e-3 on gradients (the atomics' order, amplified
+  by the transmittance products of deep pixels).
+Everything else -- radii, the count of outliers -- is strict.
 """
 import pytest
 import torch
@@ -14,10 +30,40 @@ from splat.testing import random_scene, surface_scene
 
 from rasterize_helpers import OUTPUTS, all_grads, camera, cotangents, leaves, render
 
-pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and has_cuda_kernels()),
-                                reason="needs a GPU and splat built with CUDA kernels")
+needs_gpu = pytest.mark.skipif(not (torch.cuda.is_available() and has_cuda_kernels()),
+                               reason="needs a GPU and splat built with CUDA kernels")
 
 TOL = {torch.float64: (1e-9, 1e-9), torch.float32: (1e-5, 1e-3)}
+FLIP_PIXELS = 3
+FLIP_SURFELS = 3
+
+
+def assert_close_but_flips(actual, expected, rel_tol, max_outliers, what):
+    """|actual - expected| <= rel_tol * max|expected| everywhere except at most
+    `max_outliers` rows of the leading dimension (pixels flattened for images)."""
+    a = actual.detach().cpu().double()
+    b = expected.detach().cpu().double()
+    assert a.shape == b.shape, what
+    if b.dim() >= 3:  # [H, W, C] images: one row per pixel
+        a, b = a.reshape(-1, b.shape[-1]), b.reshape(-1, b.shape[-1])
+    err = (a - b).abs().reshape(b.shape[0], -1).amax(dim=1) if b.dim() else (a - b).abs().reshape(1)
+    bad = int((err > rel_tol * max(float(b.abs().max()), 1e-12)).sum())
+    assert bad <= max_outliers, f"{what}: {bad} rows outside {rel_tol:g} (at most {max_outliers} allowed)"
+
+
+def test_flip_allowance_counts_rows():
+    """The comparison itself: outliers are counted per pixel / surfel and capped."""
+    b = torch.ones(4, 5, 3)
+    a = b.clone()
+    a[0, 0] += 0.5  # one pixel, all channels: one outlier
+    a[1, 1, 2] += 0.5
+    assert_close_but_flips(a, b, 1e-6, 2, "two pixels")
+    a[2, 2, 0] -= 0.5
+    with pytest.raises(AssertionError, match="3 rows"):
+        assert_close_but_flips(a, b, 1e-6, 2, "three pixels")
+    g = torch.zeros(10, 3)
+    g[0, 0] = 1.0
+    assert_close_but_flips(g + 1e-12, g, 1e-9, 0, "rounding only")
 
 
 def _to(params, device, dtype):
@@ -29,6 +75,7 @@ def _cam(scene, device, dtype):
     return dict(c, viewmat=c["viewmat"].to(device), K=c["K"].to(device))
 
 
+@needs_gpu
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("scene", [random_scene(60, 70, 45, seed=0, principal_offset=(7.0, -3.0)),
                                    surface_scene(5000, 160, 120, dtype=torch.float64, seed=1)],
@@ -44,9 +91,7 @@ def test_cuda_matches_cpu(scene, dtype):
                                    {k: v.cuda() for k, v in w.items()})
     value_tol, grad_tol = TOL[dtype]
     for k in OUTPUTS:
-        a, b = getattr(gpu_out, k).detach().cpu(), getattr(cpu_out, k).detach()
-        assert float((a - b).abs().max()) <= value_tol * max(float(b.abs().max()), 1e-12), k
+        assert_close_but_flips(getattr(gpu_out, k), getattr(cpu_out, k), value_tol, FLIP_PIXELS, k)
     assert torch.equal(gpu_out.radii.cpu(), cpu_out.radii)
     for k in cpu_grads:
-        a, b = gpu_grads[k].cpu(), cpu_grads[k]
-        assert float((a - b).abs().max()) <= grad_tol * max(float(b.abs().max()), 1e-12), f"d/d{k}"
+        assert_close_but_flips(gpu_grads[k], cpu_grads[k], grad_tol, FLIP_SURFELS, f"d/d{k}")

@@ -16,7 +16,6 @@ Environment (for the mutation and sanitizer scripts):
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
@@ -30,11 +29,18 @@ def kernel_dir() -> Path:
     return Path(os.environ.get("SPLAT_CUDAEMU_KERNELS", KERNELS / "cuda")).resolve()
 
 
-def _name(kdir: Path, sanitize: bool) -> str:
-    name = "splat_cudaemu"
-    if kdir != (KERNELS / "cuda").resolve():
-        name += "_" + hashlib.sha1(str(kdir).encode()).hexdigest()[:10]
-    return name + ("_san" if sanitize else "")
+def _name_and_folder(kdir: Path, sanitize: bool) -> tuple[str, str]:
+    """The module name and the build folder's name.
+
+    Other kernels (a mutant's copy) build in one folder of their own, shared by
+    every such copy, under the same module name: only the rewritten .cu objects
+    differ between two copies, so ninja recompiles just those and keeps the
+    torch-heavy bindings object (most of the build time).  Two copies must
+    therefore not be built at the same time (scripts/cuda_mutants.py runs them
+    one after another)."""
+    name = "splat_cudaemu" + ("_san" if sanitize else "")
+    folder = name if kdir == (KERNELS / "cuda").resolve() else name + "_other_kernels"
+    return name, folder
 
 
 def build(verbose: bool = False):
@@ -43,8 +49,8 @@ def build(verbose: bool = False):
 
     kdir = kernel_dir()
     sanitize = os.environ.get("SPLAT_CUDAEMU_SANITIZE") == "1"
-    name = _name(kdir, sanitize)
-    build_dir = Path(ext._get_build_directory(name, verbose))
+    name, folder = _name_and_folder(kdir, sanitize)
+    build_dir = Path(ext._get_build_directory(folder, verbose))
     gen = build_dir / "rewritten"
     gen.mkdir(parents=True, exist_ok=True)
     from .rewrite import rewrite_file

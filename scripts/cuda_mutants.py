@@ -1,0 +1,156 @@
+"""Mutation check of the CUDA emulation harness: seeds known CUDA bug classes
+into copies of the kernels and shows that the emulated-CUDA tests catch each.
+
+    python scripts/cuda_mutants.py [--out bench/results/cuda_emulation_mutants.json] [--only NAME ...]
+
+For every mutant, a copy of ``splat/cuda_rasterizer/cuda/{binning,forward,
+backward}.cu`` gets exactly one edit (the script refuses an edit that does not
+match exactly once, so a kernel change cannot silently turn a mutant into the
+original), and ``tests/test_cuda_emulation.py`` runs against that copy
+(``SPLAT_CUDAEMU_KERNELS``).  A mutant is CAUGHT when the tests fail, by a
+mismatch against the CPU backend or by a cudaemu abort naming the .cu line.
+The unmutated kernels must pass first, or nothing here means anything.
+
+Exit status 0 only if the baseline passes and every mutant is caught.
+Cost: the first build ~1.5 min, then ~30-60 s a mutant (only the rewritten .cu
+objects recompile, see tests/cuda_emulation/build.py); about 10 min on the
+2-core machine, so it is not in .ci/run: run it after any change to a .cu file
+or to the harness.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNELS = ROOT / "splat" / "cuda_rasterizer" / "cuda"
+CU_FILES = ("binning.cu", "forward.cu", "backward.cu")
+LOAD_FWD = "    if (k_load < count) store_surfel(batch, tid, s, list[k_load]);  // coalesced list read\n"
+LOAD_BWD = "    if (k_load >= batch_start) store_surfel(batch, tid, s, list[k_load]);\n"
+
+# name: (file, bug class, exact text, replacement)
+MUTANTS = {
+    # Every plain __syncthreads() of forward.cu and backward.cu deleted, one at a time.
+    "fwd_delete_barrier_after_load": ("forward.cu", "missing barrier",
+                                      LOAD_FWD + "    __syncthreads();\n", LOAD_FWD),
+    "bwd_delete_barrier_after_init": ("backward.cu", "missing barrier",
+                                      "  if (tid == 0) block_end = 0;\n  __syncthreads();\n",
+                                      "  if (tid == 0) block_end = 0;\n"),
+    "bwd_delete_barrier_after_max": ("backward.cu", "missing barrier",
+                                     "  if (pixel_end > 0) atomicMax(&block_end, pixel_end);\n  __syncthreads();\n",
+                                     "  if (pixel_end > 0) atomicMax(&block_end, pixel_end);\n"),
+    "bwd_delete_barrier_before_reload": ("backward.cu", "missing barrier",
+                                         "    __syncthreads();  // every thread is done with the previous batch\n", ""),
+    "bwd_delete_barrier_after_load": ("backward.cu", "missing barrier",
+                                      LOAD_BWD + "    __syncthreads();\n", LOAD_BWD),
+    # The barrier-and-vote at the top of the forward batch loop, without its barrier.
+    "fwd_vote_without_barrier": ("forward.cu", "missing barrier",
+                                 "if (__syncthreads_count(done) == kBlockThreads) break;", "if (false) break;"),
+    "fwd_barrier_in_branch": ("forward.cu", "barrier inside a branch",
+                              LOAD_FWD + "    __syncthreads();\n", LOAD_FWD + "    if (!done) __syncthreads();\n"),
+    "bwd_barrier_in_branch": ("backward.cu", "barrier inside a branch",
+                              "    __syncthreads();  // every thread is done with the previous batch\n",
+                              "    if (pixel_end > 0) __syncthreads();\n"),
+    "bwd_uninitialised_shared": ("backward.cu", "uninitialised shared value",
+                                 "  if (tid == 0) block_end = 0;\n", ""),
+    "bwd_partial_warp_mask": ("backward.cu", "partial warp mask",
+                              "__shfl_xor_sync(kFullMask, send, Half)", "__shfl_xor_sync(0x0000ffffu, send, Half)"),
+    "bwd_vote_in_branch": ("backward.cu", "vote inside a branch",
+                           "if (__any_sync(kFullMask, touched)) {", "if (touched && __any_sync(kFullMask, touched)) {"),
+    "fwd_read_one_past_end": ("forward.cu", "read one past the end",
+                              "if (k_load < count) store_surfel", "if (k_load <= count) store_surfel"),
+    "bwd_read_one_past_end": ("backward.cu", "read one past the end",
+                              "if (k_load >= batch_start) store_surfel", "if (k_load >= batch_start - 1) store_surfel"),
+    "bin_depth_key_no_sign_flip": ("binning.cu", "broken depth key",
+                                   "return (b & 0x80000000u) ? ~b : (b | 0x80000000u);", "return b;"),
+}
+
+
+def make_copy(folder: Path, edit=None) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in CU_FILES:
+        shutil.copy(KERNELS / name, folder / name)
+    if edit is not None:
+        fname, _, old, new = edit
+        text = (folder / fname).read_text()
+        if text.count(old) != 1:
+            raise SystemExit(f"error: mutant text found {text.count(old)} times in {fname} (expected once): {old!r}")
+        (folder / fname).write_text(text.replace(old, new))
+
+
+def run_tests(kernel_dir: Path, timeout: int):
+    env = dict(os.environ, SPLAT_CUDAEMU_KERNELS=str(kernel_dir), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/test_cuda_emulation.py"]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        rc, out = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as e:  # a deadlock the harness failed to report is still a catch, but say so
+        rc, out = -1, f"TIMEOUT after {timeout} s\n" + (e.stdout or b"").decode(errors="replace")
+    return rc, out, time.perf_counter() - t0
+
+
+def evidence(out: str) -> str:
+    """The first line that says why the run failed (a cudaemu abort or an assertion)."""
+    for pattern in (r"cudaemu[^\n]*", r"E\s+(Assertion|assert)[^\n]*", r"E\s+[^\n]+", r"FAILED[^\n]*", r"TIMEOUT[^\n]*"):
+        m = re.search(pattern, out)
+        if m:
+            return m.group(0).strip()[:300]
+    return out.strip().splitlines()[-1][:300] if out.strip() else ""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", help="write the JSON result here too")
+    ap.add_argument("--only", nargs="*", help="run only these mutants")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per test run")
+    args = ap.parse_args()
+    names = args.only or list(MUTANTS)
+    unknown = [n for n in names if n not in MUTANTS]
+    if unknown:
+        raise SystemExit(f"error: unknown mutant(s): {', '.join(unknown)}")
+
+    work = Path(tempfile.mkdtemp(prefix="splat_mutants_"))
+    results = {}
+    try:
+        base = work / "baseline"
+        make_copy(base)
+        rc, out, secs = run_tests(base, args.timeout)
+        results["baseline"] = {"passed": rc == 0, "seconds": round(secs, 1)}
+        print(f"{'PASS' if rc == 0 else 'FAIL'}  baseline ({secs:.0f} s)", flush=True)
+        if rc != 0:
+            print(out[-3000:])
+        for name in names:
+            folder = work / name
+            make_copy(folder, MUTANTS[name])
+            rc, out, secs = run_tests(folder, args.timeout)
+            # A timeout is a hang the harness failed to report: not counted as caught.
+            caught = rc not in (0, -1)
+            why = evidence(out) if caught else ""
+            results[name] = {"file": MUTANTS[name][0], "bug_class": MUTANTS[name][1], "caught": caught,
+                             "evidence": why, "seconds": round(secs, 1)}
+            print(f"{'CAUGHT' if caught else 'MISSED'}  {name} ({secs:.0f} s)  {why}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    mutants = [v for k, v in results.items() if k != "baseline"]
+    summary = {"baseline_passed": results["baseline"]["passed"],
+               "caught": sum(v["caught"] for v in mutants), "total": len(mutants), "results": results}
+    text = json.dumps(summary, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    ok = summary["baseline_passed"] and summary["caught"] == summary["total"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
