@@ -131,9 +131,10 @@ class ViewerServer:
             self.turn = g.add_button_group("Turn", ("Yaw L", "Yaw R", "Pitch U", "Pitch D"))
             self.reset = g.add_button("Reset view")
 
-        for h in (self.mode, self.cmap, self.auto_range, self.range_lo, self.range_hi, self.near,
-                  self.far, self.bg, self.scale):
+        for h in (self.mode, self.cmap, self.near, self.far, self.bg, self.scale):
             h.on_update(lambda _: self.invalidate())
+        for h in (self.range_lo, self.range_hi):  # written by the render loop itself in auto mode
+            h.on_update(lambda _: None if self.auto_range.value else self.invalidate())
         self.cmap.on_update(lambda _: setattr(self.bar, "image", colorbar(self.cmap.value)))
         self.auto_range.on_update(self._on_auto_range)
         self.fly.on_click(lambda ev: self._fly(ev.client, ev.target.value))
