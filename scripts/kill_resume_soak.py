@@ -23,6 +23,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -144,9 +145,10 @@ def main() -> int:
                   iterations=args.iterations, checkpoint_every=args.every, kills=kills,
                   kills_during_write=sum(k["temp_file_seen"] for k in kills),
                   final_params_bitwise_equal=bitwise,
-                  test_psnr=dict(uninterrupted=metrics_a.get("psnr"), killed_and_resumed=metrics_b.get("psnr")),
+                  test_psnr=dict(uninterrupted=metrics_a["test"]["psnr"], killed_and_resumed=metrics_b["test"]["psnr"]),
                   n_gaussians=dict(uninterrupted=metrics_a.get("n_gaussians"), killed_and_resumed=metrics_b.get("n_gaussians")),
                   never_lost_a_checkpoint=never_lost_a_checkpoint, reference_seconds=round(reference_seconds, 1))
+    shutil.rmtree(work, ignore_errors=True)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
