@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--overwrite", action="store_true", help="delete the outputs of any run in OUT first")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    p.add_argument("--viewer", action="store_true", help="serve the live viewer while training (pip install -e \".[viewer]\")")
+    p.add_argument("--viewer-port", type=int, default=8080, help="viewer port (default 8080; a free one if taken)")
     p.add_argument("overrides", nargs="*", help="config overrides key=value")
     return p
 
@@ -63,6 +65,10 @@ def run(args) -> int:
         cfg["data"]["path"] = str(ROOT / data)  # e.g. the bundled data/sample_scene from another cwd
     if out is None:
         out = Path("output") / Path(cfg["data"]["path"]).resolve().name
+    if args.viewer:
+        from splat.viewer.training import train_with_viewer
+
+        return train_with_viewer(cfg, out, resume=args.resume, overwrite=args.overwrite, port=args.viewer_port)
     Trainer(cfg, out, resume=args.resume, overwrite=args.overwrite).train()
     return 0
 

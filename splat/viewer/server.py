@@ -19,6 +19,8 @@ connected the callback only stores a few numbers.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import socket
 import sys
@@ -92,7 +94,8 @@ class ViewerServer:
         chosen = pick_port(host, port)
         if chosen != port:
             print(f"port {port} is in use: using port {chosen}", file=log)
-        self.server = viser.ViserServer(host=host, port=chosen, label=title, verbose=False)
+        with contextlib.redirect_stdout(io.StringIO()):  # viser prints its own address box; we print one line
+            self.server = viser.ViserServer(host=host, port=chosen, label=title, verbose=False)
         self.port = int(self.server.get_port())
         self.url = url_of(host, self.port)
         s = self.server
@@ -354,8 +357,14 @@ class TrainingView(ViewerServer):
             if self._rate_t0 is not None:
                 self.steps_per_s = (step - self._rate_step0) / (now - self._rate_t0)
             self._rate_t0, self._rate_step0 = now, step
-        if not self._states:
-            return  # nobody is watching: nothing to publish
+        if self._states:  # somebody is watching (idle otherwise: nothing more to do)
+            self._publish(trainer, step, terms, now)
+        if self._paused.is_set():  # blocking here pauses training (not counted in train_seconds)
+            while self._paused.is_set() and not self._stopped:
+                time.sleep(0.05)
+            self._rate_t0 = None  # the pause is not part of the rate
+
+    def _publish(self, trainer, step: int, terms: dict, now: float) -> None:
         if now - self._last_publish >= self.refresh_s:
             self._last_publish = now
             from ..model import GaussianModel
@@ -367,10 +376,11 @@ class TrainingView(ViewerServer):
             self.training_md.content = (f"**training** step {step:,}/{total:,} · "
                                         f"{self.steps_per_s:.1f} steps/s · loss {terms.get('loss', float('nan')):.4f}"
                                         + (" · **paused**" if self.paused else ""))
-        if self._paused.is_set():  # blocking here pauses training (not counted in train_seconds)
-            while self._paused.is_set() and not self._stopped:
-                time.sleep(0.05)
-            self._rate_t0 = None  # the pause is not part of the rate
+
+    def _on_disconnect(self, client) -> None:
+        super()._on_disconnect(client)
+        if not self._states:
+            self.set_paused(False)  # nobody left to press "Resume"
 
     def finished(self, step: int) -> None:
         """Training is over: say so on the page."""

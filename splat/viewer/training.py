@@ -1,0 +1,54 @@
+"""``train.py --viewer``: train with the live viewer attached through the trainer's step hook."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from . import require_viser
+from .camera import start_view_from_camera
+from .load import model_extent
+
+
+def train_with_viewer(cfg, out, resume: bool = False, overwrite: bool = False, port: int = 8080,
+                      host: str = "127.0.0.1", keep_serving: bool = True, log=sys.stderr) -> int:
+    """Train like ``Trainer(cfg, out).train()`` while serving the viewer (see
+    :class:`splat.viewer.server.TrainingView`); afterwards keep showing the
+    final model until Ctrl+C if ``keep_serving``."""
+    require_viser()  # before the (slow) data loading
+    from ..model import GaussianModel
+    from ..trainer import Trainer
+    from .server import TrainingView
+
+    trainer = Trainer(cfg, Path(out), resume=resume, overwrite=overwrite)
+    try:
+        frames = trainer.scene.test or trainer.scene.train
+        f = frames[0]
+        center, _ = model_extent(trainer.model)
+        start = start_view_from_camera(f.viewmat.double().numpy(), f.K.double().numpy(), f.height, center)
+        r = cfg["render"]
+        view = TrainingView(GaussianModel(trainer.model.raw_state(), trainer.model.sh_degree), start,
+                            backend=r["backend"], near=r["near"], far=r["far"], background=cfg["data"]["background"],
+                            host=host, port=port, scene_radius=trainer.scene_radius,
+                            title=f"splat: training {Path(out).name}", log=log)
+    except BaseException:
+        trainer.close()
+        raise
+    print(f"viewer: {view.url}  (live training view; pause from the page)", file=log, flush=True)
+    trainer.callbacks.append(view.callback)
+    try:
+        trainer.train()
+        view.set_model(GaussianModel(trainer.model.raw_state(), trainer.model.sh_degree))
+        view.finished(trainer.step)
+        if keep_serving:
+            print(f"training done; the viewer still shows the result at {view.url} (Ctrl+C to stop)",
+                  file=log, flush=True)
+            try:
+                while True:
+                    time.sleep(1.0)
+            except KeyboardInterrupt:
+                pass
+    finally:
+        view.close()
+    return 0
