@@ -15,7 +15,6 @@ its newest checkpoint.  Mistakes print one line ``error: ...`` (exit code 1);
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -52,10 +51,7 @@ def run(args) -> int:
     print(f"viewer: {inp.model.num_gaussians} surfels from {inp.source} at {view.url}  (Ctrl+C to stop)",
           flush=True)
     try:
-        while True:
-            time.sleep(1.0)
-    except KeyboardInterrupt:
-        pass
+        view.serve_until_interrupted()
     finally:
         view.close()
     return 0

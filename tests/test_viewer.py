@@ -13,7 +13,6 @@ import sys
 import threading
 import time
 import urllib.request
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np

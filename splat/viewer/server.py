@@ -173,6 +173,14 @@ class ViewerServer:
         self._thread.join(timeout=10)
         self.server.stop()
 
+    def serve_until_interrupted(self) -> None:
+        """Block until Ctrl+C (SIGINT); the caller closes the server."""
+        try:
+            while not self._stopped:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+
     def last_frame(self, client_id: Optional[int] = None) -> Dict:
         """Info on the last frame sent to a browser (camera, size, scale, ms, range); for tests and stats."""
         with self._wake:

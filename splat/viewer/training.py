@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 from . import require_viser
@@ -44,11 +43,7 @@ def train_with_viewer(cfg, out, resume: bool = False, overwrite: bool = False, p
         if keep_serving:
             print(f"training done; the viewer still shows the result at {view.url} (Ctrl+C to stop)",
                   file=log, flush=True)
-            try:
-                while True:
-                    time.sleep(1.0)
-            except KeyboardInterrupt:
-                pass
+            view.serve_until_interrupted()
     finally:
         view.close()
     return 0
