@@ -100,8 +100,9 @@ def run_tests(kernel_dir: Path, timeout: int):
 
 def evidence(out: str) -> str:
     """The first line that says why the run failed (a cudaemu abort or an assertion)."""
-    for pattern in (r"cudaemu[^\n]*", r"E\s+(Assertion|assert)[^\n]*", r"E\s+[^\n]+", r"FAILED[^\n]*", r"TIMEOUT[^\n]*"):
-        m = re.search(pattern, out)
+    for pattern in (r"cudaemu: [^\n]*", r"^E\s+\w*(Error|Exception)\b[^\n]*", r"^E\s+[^\n]+", r"FAILED[^\n]*",
+                    r"TIMEOUT[^\n]*"):
+        m = re.search(pattern, out, re.M)
         if m:
             return m.group(0).strip()[:300]
     return out.strip().splitlines()[-1][:300] if out.strip() else ""

@@ -287,8 +287,7 @@ def test_short_training_improves_test_psnr(tiny_scene, tmp_path):
     out = tmp_path / "run"
     assert json.loads((out / "metrics.json").read_text())["test.psnr"] == m["test.psnr"]
     assert (out / "point_cloud.ply").is_file() and (out / "config.yaml").is_file()
-    assert list_checkpoints(out)
-    assert elapsed < 30, elapsed
+    assert list_checkpoints(out)  # speed is measured in bench/, not asserted here
 
 
 def test_atomic_write_leaves_old_file_on_failure(tmp_path):
