@@ -86,6 +86,10 @@ class LrConfig:
 class TrainConfig:
     iterations: int = _f(30000, "total optimisation steps", ge=0)
     sh_increase_every: int = _f(1000, "one more SH degree every n steps", ge=0)
+    appearance: Literal["none", "affine"] = _f(
+        "none", "affine: a learned per-train-image colour correction A rgb + b (exposure, white balance) "
+        "applied to the render before the loss (splat/appearance.py)")
+    appearance_lr: float = _f(5e-3, "(sparse) Adam learning rate of the appearance corrections", ge=0.0)
     lr: LrConfig = _section(LrConfig)
 
 

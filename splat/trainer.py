@@ -54,6 +54,7 @@ from .checkpoint import (
     seed_everything,
     set_rng_state,
 )
+from .appearance import fit_affine, make_appearance, make_optimizer
 from .config import check_config
 from .errors import ConfigError, RunStateError, SplatInputError
 from .losses import psnr, ssim, total_loss
@@ -201,8 +202,14 @@ class Trainer:
             self.model = self._init_model()
         self.model.to(self.device)
         self.optimizers = make_optimizers(self.model, cfg["train"]["lr"], self.scene_radius)
+        # train.appearance=affine: per-train-image colour correction, own Adam (splat/appearance.py)
+        self.appearance = make_appearance(cfg["train"], len(self.scene.train), self.device)
+        if self.appearance is not None:
+            self.optimizers["appearance"] = make_optimizer(self.appearance, cfg["train"]["appearance_lr"])
         self.strategy = make_strategy(cfg["strategy"], self.scene_radius)
         if ckpt is not None:
+            if self.appearance is not None:
+                self.appearance.load_state_dict(ckpt["appearance"])
             for name, opt in self.optimizers.items():
                 opt.load_state_dict(ckpt["optimizers"][name])
             self.strategy.load_state_dict(ckpt["strategy"])
@@ -284,7 +291,8 @@ class Trainer:
         cfg = self.cfg
         iterations = cfg["train"]["iterations"]
         frames = self.scene.train
-        frame = frames[view_index(cfg["seed"], step, len(frames))]
+        index = view_index(cfg["seed"], step, len(frames))
+        frame = frames[index]
         lr = cfg["train"]["lr"]
         for g in self.optimizers["means"].param_groups:
             g["lr"] = means_lr(step, iterations, lr["means"], lr["means_final"]) * self.scene_radius
@@ -294,6 +302,8 @@ class Trainer:
             bg = torch.rand(3)
         gt = gt_image(frame, bg, self.background).to(self.device)
         out = self.render(frame, bg, self.sh_degree_at(step))
+        if self.appearance is not None:
+            out = dataclasses.replace(out, rgb=self.appearance(out.rgb, index))
         loss, terms = self.loss(out, gt, frame, step)
         self.strategy.step_pre_backward(self.model, self.optimizers, out, step)
         loss.backward()
@@ -358,6 +368,8 @@ class Trainer:
             "params": {k: v.cpu() for k, v in self.model.raw_state().items()},
             "optimizers": {k: o.state_dict() for k, o in self.optimizers.items()},
             "strategy": self.strategy.state_dict(),
+            "appearance": None if self.appearance is None else {
+                k: v.detach().cpu() for k, v in self.appearance.state_dict().items()},
             "rng": rng_state(),
             "train_seconds": self.train_seconds,
             "config": self.cfg,
@@ -394,11 +406,14 @@ class Trainer:
 
 
 def evaluate_frames(trainer: "Trainer", frames) -> dict:
-    """Mean PSNR/SSIM over ``frames``, plus depth/normal errors where ground
+    """Mean PSNR/SSIM over ``frames`` of the raw render, ``psnr_affine_fit``
+    of the render after the least-squares affine colour fit to each image
+    (:func:`splat.appearance.fit_affine`: the number to compare with
+    appearance-modelling methods), plus depth/normal errors where ground
     truth files exist next to the data (pixels with z_gt > 0)."""
     if not frames:
         return {}
-    psnrs, ssims = [], []
+    psnrs, ssims, psnrs_fit = [], [], []
     depth_err_sum, normal_err_sum, n_px = 0.0, 0.0, 0
     data_dir = Path(trainer.cfg["data"]["path"])
     use_median = trainer.cfg["render"]["depth"] == "median"
@@ -407,6 +422,7 @@ def evaluate_frames(trainer: "Trainer", frames) -> dict:
         rgb = out.rgb.clamp(0, 1).cpu()
         psnrs.append(psnr(rgb, f.image))
         ssims.append(float(ssim(rgb, f.image)))
+        psnrs_fit.append(psnr(fit_affine(rgb, f.image)[0], f.image))
         z_gt, n_gt = _gt_geometry(data_dir, f.stem, f.height, f.width)
         if z_gt is None:
             continue
@@ -421,7 +437,8 @@ def evaluate_frames(trainer: "Trainer", frames) -> dict:
             cos = (n * ngt).sum(-1).abs().clamp(0, 1)  # GT normals are not oriented
             normal_err_sum += float(torch.rad2deg(torch.acos(cos))[valid].sum())
         n_px += int(valid.sum())
-    res = {"psnr": float(np.mean(psnrs)), "ssim": float(np.mean(ssims)), "num_views": len(frames)}
+    res = {"psnr": float(np.mean(psnrs)), "ssim": float(np.mean(ssims)),
+           "psnr_affine_fit": float(np.mean(psnrs_fit)), "num_views": len(frames)}
     if n_px > 0:
         res["depth_rel_err"] = depth_err_sum / n_px
         res["normal_deg_err"] = normal_err_sum / n_px
