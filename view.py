@@ -40,6 +40,9 @@ def run(args) -> int:
     from splat.viewer.load import load_for_viewer
 
     require_viser()  # before loading anything
+    from splat.viewer.server import check_port
+
+    check_port(args.port)
     device = resolve_device(args.device)
     inp = load_for_viewer(args.model, data=args.data, root=ROOT)
     inp.model.to(device)

@@ -35,13 +35,13 @@ def one_run(cfg, scene, with_viewer: bool) -> float:
         view = None
         if with_viewer:
             from splat.viewer.camera import start_view_from_camera
-            from splat.viewer.server import TrainingView, pick_port
+            from splat.viewer.server import TrainingView
 
             f = scene.test[0]
             start = start_view_from_camera(f.viewmat.double().numpy(), f.K.double().numpy(), f.height,
                                            trainer.model.means.detach().double().mean(0).numpy())
             view = TrainingView(GaussianModel(trainer.model.raw_state(), trainer.model.sh_degree), start,
-                                port=pick_port("127.0.0.1", 0))
+                                port=0)
             trainer.callbacks.append(view.callback)
         try:
             trainer.train()

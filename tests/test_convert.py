@@ -224,6 +224,12 @@ def test_user_mistakes_are_one_line_errors(capsys, tmp_path, photos):
     code, err = _convert(capsys, "--images", folder, "--out", folder)
     assert code == 1
     _one_error(err, "is the images folder")
+    for overlap in (0, -3):  # COLMAP itself would abort the process (SIGABRT) on these
+        code, err = _convert(capsys, "--images", folder, "--out", tmp_path / "o", "--matcher", "sequential",
+                             "--overlap", overlap)
+        assert code == 1
+        _one_error(err, f"overlap must be at least 1 (frames matched ahead), got {overlap}")
+        assert not (tmp_path / "o").exists()  # refused before any work
 
 
 def test_images_inside_an_output_folder_are_refused(capsys, tmp_path):

@@ -1,7 +1,7 @@
 """The viewer as a user meets it: the page in a real headless Chromium.
 
-A tiny hand-built model (a tilted wall of coloured surfels in front of the
-sample scene's first test camera) is served by the viewer exactly as
+A tiny hand-built model (a tilted wall of 28 x 20 separate, sharp-edged
+coloured dots in front of the sample scene's first test camera) is served by the viewer exactly as
 ``view.py --model OUT`` serves it; Playwright drives the system Chromium.
 The canvas in the screenshots must match what ``splat.rasterize`` renders at
 the expected camera, computed here independently of the viewer: the data
@@ -11,7 +11,17 @@ canvas's size (``f' = fy * canvas_h / image_h``, centred principal point).
 Tolerances (still frames are sent as lossless PNG; the browser draws them
 1:1 onto the canvas through WebGL, in software here): mean colour within
 2/255 per channel, mean absolute pixel error below 3/255, SSIM above 0.97.
-Measured: see the figures asserted below and the README.
+Measured: mean colour <= 0.4/255, mean absolute error 0.4/255 (1:1 frames)
+to 0.9/255 (frames that viser's client drew into a lowered drawing buffer,
+scaled back here), SSIM >= 0.997.  These absolute bounds are kept loose
+(3x the worst measurement) because the drawing-buffer rescaling depends on
+how slow software WebGL is on the machine; they reject a wrong pose, field
+of view or render mode, and a one-pixel shift of the picture (4.1/255 and
+3.0/255 in x and y on this fixture).  The pixel-centre convention is checked
+relatively, on the 1:1 first frame: the screenshot must be much closer to
+the exact render than to the renders whose principal point is shifted by
+half a pixel either way (measured 0.43/255 vs 1.6..2.1/255; required: below
+0.6 x the nearest shifted one).
 """
 
 from __future__ import annotations
@@ -36,19 +46,24 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 MEAN_COLOUR_TOL = 2.0 / 255
 MEAN_ABS_TOL = 3.0 / 255
 SSIM_MIN = 0.97
+HALF_PIXEL_RATIO = 0.6  # exact-render error / error against a half-pixel-shifted render, at most
+#: A wall of separate dots: sharp edges make a sub-pixel shift visible.
+WALL = dict(nx=28, ny=20, sigma_scale=0.45)
 
 
 @pytest.fixture(scope="module")
 def viewer(tmp_path_factory):
     from splat.viewer.load import load_for_viewer
-    from splat.viewer.server import ViewerServer, pick_port
+    from splat.viewer.server import ViewerServer
 
-    run = make_viewer_run(tmp_path_factory.mktemp("viewer_run"))
+    run = make_viewer_run(tmp_path_factory.mktemp("viewer_run"), **WALL)
     inp = load_for_viewer(run)
     view = ViewerServer(inp.model, inp.start, near=inp.near, far=inp.far, background=inp.background,
-                        port=pick_port("127.0.0.1", 0), scene_radius=inp.scene_radius)
-    yield view, inp
-    view.close()
+                        port=0, scene_radius=inp.scene_radius)  # port 0: a free one, no race
+    try:
+        yield view, inp
+    finally:
+        view.close()
 
 
 @pytest.fixture(scope="module")
@@ -57,14 +72,17 @@ def page(viewer):
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 900, "height": 560})
-        page.goto(viewer[0].url)
-        yield page
-        browser.close()
+        try:
+            page = browser.new_page(viewport={"width": 900, "height": 560})
+            page.set_default_timeout(90_000)  # software WebGL on a loaded 2-core machine
+            page.goto(viewer[0].url)
+            yield page
+        finally:
+            browser.close()
 
 
 # ------------------------------------------------------------------ helpers
-def wait_still_frame(view, pred=lambda info: True, timeout=40.0, quiet=0.6) -> dict:
+def wait_still_frame(view, pred=lambda info: True, timeout=90.0, quiet=0.6) -> dict:
     """The info of the last frame sent, once it is a still (full-resolution)
     one that satisfies ``pred`` and no other frame followed for ``quiet`` s."""
     t_end = time.monotonic() + timeout
@@ -84,13 +102,14 @@ def canvas_box(page) -> dict:
     return max((b for b in boxes if b), key=lambda b: b["width"] * b["height"])
 
 
-def screenshot(page, view, info) -> np.ndarray:
+def screenshot(page, view, info, timeout: float = 90.0) -> np.ndarray:
     """The canvas [H, W, 3] float in [0, 1], once the frame ``info`` is on screen (two equal shots)."""
     from PIL import Image
 
     box = canvas_box(page)
     prev = None
-    for _ in range(40):
+    t_end = time.monotonic() + timeout
+    while time.monotonic() < t_end:
         time.sleep(0.25)
         shot = np.asarray(Image.open(io.BytesIO(page.screenshot(clip=box))).convert("RGB"), dtype=np.float32) / 255
         if prev is not None and np.array_equal(prev, shot) and view.last_frame()["time"] == info["time"]:
@@ -104,14 +123,16 @@ def screenshot(page, view, info) -> np.ndarray:
                     (w, h), Image.BILINEAR), dtype=np.float32) / 255
             return shot
         prev = shot
-    raise AssertionError("the canvas did not settle")
+    raise AssertionError(f"the canvas did not settle within {timeout} s")
 
 
-def rasterize_at(model, viewmat, fy_scaled, width, height, background):
-    """``splat.rasterize`` directly: the picture the page should show."""
+def rasterize_at(model, viewmat, fy_scaled, width, height, background, shift=(0.0, 0.0)):
+    """``splat.rasterize`` directly: the picture the page should show (with the
+    principal point moved by ``shift`` pixels: a wrong pixel-centre convention)."""
     import splat
 
-    K = torch.tensor([[fy_scaled, 0, width / 2], [0, fy_scaled, height / 2], [0, 0, 1]], dtype=torch.float32)
+    cx, cy = width / 2 + shift[0], height / 2 + shift[1]  # pixel (i, j) centred at (j + 0.5, i + 0.5)
+    K = torch.tensor([[fy_scaled, 0, cx], [0, fy_scaled, cy], [0, 0, 1]], dtype=torch.float32)
     with torch.no_grad():
         return splat.rasterize(model.means, model.quats, model.scales, model.opacities, model.colors(),
                                torch.as_tensor(viewmat, dtype=torch.float32), K, width, height,
@@ -157,7 +178,7 @@ def test_page_shows_the_rasterized_view_and_follows_the_controls(viewer, page, t
 
     # 1. first frame: the data set's first test camera over the canvas.
     page.wait_for_selector("text=surfels", timeout=40000)
-    page.locator(".mantine-Notification-closeButton").click()  # "software WebGL" notice over the canvas
+    page.locator(".mantine-Notification-closeButton").click()  # "software WebGL" notice over the canvas (waits for it)
     box = canvas_box(page)
     W, H = int(box["width"]), int(box["height"])
     first = wait_still_frame(view, lambda i: i["canvas"] == (W, H))  # after the panel docked beside the canvas
@@ -167,6 +188,11 @@ def test_page_shows_the_rasterized_view_and_follows_the_controls(viewer, page, t
     f_canvas = fy * H / H0  # same vertical field of view
     out0 = rasterize_at(view._model, V0, f_canvas, W, H, bg)
     m0 = assert_matches(shot0, out0.rgb.clamp(0, 1).numpy(), "first frame")
+    # the pixel-centre convention: half a pixel off in x or y is told apart from the exact render
+    for shift in ((0.5, 0.0), (-0.5, 0.0), (0.0, 0.5), (0.0, -0.5)):
+        off = compare(shot0, rasterize_at(view._model, V0, f_canvas, W, H, bg, shift).rgb.clamp(0, 1).numpy())
+        print("half-pixel shift", shift, off)
+        assert m0["mean_abs_err"] < HALF_PIXEL_RATIO * off["mean_abs_err"], (shift, m0, off)
     assert page.get_by_text(f"{inp.model.num_gaussians:,} surfels").count() == 1  # the stats line
 
     # 2. fly forward with the page's own button: the new pose is predicted here.

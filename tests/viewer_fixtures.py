@@ -23,10 +23,13 @@ def first_test_camera():
     return f.viewmat.double(), f.K.double(), f.width, f.height
 
 
-def tilted_wall(viewmat: torch.Tensor, nx: int = 14, ny: int = 10, depth: float = 3.0, tilt: float = 0.35):
-    """A GaussianModel: an ``nx`` x ``ny`` grid of overlapping, opaque, differently
-    coloured surfels on a plane in front of ``viewmat``'s camera, whose depth grows
-    to the right (camera z = depth * (1 + tilt * x / half width))."""
+def tilted_wall(viewmat: torch.Tensor, nx: int = 14, ny: int = 10, depth: float = 3.0, tilt: float = 0.35,
+                sigma_scale: float = 1.1):
+    """A GaussianModel: an ``nx`` x ``ny`` grid of opaque, differently coloured
+    surfels on a plane in front of ``viewmat``'s camera, whose depth grows to
+    the right (camera z = depth * (1 + tilt * x / half width)).  Standard
+    deviation ``sigma_scale`` x half the grid spacing: 1.1 overlaps them into a
+    smooth wall, 0.45 leaves separate dots with sharp edges."""
     from splat.model import GaussianModel, logit, rgb_to_sh
     from splat.testing import quats_from_normals
 
@@ -45,7 +48,7 @@ def tilted_wall(viewmat: torch.Tensor, nx: int = 14, ny: int = 10, depth: float 
     normals = n_cam @ R
     rgb = torch.stack([0.5 + 0.45 * torch.cos(3 * gu.reshape(-1)), 0.5 + 0.45 * torch.sin(4 * gv.reshape(-1)),
                        0.5 + 0.45 * torch.cos(5 * (gu + gv).reshape(-1) + 1.0)], 1)
-    sigma = 1.1 * (2 * half_w / (nx - 1)) / 2
+    sigma = sigma_scale * (2 * half_w / (nx - 1)) / 2
     n = len(cam)
     params = {
         "means": means.float(),
@@ -58,8 +61,9 @@ def tilted_wall(viewmat: torch.Tensor, nx: int = 14, ny: int = 10, depth: float 
     return GaussianModel(params, 0)
 
 
-def make_viewer_run(out: Path) -> Path:
-    """``out`` as a finished training output folder: config.yaml (the sample scene) + point_cloud.ply."""
+def make_viewer_run(out: Path, **wall) -> Path:
+    """``out`` as a finished training output folder: config.yaml (the sample scene) +
+    point_cloud.ply (:func:`tilted_wall` with the keyword arguments ``wall``)."""
     from splat.checkpoint import save_config
     from splat.config import load_config
     from splat.model import save_ply
@@ -69,5 +73,5 @@ def make_viewer_run(out: Path) -> Path:
     viewmat, _, _, _ = first_test_camera()
     cfg = load_config(str(ROOT / "configs" / "fast.yaml"), [f"data.path={SAMPLE}", "data.background=[0.1,0.1,0.1]"])
     save_config(cfg, out / "config.yaml")
-    save_ply(tilted_wall(viewmat), out / "point_cloud.ply")
+    save_ply(tilted_wall(viewmat, **wall), out / "point_cloud.ply")
     return out

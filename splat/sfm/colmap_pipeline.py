@@ -172,6 +172,8 @@ def convert(
         raise SfmError(f"matcher must be one of {', '.join(MATCHERS)}, got {matcher!r}")
     if camera_model not in CAMERA_MODELS:
         raise SfmError(f"camera model must be one of {', '.join(CAMERA_MODELS)}, got {camera_model!r}")
+    if matcher == "sequential" and int(overlap) < 1:  # COLMAP aborts the process on it
+        raise SfmError(f"overlap must be at least 1 (frames matched ahead), got {overlap}")
     names = find_images(images)
     pycolmap = import_pycolmap()
     _prepare_out(images, out, overwrite)

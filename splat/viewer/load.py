@@ -78,19 +78,23 @@ def start_from_data(cfg, target, log=sys.stderr):
 def load_for_viewer(path, data: Optional[str] = None, root: Optional[Path] = None, log=sys.stderr) -> ViewerInput:
     """Load a PLY file or a training output folder (``OUT/config.yaml`` gives
     near/far, background and the data whose first test camera is the start).
-    A relative data path that does not exist is looked up under ``root`` too
-    (as train.py does for the bundled sample)."""
+    ``data`` (a scene folder) replaces the config's data, and gives a model
+    without a config its start camera (with the default near/far and
+    background).  A relative data path that does not exist is looked up under
+    ``root`` too (as train.py does for the bundled sample)."""
     from ..config import load_config
 
     path = Path(path)
     if not path.exists():
         raise SplatInputError(f"{path}: no such file or folder")
+    if data is not None and not Path(data).exists() and not (root is not None and (Path(root) / data).exists()):
+        raise SplatInputError(f"{data}: no such data folder (--data)")
     model, source = load_model_file(path)
     center, radius = model_extent(model)
     inp = ViewerInput(model, start_view_looking_at(center, radius), source=source, scene_radius=radius)
     cfg_path = path / "config.yaml" if path.is_dir() else path.parent / "config.yaml"
-    if cfg_path.is_file():
-        cfg = load_config(str(cfg_path))
+    if cfg_path.is_file() or data is not None:
+        cfg = load_config(str(cfg_path) if cfg_path.is_file() else None)
         if data is not None:
             cfg["data"]["path"] = str(data)
         d = Path(cfg["data"]["path"])

@@ -32,6 +32,7 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 import torch
 
+from ..errors import SplatInputError
 from . import require_viser
 from .camera import Camera, StartView, camera_from_view, quat_to_matrix
 from .colormap import COLORMAPS, MODES, colorbar, describe_range, to_tensor_bg, visualize
@@ -42,16 +43,29 @@ SETTLE_S = 0.25
 MIN_SCALE = 0.1
 
 
+def check_port(port: int) -> int:
+    """``port`` if it is a TCP port number (0..65535; 0: any free port), else SplatInputError."""
+    if not 0 <= int(port) <= 65535:
+        raise SplatInputError(f"port {port}: must be 0..65535 (0: any free port)")
+    return int(port)
+
+
 def pick_port(host: str, port: int) -> int:
-    """``port`` if it can be bound on ``host``, else a free port chosen by the OS."""
+    """``port`` if it can be bound on ``host``, else a free port chosen by the OS.
+
+    Only a hint: another process may take the port before the server binds it
+    (viser then tries the next ones), so use the server's own port afterwards."""
+    check_port(port)
+    last = None
     for candidate in (port, 0):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind((host, candidate))
-            except OSError:
+            except OSError as e:
+                last = e
                 continue
             return int(s.getsockname()[1])
-    raise OSError(f"no free port on {host}")
+    raise SplatInputError(f"cannot serve on {host}: {last.strerror or last}")
 
 
 def url_of(host: str, port: int) -> str:
@@ -92,12 +106,22 @@ class ViewerServer:
         radius = scene_radius or float(np.linalg.norm(start.look_at - start.position)) or 1.0
 
         chosen = pick_port(host, port)
-        if chosen != port:
-            print(f"port {port} is in use: using port {chosen}", file=log)
         with contextlib.redirect_stdout(io.StringIO()):  # viser prints its own address box; we print one line
             self.server = viser.ViserServer(host=host, port=chosen, label=title, verbose=False)
-        self.port = int(self.server.get_port())
+        try:
+            self._build_page(start, near, far, background, radius)
+        except BaseException:
+            self.server.stop()  # no server left running behind a failed constructor
+            raise
+        self.port = int(self.server.get_port())  # viser moves on if ``chosen`` was taken meanwhile
+        if port != 0 and self.port != port:
+            print(f"port {port} is in use: using port {self.port}", file=log)
         self.url = url_of(host, self.port)
+        self._thread = threading.Thread(target=self._loop, name="splat-viewer", daemon=True)
+        self._thread.start()
+
+    def _build_page(self, start: StartView, near: float, far: float, background, radius: float) -> None:
+        """The page's controls and the callbacks behind them."""
         s = self.server
         s.gui.configure_theme(show_logo=False, show_share_button=False)
         s.gui.main_panel.dock_right()  # the panel beside the picture, not over it
@@ -145,8 +169,6 @@ class ViewerServer:
         self.reset.on_click(lambda ev: self._reset(ev.client))
         s.on_client_connect(self._on_connect)
         s.on_client_disconnect(self._on_disconnect)
-        self._thread = threading.Thread(target=self._loop, name="splat-viewer", daemon=True)
-        self._thread.start()
 
     # ------------------------------------------------------------ state
     @property

@@ -18,7 +18,9 @@ def train_with_viewer(cfg, out, resume: bool = False, overwrite: bool = False, p
     require_viser()  # before the (slow) data loading
     from ..model import GaussianModel
     from ..trainer import Trainer
-    from .server import TrainingView
+    from .server import TrainingView, check_port
+
+    check_port(port)
 
     trainer = Trainer(cfg, Path(out), resume=resume, overwrite=overwrite)
     try:
