@@ -64,7 +64,8 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     sh_degree: int = _f(3, "max SH degree", ge=0, le=3)
-    init: Literal["auto", "points", "random"] = _f("auto", "auto: the scene's points if it has them")
+    init: Literal["auto", "points", "triangulate", "random"] = _f(
+        "auto", "auto: the scene's points if it has them, else triangulated (pycolmap), else random")
     init_num_random: int = _f(10000, "number of random points when there is no point cloud", ge=0)
     init_random_min_views: float = _f(0.5, "random points are seen by this fraction of train cameras", ge=0.0, le=1.0)
     init_opacity: float = _f(0.1, "initial opacity", gt=0.0, lt=1.0)
@@ -140,6 +141,8 @@ class CheckpointConfig:
 class LogConfig:
     progress: bool = _f(True, "tqdm bar")
     every: int = _f(10, "progress-bar postfix refresh period (steps)", ge=1)
+    interval_s: float = _f(30.0, "without the bar (progress=false): a log line at most this often (seconds)",
+                           ge=0.0)
 
 
 @dataclass

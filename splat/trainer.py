@@ -58,7 +58,7 @@ from .appearance import fit_affine, make_appearance, make_optimizer
 from .config import check_config
 from .errors import ConfigError, RunStateError, SplatInputError
 from .losses import psnr, ssim, total_loss
-from .model import GaussianModel, create_from_points, random_points_in_frustums, save_ply
+from .model import GaussianModel, create_from_points, save_ply
 from .render import normalized_normals, render_frame
 from .strategy import make_strategy
 
@@ -144,6 +144,51 @@ def _gt_geometry(data_dir: Path, stem: str, H: int, W: int):
     return out[0], out[1]
 
 
+def format_duration(seconds: float) -> str:
+    """``41s``, ``2m41s``, ``1h05m``."""
+    s = int(round(max(seconds, 0.0)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+class LogLines:
+    """Progress as plain lines, for runs without the progress bar
+    (``log.progress=false``: logs, nohup, CI)::
+
+        step 500/1500  loss 0.0412  surfels 31,204  3.1 it/s  eta 5m23s
+
+    A line after the first step, then whenever ``interval_s`` seconds have
+    passed since the last one, and at the last step; the rate is over the
+    steps since the previous line (wall clock, hooks included)."""
+
+    def __init__(self, start_step: int, iterations: int, interval_s: float, file=None, clock=time.perf_counter):
+        self.iterations = int(iterations)
+        self.interval_s = float(interval_s)
+        self.file = file
+        self.clock = clock
+        self.last_step = int(start_step)
+        self.last_time = clock()
+        self.first = True
+
+    def step(self, step: int, loss: float, surfels: int) -> bool:
+        """Print a line if one is due; True if it did."""
+        now = self.clock()
+        dt = now - self.last_time
+        if not (self.first or step >= self.iterations or dt >= self.interval_s):
+            return False
+        rate = (step - self.last_step) / dt if dt > 0 else float("inf")
+        eta = (self.iterations - step) / rate if rate > 0 else float("inf")
+        eta_text = format_duration(eta) if math.isfinite(eta) else "?"
+        print(f"step {step}/{self.iterations}  loss {loss:.4f}  surfels {surfels:,}  {rate:.1f} it/s  "
+              f"eta {eta_text}", file=self.file or sys.stderr, flush=True)
+        self.first = False
+        self.last_step, self.last_time = step, now
+        return True
+
+
 # ---------------------------------------------------------------- trainer
 #: A per-step hook: ``callback(trainer, step, terms)`` runs after every
 #: completed step (and its checkpoint, if one was due); ``terms`` are that
@@ -224,34 +269,66 @@ class Trainer:
 
     # ------------------------------------------------------------ init
     def _init_model(self) -> GaussianModel:
+        """Surfels from, in order of preference (``model.init=auto``): the
+        scene's own points; points triangulated from the training images with
+        the known poses (pycolmap); random points where the cameras look.
+        Prints which one it used."""
         mcfg = self.cfg["model"]
+        init = mcfg["init"]
+        path = self.cfg["data"]["path"]
         has_points = self.scene.points is not None and len(self.scene.points) > 0
-        use_points = mcfg["init"] == "points" or (mcfg["init"] == "auto" and has_points)
-        if use_points:
-            if not has_points:
-                raise SplatInputError(f"model.init=points but the scene {self.cfg['data']['path']} has no point cloud")
+        if init == "points" and not has_points:
+            raise SplatInputError(f"model.init=points but the scene {path} has no point cloud")
+        pts = cols = None
+        if init == "points" or (init == "auto" and has_points):
             pts, cols = self.scene.points, self.scene.point_colors
-        else:
-            pts = self._random_points(mcfg["init_num_random"], mcfg["init_random_min_views"])
+            source = f"the scene's {len(pts)} points"
+        elif init in ("auto", "triangulate"):
+            pts, cols, source = self._triangulated_points(required=init == "triangulate")
+        if pts is None:
+            pts, cols = self._random_points(mcfg["init_num_random"], mcfg["init_random_min_views"])
             if len(pts) == 0:
                 raise SplatInputError(
                     f"model.init_num_random={mcfg['init_num_random']}: no surfels to train "
                     f"(the scene has no point cloud, so training starts from random points)")
-            cols = torch.full_like(pts, 0.5)  # neutral grey: the photometric loss sets colours fast
+            source = f"{len(pts)} random points where the cameras look"
+        print(f"init: {source}", file=sys.stderr)
         return create_from_points(pts, cols, mcfg["sh_degree"], mcfg["init_opacity"], mcfg["init_scale"])
 
-    def _random_points(self, n: int, min_views: float) -> torch.Tensor:
-        """Points in the ball around the mean camera centre (radius = scene
-        radius) that at least ``min_views`` of the train cameras see: for an
-        inward-looking capture this is the region of interest."""
-        frames = self.scene.train
-        viewmats = torch.stack([f.viewmat for f in frames]).float()  # [C, 4, 4]
-        Ks = torch.stack([f.K for f in frames]).float()  # [C, 3, 3]
-        centers = torch.stack([f.camera_center for f in frames]).float()  # [C, 3]
-        return random_points_in_frustums(
-            n, viewmats, Ks, frames[0].width, frames[0].height,
-            centers.mean(0), self.scene_radius, min_views=min_views,
-        )
+    #: Fewer triangulated points than this: not enough to start from, use random points.
+    MIN_TRIANGULATED = 100
+
+    def _triangulated_points(self, required: bool):
+        """(points, colours, description), or (None, None, None) to fall back
+        to random points: pycolmap is absent or too few points were found.
+        ``required`` (``model.init=triangulate``) turns a missing pycolmap
+        into an error."""
+        from .data.triangulate import pycolmap_available, triangulate_scene
+
+        if not pycolmap_available():
+            if required:
+                raise ConfigError("model.init=triangulate needs pycolmap: pip install pycolmap "
+                                  "(or pip install -e '.[sfm]')")
+            print("init: no point cloud and pycolmap is not installed (pip install pycolmap): "
+                  "falling back to random points", file=sys.stderr)
+            return None, None, None
+        t0 = time.perf_counter()
+        print(f"init: triangulating the {len(self.scene.train)} training images with their known poses "
+              "(pycolmap; cached)", file=sys.stderr)
+        pts, cols = triangulate_scene(self.scene.train, cache_dir=self.cfg["data"]["cache_dir"] or None)
+        if len(pts) < self.MIN_TRIANGULATED:
+            print(f"init: triangulation found only {len(pts)} points: falling back to random points",
+                  file=sys.stderr)
+            return None, None, None
+        return pts, cols, f"{len(pts)} triangulated points ({time.perf_counter() - t0:.0f} s)"
+
+    def _random_points(self, n: int, min_views: float):
+        """(points, colours): ``n`` random points where at least ``min_views``
+        of the training cameras look, kept where the images agree in colour
+        (:func:`splat.data.random_points.photo_consistent_points`)."""
+        from .data.random_points import photo_consistent_points
+
+        return photo_consistent_points(self.scene.train, n, min_views=min_views)
 
     # ------------------------------------------------------------ loop
     def render(self, frame, background=None, sh_degree=None):
@@ -331,6 +408,7 @@ class Trainer:
             from tqdm import tqdm
 
             bar = tqdm(total=iterations, initial=self.step, desc="train", dynamic_ncols=True, smoothing=0.1)
+        log = LogLines(self.step, iterations, cfg["log"]["interval_s"])
         t0 = time.perf_counter()
         ema = None
         while self.step < iterations:
@@ -342,6 +420,8 @@ class Trainer:
                 bar.update(1)
                 if step % cfg["log"]["every"] == 0 or step == iterations:
                     bar.set_postfix(loss=f"{ema['loss']:.4f}", psnr=f"{ema['psnr']:.2f}", n=self.model.num_gaussians)
+            else:
+                log.step(step, ema["loss"], self.model.num_gaussians)
             if (every > 0 and step % every == 0) or step == iterations:
                 self.train_seconds += time.perf_counter() - t0
                 t0 = time.perf_counter()
