@@ -68,6 +68,12 @@ def make_scene(width: int, height: int, n_surfels: int = 30000, test_every: int 
 
 
 @pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """One cache folder for the module: the fixture is triangulated once."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
 def scene_192():
     return make_scene(192, 144)
 
@@ -78,21 +84,21 @@ def scene_64():
 
 
 # ------------------------------------------------------------ triangulation
-def test_triangulation_recovers_the_surfaces(scene_192, tmp_path):
+def test_triangulation_recovers_the_surfaces(scene_192, cache):
     """Tolerance: a pixel here is ~0.022 scene units at the scene centre
     (4.6 units from the cameras, 55 deg over 192 px); 90 % of the points
     must lie within 0.05 (about 2 pixels) of the true surfaces and the
     median within 0.02.  COLMAP's filters (reprojection error, triangulation
     angle) leave a few outliers, hence a percentile, not the maximum."""
-    pts, cols = triangulate_scene(scene_192.train, cache_dir=tmp_path)
+    pts, cols = triangulate_scene(scene_192.train, cache_dir=cache)
     assert len(pts) >= 300, len(pts)
     assert cols.shape == pts.shape and float(cols.min()) >= 0 and float(cols.max()) <= 1
     d = surface_distance(pts)
     assert float(d.median()) < 0.06, float(d.median())
     assert float(torch.quantile(d, 0.9)) < 0.1, float(torch.quantile(d, 0.9))
     # Cached: a second call reads the file and returns the same points.
-    assert len(list((tmp_path / "triangulated").glob("*.npz"))) == 1
-    pts2, _ = triangulate_scene(scene_192.train, cache_dir=tmp_path)
+    assert len(list((cache / "triangulated").glob("*.npz"))) == 1
+    pts2, _ = triangulate_scene(scene_192.train, cache_dir=cache)
     assert torch.equal(pts, pts2)
 
 
@@ -127,36 +133,38 @@ def test_photo_consistent_points_lie_nearer_the_surfaces(scene_192):
     assert float(d_pc) < 0.15
 
 
-def _train(scene, tmp_path, init, steps, **extra):
+def _train(scene, tmp_path, init, steps, cache_dir=None, **extra):
     over = [f"model.init={init}", f"train.iterations={steps}", "log.progress=false", "log.interval_s=0",
             "model.sh_degree=0", "model.init_num_random=2000", "strategy.refine_start=100",
             "strategy.refine_stop=250", "loss.dist_from=100000", "loss.normal_from=100000",
-            "checkpoint.every=0", f"data.cache_dir={tmp_path / 'cache'}"]
+            "checkpoint.every=0", f"data.cache_dir={cache_dir or tmp_path / 'cache'}"]
     over += [f"{k}={v}" for k, v in extra.items()]
     cfg = load_config("configs/fast.yaml", over)
     return Trainer(cfg, tmp_path / f"run_{init}", scene=scene).train()
 
 
 def test_training_from_the_random_fallback_reaches_psnr(scene_64, tmp_path, capfd):
-    """300 steps from the photo-consistent random points on the fixture's
-    held-out views: >= 20 dB (measured ~23 dB; the old uniform-ball init
-    measured ~19 dB)."""
+    """300 steps from the photo-consistent random points, PSNR on the
+    fixture's held-out views: >= 16.5 dB (measured 17.9 dB; the uniform
+    samples of the cameras' ball that splat used before measured 15.9 dB
+    with the same schedule)."""
     m = _train(scene_64, tmp_path, "random", 300)
     err = capfd.readouterr().err
     assert "init: 2000 random points where the cameras look" in err
-    assert m["test.psnr"] >= 20.0, m["test.psnr"]
+    assert m["test.psnr"] >= 16.5, m["test.psnr"]
     # log.interval_s=0: a line every step, with the step, loss, surfels, rate and eta.
     lines = [ln for ln in err.splitlines() if ln.startswith("step ")]
     assert len(lines) == 300 and lines[-1].startswith("step 300/300  loss ")
     assert "surfels" in lines[-1] and "it/s" in lines[-1] and lines[-1].endswith("eta 0s")
 
 
-def test_auto_prefers_points_then_triangulation_then_random(scene_192, scene_64, tmp_path, capfd, monkeypatch):
+def test_auto_prefers_points_then_triangulation_then_random(scene_192, scene_64, cache, tmp_path, capfd,
+                                                            monkeypatch):
     with_points = SceneData(train=scene_64.train, test=[], points=torch.zeros(10, 3), point_colors=torch.zeros(10, 3),
                             layout="colmap")
     _train(with_points, tmp_path / "p", "auto", 1)
     assert "init: the scene's 10 points" in capfd.readouterr().err
-    _train(scene_192, tmp_path / "a", "auto", 1)
+    _train(scene_192, tmp_path / "a", "auto", 1, cache_dir=cache)
     assert "triangulated points" in capfd.readouterr().err
     # Too few triangulated points (64x48 images): random points.
     _train(scene_64, tmp_path / "f", "auto", 1)
