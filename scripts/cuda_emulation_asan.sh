@@ -38,7 +38,7 @@ assert s.count(old) == 1, "forward.cu changed: update the seeded bug"
 open(p, "w").write(s.replace(old, "if (k_load <= count) store_surfel"))
 PY
 mutant_log=$(mktemp)
-SPLAT_CUDAEMU_KERNELS="$mutant" python -m pytest -q -x -p no:cacheprovider tests/test_cuda_emulation.py >"$mutant_log" 2>&1
+SPLAT_CUDAEMU_KERNELS="$mutant" python -m pytest -q -s -x -p no:cacheprovider tests/test_cuda_emulation.py >"$mutant_log" 2>&1
 mutant_rc=$?
 mutant_report=$(grep -m1 -E "ERROR: AddressSanitizer[^ ]* [a-z-]+" -o "$mutant_log")
 mutant_frame=$(grep -m1 -E "#[0-9]+ .*forward\.cu:[0-9]+" -o "$mutant_log" | sed 's/.* in //')

@@ -9,6 +9,9 @@ match exactly once, so a kernel change cannot silently turn a mutant into the
 original), and ``tests/test_cuda_emulation.py`` runs against that copy
 (``SPLAT_CUDAEMU_KERNELS``).  A mutant is CAUGHT when the tests fail, by a
 mismatch against the CPU backend or by a cudaemu abort naming the .cu line.
+Out-of-bounds reads whose value is never used change no output; those
+mutants run in the ASan+UBSan build of the harness and are caught by the
+sanitizer's report.
 The unmutated kernels must pass first, or nothing here means anything.
 
 Exit status 0 only if the baseline passes and every mutant is caught.
@@ -36,7 +39,7 @@ CU_FILES = ("binning.cu", "forward.cu", "backward.cu")
 LOAD_FWD = "    if (k_load < count) store_surfel(batch, tid, s, list[k_load]);  // coalesced list read\n"
 LOAD_BWD = "    if (k_load >= batch_start) store_surfel(batch, tid, s, list[k_load]);\n"
 
-# name: (file, bug class, exact text, replacement)
+# name: (file, bug class, exact text, replacement[, "asan": run under the sanitizers])
 MUTANTS = {
     # Every plain __syncthreads() of forward.cu and backward.cu deleted, one at a time.
     "fwd_delete_barrier_after_load": ("forward.cu", "missing barrier",
@@ -65,10 +68,13 @@ MUTANTS = {
                               "__shfl_xor_sync(kFullMask, send, Half)", "__shfl_xor_sync(0x0000ffffu, send, Half)"),
     "bwd_vote_in_branch": ("backward.cu", "vote inside a branch",
                            "if (__any_sync(kFullMask, touched)) {", "if (touched && __any_sync(kFullMask, touched)) {"),
+    # Out-of-bounds reads whose value is never used change no output, so
+    # only AddressSanitizer sees them: these run in the ASan+UBSan build.
     "fwd_read_one_past_end": ("forward.cu", "read one past the end",
-                              "if (k_load < count) store_surfel", "if (k_load <= count) store_surfel"),
-    "bwd_read_one_past_end": ("backward.cu", "read one past the end",
-                              "if (k_load >= batch_start) store_surfel", "if (k_load >= batch_start - 1) store_surfel"),
+                              "if (k_load < count) store_surfel", "if (k_load <= count) store_surfel", "asan"),
+    "bwd_read_one_before_start": ("backward.cu", "read one past the end",
+                                  "if (k_load >= batch_start) store_surfel",
+                                  "if (k_load >= batch_start - 1) store_surfel", "asan"),
     "bin_depth_key_no_sign_flip": ("binning.cu", "broken depth key",
                                    "return (b & 0x80000000u) ? ~b : (b | 0x80000000u);", "return b;"),
 }
@@ -79,16 +85,27 @@ def make_copy(folder: Path, edit=None) -> None:
     for name in CU_FILES:
         shutil.copy(KERNELS / name, folder / name)
     if edit is not None:
-        fname, _, old, new = edit
+        fname, _, old, new = edit[:4]
         text = (folder / fname).read_text()
         if text.count(old) != 1:
             raise SystemExit(f"error: mutant text found {text.count(old)} times in {fname} (expected once): {old!r}")
         (folder / fname).write_text(text.replace(old, new))
 
 
-def run_tests(kernel_dir: Path, timeout: int):
+def sanitizer_env() -> dict:
+    """The environment of an ASan+UBSan run (as scripts/cuda_emulation_asan.sh)."""
+    libs = [subprocess.run(["gcc", f"-print-file-name={lib}"], capture_output=True, text=True).stdout.strip()
+            for lib in ("libasan.so", "libubsan.so")]
+    return dict(SPLAT_CUDAEMU_SANITIZE="1", LD_PRELOAD=":".join(libs), ASAN_OPTIONS="detect_leaks=0:abort_on_error=1",
+                UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
+
+
+def run_tests(kernel_dir: Path, timeout: int, sanitize: bool = False):
     env = dict(os.environ, SPLAT_CUDAEMU_KERNELS=str(kernel_dir), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/test_cuda_emulation.py"]
+    if sanitize:
+        env.update(sanitizer_env())
+        cmd.insert(4, "-s")  # the sanitizer aborts the process: its report must not sit in pytest's capture
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
@@ -100,7 +117,8 @@ def run_tests(kernel_dir: Path, timeout: int):
 
 def evidence(out: str) -> str:
     """The first line that says why the run failed (a cudaemu abort or an assertion)."""
-    for pattern in (r"cudaemu: [^\n]*", r"^E\s+\w*(Error|Exception)\b[^\n]*", r"^E\s+[^\n]+", r"FAILED[^\n]*",
+    for pattern in (r"ERROR: AddressSanitizer: [\w-]+[^\n]*", r"runtime error: [^\n]*", r"cudaemu: [^\n]*",
+                    r"Fatal Python error: [^\n]*", r"^E\s+\w*(Error|Exception)\b[^\n]*", r"^E\s+[^\n]+", r"FAILED[^\n]*",
                     r"TIMEOUT[^\n]*"):
         m = re.search(pattern, out, re.M)
         if m:
@@ -132,11 +150,13 @@ def main() -> int:
         for name in names:
             folder = work / name
             make_copy(folder, MUTANTS[name])
-            rc, out, secs = run_tests(folder, args.timeout)
+            sanitize = MUTANTS[name][4:] == ("asan",)
+            rc, out, secs = run_tests(folder, args.timeout, sanitize)
             # A timeout is a hang the harness failed to report: not counted as caught.
             caught = rc not in (0, -1)
             why = evidence(out) if caught else ""
-            results[name] = {"file": MUTANTS[name][0], "bug_class": MUTANTS[name][1], "caught": caught,
+            results[name] = {"file": MUTANTS[name][0], "bug_class": MUTANTS[name][1], "sanitizers": sanitize,
+                             "caught": caught,
                              "evidence": why, "seconds": round(secs, 1)}
             print(f"{'CAUGHT' if caught else 'MISSED'}  {name} ({secs:.0f} s)  {why}", flush=True)
     finally:
