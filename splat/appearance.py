@@ -58,12 +58,25 @@ class AffineAppearance(nn.Module):
         """A_i as [N, 3, 3] (detached)."""
         return self.matrix.detach().reshape(-1, 3, 3)
 
-    def forward(self, rgb: torch.Tensor, index: int) -> torch.Tensor:
-        """``rgb`` [H, W, 3] as train image ``index`` saw it: ``A rgb + b``."""
+    def forward(self, rgb: torch.Tensor, index: int, alpha: Optional[torch.Tensor] = None,
+                background: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``rgb`` [H, W, 3] as train image ``index`` saw it.
+
+        Without ``alpha``: ``A rgb + b`` on every pixel.  With ``alpha`` [H, W]
+        and ``background`` [3] (``rgb`` = scene over background, as
+        splat.rasterize composites it): the correction applies to the scene
+        only, ``A c + alpha b + (1 - alpha) background`` with ``c = rgb - (1 -
+        alpha) background`` the premultiplied scene colour -- a photo's exposure
+        changes the photographed scene, not a background colour that the
+        loader painted into its masked pixels."""
         i = torch.tensor([int(index)], device=self.matrix.device)
         A = F.embedding(i, self.matrix, sparse=True).reshape(3, 3)
         b = F.embedding(i, self.offset, sparse=True).reshape(3)
-        return rgb @ A.T + b
+        if alpha is None:
+            return rgb @ A.T + b
+        a = alpha.unsqueeze(-1)  # [H, W, 1]
+        bg = background.to(rgb)
+        return (rgb - (1 - a) * bg) @ A.T + a * b + (1 - a) * bg
 
 
 def make_optimizer(appearance: AffineAppearance, lr: float) -> torch.optim.Optimizer:

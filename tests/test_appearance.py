@@ -39,11 +39,19 @@ def known_corrections(n: int, seed: int = 3):
 
 
 def recoloured_scene(cfg):
-    """The scene of ``cfg`` with train image i re-coloured to G_i rgb + b_i."""
+    """The scene of ``cfg`` with train image i's photographed content
+    re-coloured to G_i rgb + b_i.  The fixture's images have masks (RGBA), so,
+    like a photo's exposure, the change applies to the scene and not to the
+    background the loader painted into the masked pixels."""
     scene = load_scene_from_config(cfg["data"])
     gains, offsets = known_corrections(len(scene.train))
-    scene.train = [dataclasses.replace(f, image=f.image @ G.T + b)
-                   for f, G, b in zip(scene.train, gains, offsets)]
+    bg = torch.tensor(cfg["data"]["background"], dtype=torch.float32)
+
+    def recolour(f, G, b):
+        a = f.mask[..., None]
+        return (f.image - (1 - a) * bg) @ G.T + a * b + (1 - a) * bg
+
+    scene.train = [dataclasses.replace(f, image=recolour(f, G, b)) for f, G, b in zip(scene.train, gains, offsets)]
     return scene, gains, offsets
 
 
@@ -90,16 +98,34 @@ def test_correction_starts_at_the_identity():
     assert torch.allclose(app(rgb, 1), expected) and torch.equal(app(rgb, 0), rgb)
 
 
+def test_correction_leaves_the_background_alone():
+    """With alpha, the correction acts on the scene over the background only:
+    empty pixels keep the background, covered ones get A c + b, and a half
+    covered one gets the premultiplied mix (what the trainer passes for masked
+    and random-background data)."""
+    app = AffineAppearance(1)
+    A, b = torch.diag(torch.tensor([2.0, 1.0, 0.5])), torch.tensor([0.1, 0.0, -0.1])
+    with torch.no_grad():
+        app.matrix[0], app.offset[0] = A.reshape(9), b
+    bg = torch.tensor([0.3, 0.6, 0.9])
+    c = torch.tensor([0.2, 0.4, 0.8])  # the scene's colour where covered
+    alpha = torch.tensor([[0.0, 1.0, 0.5]])  # [1, 3]
+    rgb = alpha[..., None] * c + (1 - alpha[..., None]) * bg  # composited as splat.rasterize does
+    out = app(rgb, 0, alpha, bg)
+    assert torch.allclose(out[0, 0], bg, atol=1e-7)
+    assert torch.allclose(out[0, 1], A @ c + b, atol=1e-7)
+    assert torch.allclose(out[0, 2], 0.5 * (A @ c + b) + 0.5 * bg, atol=1e-7)
+
+
 # ------------------------------------------------------------------ training
 def test_training_recovers_known_gains_and_offsets(tmp_path):
     """With the surfels fixed at the teacher that rendered the images (every
     model learning rate 0), the corrections are the only unknowns: training
     must find each image's G_i and b_i.  4 train images, 400 steps (100
     visits each), L1 loss.  Measured: the recovered corrections reproduce
-    the true re-colouring of each image's own pixels to 0.019 RMS (the
-    identity is 0.101 off), the largest matrix/offset entry error is 0.064
-    (the images' colours constrain some directions, e.g. colour mixing,
-    only weakly).  Bounds: 2x the measurements."""
+    the true re-colouring of each image's own pixels to 0.025 RMS (the
+    identity is 0.101 off), the largest matrix/offset entry error is 0.016.
+    Bounds: 0.04 RMS and 0.05 per entry (1.6x and 3x the measurements)."""
     scene_dir = make_tiny_scene(tmp_path / "scene", n_views=4)
     cfg = tiny_config(scene_dir, 400, [
         "data.test_every=0", "train.appearance=affine", "train.appearance_lr=0.03", "model.sh_degree=0",
@@ -126,14 +152,18 @@ def test_training_recovers_known_gains_and_offsets(tmp_path):
     print(f"colour RMS {max(colour_rms):.4f} (identity {min(identity_rms):.4f}), "
           f"largest entry error {max(entry_err):.4f}")
     assert max(colour_rms) < 0.04 < min(identity_rms)
-    assert max(entry_err) < 0.13
+    assert max(entry_err) < 0.05
 
 
 def test_appearance_lowers_the_loss_and_metrics_report_the_fit(scene_dir, tmp_path):
     """Full training on the re-coloured images: with the correction the
-    photometric loss ends far lower (measured 0.146 -> 0.068 over the last 20
-    of 150 steps; required: at most 70 % of it).  Metrics hold the raw-render PSNR and the
-    affine-fitted one, which can only be higher."""
+    photometric loss ends lower (measured 0.056 -> 0.045 over the last 20 of
+    150 steps; only the 41 % of pixels the scene covers are re-coloured, the
+    painted background matches either way).  Required: at most 90 % of it --
+    the run is deterministic, so this is a margin for other machines'
+    rounding; a correction that is not applied or not learned gives >= 100 %.
+    Metrics hold the raw-render PSNR and the affine-fitted one, which can only
+    be higher."""
     losses, metrics = {}, {}
     for mode in ("none", "affine"):
         cfg = tiny_config(scene_dir, 150, [f"train.appearance={mode}", "train.appearance_lr=5e-3"])
@@ -144,7 +174,7 @@ def test_appearance_lowers_the_loss_and_metrics_report_the_fit(scene_dir, tmp_pa
         metrics[mode] = trainer.train()
         losses[mode] = float(np.mean(seen[-20:]))
     print(f"photometric loss over the last 20 steps: none {losses['none']:.4f}, affine {losses['affine']:.4f}")
-    assert losses["affine"] < 0.7 * losses["none"]
+    assert losses["affine"] < 0.9 * losses["none"]
     for m in metrics.values():
         assert m["test.psnr_affine_fit"] >= m["test.psnr"] - 1e-9
         assert m["test"]["psnr_affine_fit"] == m["test.psnr_affine_fit"]
