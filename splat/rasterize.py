@@ -12,6 +12,7 @@ import warnings
 
 import torch
 
+from . import _backend
 from . import conventions as cv
 from ._backend import has_cuda_kernels, has_extension, load_extension
 from .outputs import RasterOutput, compose
@@ -59,7 +60,6 @@ def rasterize(means, quats, scales, opacities, colors, viewmat, K, width, height
     _validate(means, quats, scales, opacities, colors, viewmat, K, width, height, near, far,
               background, sh_degree, backend)
     backend = _resolve_backend(backend, means.device)
-    rgb_colors = _surfel_colors(means, colors, viewmat, sh_degree)
     n = means.shape[0]
     dtype, device = means.dtype, means.device
     inputs = (means, quats, scales, opacities, colors, viewmat, K, background)
@@ -70,10 +70,16 @@ def rasterize(means, quats, scales, opacities, colors, viewmat, K, width, height
         sums = _empty_sums(width, height, dtype, device)
         return compose(*_connect(sums, inputs + (means2d,)), background=background, radii=radii, means2d=means2d)
 
-    proj = _project(means, quats, scales, opacities, viewmat, K, width, height, near, far)
-    means2d = proj["center"].detach().clone()
-    Tuvw, center = proj["Tuvw"], proj["center"]
-    if grad_enabled:
+    if backend == "cpu" and not (viewmat.requires_grad or K.requires_grad):
+        proj, rgb_colors, means2d = _project_cpu(means, quats, scales, opacities, colors, viewmat, K,
+                                                 width, height, near, far, sh_degree, grad_enabled)
+        Tuvw, center = proj["Tuvw"], proj["center"]
+    else:
+        rgb_colors = _surfel_colors(means, colors, viewmat, sh_degree)
+        proj = _project(means, quats, scales, opacities, viewmat, K, width, height, near, far)
+        means2d = proj["center"].detach().clone()
+        Tuvw, center = proj["Tuvw"], proj["center"]
+    if grad_enabled and not proj["fused"]:
         means2d.requires_grad_(True)
         # A screen translation delta of the footprint: value 0, gradient
         # identity.  Folding it into M (rows Tu += dx Tw, Tv += dy Tw) and the
@@ -133,7 +139,69 @@ def _project(means, quats, scales, opacities, viewmat, K, width, height, near, f
         drawn = (pixel_rect[:, 2] > pixel_rect[:, 0]) & (pixel_rect[:, 3] > pixel_rect[:, 1])
     _check_magnitude(M.detach(), in_range, drawn, width, height)
     return {"Tuvw": M.reshape(-1, 9), "center": center, "depth": c[:, 2].detach().contiguous(),
-            "normal": facing_normals(quats, means, viewmat), "pixel_rect": pixel_rect, "radii": radii}
+            "normal": facing_normals(quats, means, viewmat), "pixel_rect": pixel_rect, "radii": radii,
+            "fused": False}
+
+
+def _magnitude_limits(dtype):
+    """(limit for surfels in the depth range, limit for drawn surfels): see _check_magnitude."""
+    big = torch.finfo(dtype).max
+    return big, big ** 0.25 / 16
+
+
+def _project_cpu(means, quats, scales, opacities, colors, viewmat, K, width, height, near, far, sh_degree,
+                 grad_enabled):
+    """_project and _surfel_colors fused into one C++ op with an exact backward
+    (splat/cuda_rasterizer/cpu/project_cpu.cpp), for CPU tensors when viewmat
+    and K need no gradient.  Same outputs as the torch path up to float
+    rounding (tests/test_projection.py).  means2d is folded in by the op's
+    backward: its gradient is dL/d(screen translation), as in rasterize().
+
+    Returns (proj dict as _project's, colours [N, 3], means2d)."""
+    n = means.shape[0]
+    means2d = torch.zeros(n, 2, dtype=means.dtype, requires_grad=grad_enabled)
+    coeffs = colors if sh_degree is not None else colors.new_zeros(0, 0, 3)
+    Tuvw, center, normal, color, depth, rect, radii, bad = _ProjectSurfels.apply(
+        means, quats, scales, opacities, coeffs, means2d, viewmat, K, width, height, near, far,
+        -1 if sh_degree is None else sh_degree)
+    if int(bad):  # let the torch path raise its error naming the rows
+        _project(means, quats, scales, opacities, viewmat, K, width, height, near, far)
+    with torch.no_grad():
+        means2d.copy_(center)
+    proj = {"Tuvw": Tuvw, "center": center, "depth": depth, "normal": normal, "pixel_rect": rect,
+            "radii": radii, "fused": True}
+    return proj, (colors if sh_degree is None else color), means2d
+
+
+class _ProjectSurfels(torch.autograd.Function):
+    """splat._C.project_forward_cpu / project_backward_cpu.  Returns (Tuvw,
+    centre, normal, colour, depth, pixel_rect, radii, bad count); means2d
+    (value unused) receives dL/d(screen translation)."""
+
+    @staticmethod
+    def forward(ctx, means, quats, scales, opacities, coeffs, means2d, viewmat, K, width, height, near, far,
+                sh_degree):
+        ext = _backend.load_extension()  # not this module's name, which tests swap for the raster kernels
+        args = [t.contiguous() for t in (means, quats, scales, opacities, coeffs)]
+        cam = (viewmat.detach().contiguous(), K.detach().contiguous())
+        outs = ext.project_forward_cpu(*args, sh_degree, *cam, width, height, near, far,
+                                       *_magnitude_limits(means.dtype))
+        ctx.save_for_backward(*args, *cam)
+        ctx.image = (width, height, near, far)
+        ctx.sh_degree = sh_degree
+        ctx.mark_non_differentiable(*outs[4:])
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, v_Tuvw, v_center, v_normal, v_color, *_):
+        ext = _backend.load_extension()
+        means, quats, scales, opacities, coeffs, viewmat, K = ctx.saved_tensors
+        width, height, near, far = ctx.image
+        v_means, v_quats, v_scales, v_coeffs, v_means2d = ext.project_backward_cpu(
+            means, quats, scales, opacities, coeffs, ctx.sh_degree, viewmat, K, width, height, near, far,
+            v_Tuvw.contiguous(), v_center.contiguous(), v_normal.contiguous(), v_color.contiguous())
+        return (v_means, v_quats, v_scales, None, v_coeffs if ctx.sh_degree >= 0 else None, v_means2d,
+                None, None, None, None, None, None, None)
 
 
 def _check_magnitude(M, in_range, drawn, width, height):
@@ -149,10 +217,8 @@ def _check_magnitude(M, in_range, drawn, width, height):
     evaluated per pixel, so only their M must be finite.
     """
     dtype = M.dtype
-    if drawn is None:
-        limit, check = torch.finfo(dtype).max, in_range
-    else:
-        limit, check = torch.finfo(dtype).max ** 0.25 / 16, drawn
+    finite_limit, drawn_limit = _magnitude_limits(dtype)
+    limit, check = (finite_limit, in_range) if drawn is None else (drawn_limit, drawn)
     M = M.double()
     h = M[:, :2].abs().amax((1, 2)) + max(width, height) * M[:, 2].abs().amax(-1)  # [N]
     bad = check & ~(h <= limit)

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core.h"
+#include "cpu/project_cpu.h"
 #include "cpu/rasterize_cpu.h"
 #include "cpu/simd.h"
 #ifdef SPLAT_WITH_CUDA
@@ -129,6 +130,107 @@ torch::Tensor backward_cpu(const torch::Tensor& Tuvw, const torch::Tensor& cente
   return v_surfels;
 }
 
+// The fused projection (cpu/project_cpu.h).  coeffs: [N, K, 3] SH
+// coefficients, or an empty tensor for no colour output.
+template <typename T>
+splat::ProjectInputs<T> project_inputs(const torch::Tensor& means, const torch::Tensor& quats,
+                                       const torch::Tensor& scales,
+                                       const torch::Tensor& opacities,
+                                       const torch::Tensor& coeffs, int64_t sh_degree,
+                                       const torch::Tensor& viewmat, const torch::Tensor& K,
+                                       int64_t width, int64_t height, double near, double far) {
+  const int64_t n = means.size(0);
+  const auto dtype = means.scalar_type();
+  check_input(means, "means", n, 3, dtype);
+  check_input(quats, "quats", n, 4, dtype);
+  check_input(scales, "scales", n, 2, dtype);
+  check_input(opacities, "opacities", n, 0, dtype);
+  const bool with_sh = coeffs.numel() > 0;
+  if (with_sh) {
+    check_input(coeffs, "coeffs", n, 0, dtype);
+    TORCH_CHECK(coeffs.dim() == 3 && coeffs.size(2) == 3, "coeffs must be [N, K, 3]");
+    TORCH_CHECK(sh_degree >= 0 && sh_degree <= 3 && coeffs.size(1) >= (sh_degree + 1) * (sh_degree + 1),
+                "coeffs has too few SH coefficients for sh_degree ", sh_degree);
+  }
+  TORCH_CHECK(viewmat.numel() == 16 && K.numel() == 9, "viewmat must be [4, 4] and K [3, 3]");
+  splat::ProjectInputs<T> in{};
+  in.means = means.data_ptr<T>();
+  in.quats = quats.data_ptr<T>();
+  in.scales = scales.data_ptr<T>();
+  in.opacities = opacities.data_ptr<T>();
+  in.coeffs = with_sh ? coeffs.data_ptr<T>() : nullptr;
+  in.num_coeffs = with_sh ? coeffs.size(1) : 0;
+  in.sh_degree = static_cast<int>(sh_degree);
+  const auto V = viewmat.to(torch::kCPU).contiguous(), Kc = K.to(torch::kCPU).contiguous();
+  for (int k = 0; k < 16; ++k) in.viewmat[k] = V.data_ptr<T>()[k];
+  for (int k = 0; k < 9; ++k) in.K[k] = Kc.data_ptr<T>()[k];
+  in.n = n;
+  in.width = static_cast<int>(width);
+  in.height = static_cast<int>(height);
+  in.near = near;
+  in.far = far;
+  return in;
+}
+
+std::vector<torch::Tensor> project_forward(const torch::Tensor& means, const torch::Tensor& quats,
+                                           const torch::Tensor& scales,
+                                           const torch::Tensor& opacities,
+                                           const torch::Tensor& coeffs, int64_t sh_degree,
+                                           const torch::Tensor& viewmat, const torch::Tensor& K,
+                                           int64_t width, int64_t height, double near, double far,
+                                           double limit_finite, double limit_drawn) {
+  const int64_t n = means.size(0);
+  const auto opts = means.options();
+  auto Tuvw = torch::empty({n, 9}, opts), center = torch::empty({n, 2}, opts);
+  auto normal = torch::empty({n, 3}, opts), depth = torch::empty({n}, opts);
+  auto color = torch::empty({coeffs.numel() > 0 ? n : 0, 3}, opts);
+  auto rect = torch::empty({n, 4}, opts.dtype(torch::kInt32));
+  auto radii = torch::empty({n}, opts.dtype(torch::kInt32));
+  int64_t bad = 0;
+  AT_DISPATCH_FLOATING_TYPES(means.scalar_type(), "splat_project_forward", [&] {
+    auto in = project_inputs<scalar_t>(means, quats, scales, opacities, coeffs, sh_degree, viewmat,
+                                       K, width, height, near, far);
+    in.limit_finite = limit_finite;
+    in.limit_drawn = limit_drawn;
+    splat::ProjectOutputs<scalar_t> out{Tuvw.data_ptr<scalar_t>(),  center.data_ptr<scalar_t>(),
+                                        normal.data_ptr<scalar_t>(), color.data_ptr<scalar_t>(),
+                                        depth.data_ptr<scalar_t>(),  rect.data_ptr<int32_t>(),
+                                        radii.data_ptr<int32_t>()};
+    bad = splat::project_forward_cpu<scalar_t>(in, out);
+  });
+  return {Tuvw, center, normal, color, depth, rect, radii, torch::tensor(bad)};
+}
+
+std::vector<torch::Tensor> project_backward(
+    const torch::Tensor& means, const torch::Tensor& quats, const torch::Tensor& scales,
+    const torch::Tensor& opacities, const torch::Tensor& coeffs, int64_t sh_degree,
+    const torch::Tensor& viewmat, const torch::Tensor& K, int64_t width, int64_t height,
+    double near, double far, const torch::Tensor& v_Tuvw, const torch::Tensor& v_center,
+    const torch::Tensor& v_normal, const torch::Tensor& v_color) {
+  const int64_t n = means.size(0);
+  const auto opts = means.options();
+  check_input(v_Tuvw, "v_Tuvw", n, 9, means.scalar_type());
+  check_input(v_center, "v_center", n, 2, means.scalar_type());
+  check_input(v_normal, "v_normal", n, 3, means.scalar_type());
+  if (coeffs.numel() > 0) check_input(v_color, "v_color", n, 3, means.scalar_type());
+  auto v_means = torch::empty({n, 3}, opts), v_quats = torch::empty({n, 4}, opts);
+  auto v_scales = torch::empty({n, 2}, opts), v_means2d = torch::empty({n, 2}, opts);
+  auto v_coeffs = torch::empty_like(coeffs);
+  AT_DISPATCH_FLOATING_TYPES(means.scalar_type(), "splat_project_backward", [&] {
+    auto in = project_inputs<scalar_t>(means, quats, scales, opacities, coeffs, sh_degree, viewmat,
+                                       K, width, height, near, far);
+    const bool with_sh = coeffs.numel() > 0;
+    splat::ProjectGrads<scalar_t> g{
+        v_Tuvw.data_ptr<scalar_t>(),   v_center.data_ptr<scalar_t>(),
+        v_normal.data_ptr<scalar_t>(), with_sh ? v_color.data_ptr<scalar_t>() : nullptr,
+        v_means.data_ptr<scalar_t>(),  v_quats.data_ptr<scalar_t>(),
+        v_scales.data_ptr<scalar_t>(), with_sh ? v_coeffs.data_ptr<scalar_t>() : nullptr,
+        v_means2d.data_ptr<scalar_t>()};
+    splat::project_backward_cpu<scalar_t>(in, g);
+  });
+  return {v_means, v_quats, v_scales, v_coeffs, v_means2d};
+}
+
 // core.h's float32 exp, one element at a time and 8 lanes at a time (tests).
 std::vector<torch::Tensor> exp_float32(const torch::Tensor& x) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.is_contiguous() && x.dim() == 1 &&
@@ -148,6 +250,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "splat rasterizer kernels (CPU always; CUDA when built with it)";
   m.def("forward_cpu", &forward_cpu, "rasterize forward on the CPU");
   m.def("backward_cpu", &backward_cpu, "rasterize backward on the CPU");
+  m.def("project_forward_cpu", &project_forward, "fused per-surfel projection on the CPU");
+  m.def("project_backward_cpu", &project_backward, "its exact backward");
   m.def("set_cpu_kernel_mode", [](int64_t mode) {
     TORCH_CHECK(mode >= 0 && mode <= 2, "CPU kernel mode must be 0 (reference), 1 (scalar) or 2 (simd)");
     splat::set_cpu_kernel_mode(static_cast<int>(mode));

@@ -1,0 +1,352 @@
+// Fused per-surfel projection (see project_cpu.h).  Each step mirrors one
+// line of the torch path in splat/rasterize.py, in the same precision: M,
+// centre, normal and colour in T, the culling test and the bounds in float64.
+#include "project_cpu.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "../core.h"
+
+namespace splat {
+
+namespace {
+
+constexpr double kSH_C0 = 0.28209479177387814;
+constexpr double kSH_C1 = 0.4886025119029199;
+constexpr double kSH_C2[5] = {1.0925484305920792, -1.0925484305920792, 0.31539156525252005,
+                              -1.0925484305920792, 0.5462742152960396};
+constexpr double kSH_C3[7] = {-0.5900435899266435, 2.890611442640554,  -0.4570457994644658,
+                              0.3731763325901154,  -0.4570457994644658, 1.445305721320277,
+                              -0.5900435899266435};
+
+// Per-surfel quantities shared by the forward and the backward pass.
+template <typename T>
+struct Projected {
+  T qn[4];       // unit quaternion
+  T qnorm;       // |quats / max|quats||
+  T qmax;        // max |quats|
+  T R[3][3];     // world rotation
+  T Rc[3][3];    // camera rotation V R
+  T cam[3];      // camera-space centre
+  bool in_range;
+  T M[3][3];     // rows Tu, Tv, Tw; zero when culled
+  T safe_depth;  // M[2][2], or 1 when culled
+  T center[2];
+  T sign;        // +1, or -1 when the normal is flipped towards the camera
+  T dir[3];      // unit view direction (means - camera centre)
+  T dnorm;       // clamp_min(|means - camera centre|, 1e-12)
+  bool dir_clamped;
+};
+
+template <typename T>
+void camera_centre(const ProjectInputs<T>& in, T campos[3]) {
+  const T* V = in.viewmat;
+  // -V[:3,:3]^T t
+  for (int j = 0; j < 3; ++j)
+    campos[j] = -(V[0 * 4 + j] * V[3] + V[1 * 4 + j] * V[7] + V[2 * 4 + j] * V[11]);
+}
+
+template <typename T>
+void project_one(const ProjectInputs<T>& in, const T campos[3], int64_t i, Projected<T>& p) {
+  const T* V = in.viewmat;
+  const T* K = in.K;
+  const T* q = in.quats + 4 * i;
+  const T* m = in.means + 3 * i;
+  const T* s = in.scales + 2 * i;
+  // quat_to_rotmat: divide by the largest |component|, then normalise.
+  p.qmax = std::max(std::max(std::abs(q[0]), std::abs(q[1])), std::max(std::abs(q[2]), std::abs(q[3])));
+  T qs[4];
+  for (int k = 0; k < 4; ++k) qs[k] = q[k] / p.qmax;
+  p.qnorm = std::sqrt(qs[0] * qs[0] + qs[1] * qs[1] + qs[2] * qs[2] + qs[3] * qs[3]);
+  for (int k = 0; k < 4; ++k) p.qn[k] = qs[k] / p.qnorm;
+  const T w = p.qn[0], x = p.qn[1], y = p.qn[2], z = p.qn[3];
+  p.R[0][0] = 1 - 2 * (y * y + z * z);
+  p.R[0][1] = 2 * (x * y - w * z);
+  p.R[0][2] = 2 * (x * z + w * y);
+  p.R[1][0] = 2 * (x * y + w * z);
+  p.R[1][1] = 1 - 2 * (x * x + z * z);
+  p.R[1][2] = 2 * (y * z - w * x);
+  p.R[2][0] = 2 * (x * z - w * y);
+  p.R[2][1] = 2 * (y * z + w * x);
+  p.R[2][2] = 1 - 2 * (x * x + y * y);
+  for (int r = 0; r < 3; ++r)
+    for (int c = 0; c < 3; ++c)
+      p.Rc[r][c] = V[r * 4 + 0] * p.R[0][c] + V[r * 4 + 1] * p.R[1][c] + V[r * 4 + 2] * p.R[2][c];
+  for (int r = 0; r < 3; ++r)
+    p.cam[r] = (m[0] * V[r * 4 + 0] + m[1] * V[r * 4 + 1] + m[2] * V[r * 4 + 2]) + V[r * 4 + 3];
+  const double cz = double(p.cam[2]);
+  p.in_range = cz > in.near && cz < in.far;
+  // columns [a b c] = [Rc_0 s0, Rc_1 s1, cam], zero when culled; M = K columns.
+  T col[3][3];
+  for (int r = 0; r < 3; ++r) {
+    col[r][0] = p.in_range ? p.Rc[r][0] * s[0] : T(0);
+    col[r][1] = p.in_range ? p.Rc[r][1] * s[1] : T(0);
+    col[r][2] = p.in_range ? p.cam[r] : T(0);
+  }
+  for (int r = 0; r < 3; ++r)
+    for (int c = 0; c < 3; ++c)
+      p.M[r][c] = K[r * 3 + 0] * col[0][c] + K[r * 3 + 1] * col[1][c] + K[r * 3 + 2] * col[2][c];
+  p.safe_depth = p.in_range ? p.M[2][2] : T(1);
+  p.center[0] = p.M[0][2] / p.safe_depth;
+  p.center[1] = p.M[1][2] / p.safe_depth;
+  // facing_normals: flip R[:, 2] when it points away from the camera.
+  T d[3];
+  for (int k = 0; k < 3; ++k) d[k] = m[k] - campos[k];
+  const T facing = d[0] * p.R[0][2] + d[1] * p.R[1][2] + d[2] * p.R[2][2];
+  p.sign = facing > 0 ? T(-1) : T(1);
+  // SH direction: d / clamp_min(|d|, 1e-12)
+  const T len = std::sqrt(d[0] * d[0] + d[1] * d[1] + d[2] * d[2]);
+  p.dir_clamped = !(len > T(1e-12));
+  p.dnorm = p.dir_clamped ? T(1e-12) : len;
+  for (int k = 0; k < 3; ++k) p.dir[k] = d[k] / p.dnorm;
+}
+
+template <typename T>
+int sh_basis(int degree, const T dir[3], T b[16]) {
+  const T x = dir[0], y = dir[1], z = dir[2];
+  b[0] = T(kSH_C0);
+  if (degree < 1) return 1;
+  b[1] = T(-kSH_C1) * y;
+  b[2] = T(kSH_C1) * z;
+  b[3] = T(-kSH_C1) * x;
+  if (degree < 2) return 4;
+  const T xx = x * x, yy = y * y, zz = z * z, xy = x * y, yz = y * z, xz = x * z;
+  b[4] = T(kSH_C2[0]) * xy;
+  b[5] = T(kSH_C2[1]) * yz;
+  b[6] = T(kSH_C2[2]) * (2 * zz - xx - yy);
+  b[7] = T(kSH_C2[3]) * xz;
+  b[8] = T(kSH_C2[4]) * (xx - yy);
+  if (degree < 3) return 9;
+  b[9] = T(kSH_C3[0]) * y * (3 * xx - yy);
+  b[10] = T(kSH_C3[1]) * xy * z;
+  b[11] = T(kSH_C3[2]) * y * (4 * zz - xx - yy);
+  b[12] = T(kSH_C3[3]) * z * (2 * zz - 3 * xx - 3 * yy);
+  b[13] = T(kSH_C3[4]) * x * (4 * zz - xx - yy);
+  b[14] = T(kSH_C3[5]) * z * (xx - yy);
+  b[15] = T(kSH_C3[6]) * x * (xx - 3 * yy);
+  return 16;
+}
+
+// d(basis)/d(dir) contracted with gb (dL/d basis): adds to v_dir.
+template <typename T>
+void sh_basis_vjp(int degree, const T dir[3], const T gb[16], T v_dir[3]) {
+  const T x = dir[0], y = dir[1], z = dir[2];
+  if (degree < 1) return;
+  v_dir[1] += T(-kSH_C1) * gb[1];
+  v_dir[2] += T(kSH_C1) * gb[2];
+  v_dir[0] += T(-kSH_C1) * gb[3];
+  if (degree < 2) return;
+  const T xx = x * x, yy = y * y, zz = z * z;
+  const T c0 = T(kSH_C2[0]), c1 = T(kSH_C2[1]), c2 = T(kSH_C2[2]), c3 = T(kSH_C2[3]), c4 = T(kSH_C2[4]);
+  v_dir[0] += gb[4] * c0 * y + gb[6] * c2 * (-2 * x) + gb[7] * c3 * z + gb[8] * c4 * (2 * x);
+  v_dir[1] += gb[4] * c0 * x + gb[5] * c1 * z + gb[6] * c2 * (-2 * y) + gb[8] * c4 * (-2 * y);
+  v_dir[2] += gb[5] * c1 * y + gb[6] * c2 * (4 * z) + gb[7] * c3 * x;
+  if (degree < 3) return;
+  const T e0 = T(kSH_C3[0]), e1 = T(kSH_C3[1]), e2 = T(kSH_C3[2]), e3 = T(kSH_C3[3]),
+          e4 = T(kSH_C3[4]), e5 = T(kSH_C3[5]), e6 = T(kSH_C3[6]);
+  v_dir[0] += gb[9] * e0 * (6 * x * y) + gb[10] * e1 * (y * z) + gb[11] * e2 * (-2 * x * y) +
+              gb[12] * e3 * (-6 * x * z) + gb[13] * e4 * (4 * zz - 3 * xx - yy) +
+              gb[14] * e5 * (2 * x * z) + gb[15] * e6 * (3 * xx - 3 * yy);
+  v_dir[1] += gb[9] * e0 * (3 * xx - 3 * yy) + gb[10] * e1 * (x * z) +
+              gb[11] * e2 * (4 * zz - xx - 3 * yy) + gb[12] * e3 * (-6 * y * z) +
+              gb[13] * e4 * (-2 * x * y) + gb[14] * e5 * (-2 * y * z) + gb[15] * e6 * (-6 * x * y);
+  v_dir[2] += gb[10] * e1 * (x * y) + gb[11] * e2 * (8 * y * z) +
+              gb[12] * e3 * (6 * zz - 3 * xx - 3 * yy) + gb[13] * e4 * (8 * x * z) +
+              gb[14] * e5 * (xx - yy);
+}
+
+// _screen_bounds for one surfel, in float64: rect (x0, y0, x1, y1) and radius.
+template <typename T>
+void screen_bounds(const ProjectInputs<T>& in, const Projected<T>& p, double opacity,
+                   int32_t rect[4], int32_t& radius) {
+  const int W = in.width, H = in.height, side = std::max(W, H);
+  double k2 = 2.0 * std::log(std::max(opacity * 255.0, 1e-30));
+  bool visible = p.in_range && opacity >= kAlphaMin && k2 > 1e-12;
+  if (!visible) k2 = 1.0;
+  const double wt[3] = {1.0, 1.0, -1.0 / k2};
+  double M[3][3];
+  for (int r = 0; r < 3; ++r)
+    for (int c = 0; c < 3; ++c) M[r][c] = double(p.M[r][c]);
+  double dual[3][3];
+  for (int r = 0; r < 3; ++r)
+    for (int c = 0; c < 3; ++c)
+      dual[r][c] = M[r][0] * wt[0] * M[c][0] + M[r][1] * wt[1] * M[c][1] + M[r][2] * wt[2] * M[c][2];
+  const bool bounded = dual[2][2] < 0;
+  const double c22 = bounded ? dual[2][2] : -1.0;
+  const double disc = std::sqrt(k2 / kLowpassInvVariance);
+  const double centre[2] = {double(p.center[0]), double(p.center[1])};
+  const double screen[2] = {double(W), double(H)};
+  double lo[2], hi[2];
+  int64_t first[2], last[2];
+  for (int a = 0; a < 2; ++a) {
+    const double mid = dual[a][2] / c22;
+    const double half = std::sqrt(std::max(mid * mid - dual[a][a] / c22, 0.0));
+    lo[a] = std::min(mid - half, centre[a] - disc);
+    hi[a] = std::max(mid + half, centre[a] + disc);
+    if (!bounded) lo[a] = 0.0, hi[a] = screen[a];
+    const double f = std::min(std::max(std::ceil(lo[a] - 0.5 - 1.0), -1.0), double(side + 1));
+    const double l = std::min(std::max(std::floor(hi[a] - 0.5 + 1.0), -1.0), double(side + 1));
+    first[a] = std::min<int64_t>(std::max<int64_t>(int64_t(f), 0), a == 0 ? W : H);
+    last[a] = std::min<int64_t>(std::max<int64_t>(int64_t(l) + 1, 0), a == 0 ? W : H);
+    visible = visible && last[a] > first[a];
+  }
+  if (visible) {
+    rect[0] = int32_t(first[0]), rect[1] = int32_t(first[1]);
+    rect[2] = int32_t(last[0]), rect[3] = int32_t(last[1]);
+  } else {
+    rect[0] = rect[1] = rect[2] = rect[3] = 0;
+  }
+  const double extent = std::max(std::max(hi[0] - centre[0], centre[0] - lo[0]),
+                                 std::max(hi[1] - centre[1], centre[1] - lo[1]));
+  double r = visible ? std::ceil(std::max(extent, 0.0)) : 0.0;
+  if (!(bounded || !visible)) r = double(side);
+  radius = int32_t(r);
+}
+
+// h = max(|Tu|, |Tv|) + max(W, H) |Tw| (rasterize.py _check_magnitude), in float64.
+template <typename T>
+double magnitude(const Projected<T>& p, int side) {
+  double a = 0.0, b = 0.0;
+  for (int c = 0; c < 3; ++c) {
+    a = std::max(a, std::max(std::abs(double(p.M[0][c])), std::abs(double(p.M[1][c]))));
+    b = std::max(b, std::abs(double(p.M[2][c])));
+  }
+  return a + double(side) * b;
+}
+
+}  // namespace
+
+template <typename T>
+int64_t project_forward_cpu(const ProjectInputs<T>& in, const ProjectOutputs<T>& out) {
+  T campos[3];
+  camera_centre(in, campos);
+  const int side = std::max(in.width, in.height);
+  int64_t bad = 0;
+#pragma omp parallel for schedule(static) reduction(+ : bad)
+  for (int64_t i = 0; i < in.n; ++i) {
+    Projected<T> p;
+    project_one(in, campos, i, p);
+    for (int r = 0; r < 3; ++r)
+      for (int c = 0; c < 3; ++c) out.Tuvw[9 * i + 3 * r + c] = p.M[r][c];
+    out.center[2 * i] = p.center[0];
+    out.center[2 * i + 1] = p.center[1];
+    for (int k = 0; k < 3; ++k) out.normal[3 * i + k] = p.sign * p.R[k][2];
+    out.depth[i] = p.cam[2];
+    if (in.coeffs) {
+      T b[16];
+      const int nb = sh_basis(in.sh_degree, p.dir, b);
+      const T* co = in.coeffs + in.num_coeffs * 3 * i;
+      for (int c = 0; c < 3; ++c) {
+        T v = b[0] * co[c];
+        for (int j = 1; j < nb; ++j) v = v + b[j] * co[3 * j + c];
+        out.color[3 * i + c] = std::max(v + T(0.5), T(0));
+      }
+    }
+    screen_bounds(in, p, double(in.opacities[i]), out.pixel_rect + 4 * i, out.radii[i]);
+    const int32_t* rc = out.pixel_rect + 4 * i;
+    const bool drawn = rc[2] > rc[0] && rc[3] > rc[1];
+    const double h = magnitude(p, side);
+    if ((p.in_range && !(h <= in.limit_finite)) || (drawn && !(h <= in.limit_drawn))) ++bad;
+  }
+  return bad;
+}
+
+template <typename T>
+void project_backward_cpu(const ProjectInputs<T>& in, const ProjectGrads<T>& g) {
+  T campos[3];
+  camera_centre(in, campos);
+  const T* V = in.viewmat;
+  const T* K = in.K;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < in.n; ++i) {
+    Projected<T> p;
+    project_one(in, campos, i, p);
+    const T* s = in.scales + 2 * i;
+    // dL/dM: the Tuvw rows, plus the centre M[0:2, 2] / M[2, 2].
+    T vM[3][3];
+    for (int r = 0; r < 3; ++r)
+      for (int c = 0; c < 3; ++c) vM[r][c] = g.v_Tuvw[9 * i + 3 * r + c];
+    const T vcx = g.v_center[2 * i], vcy = g.v_center[2 * i + 1];
+    // means2d: Tu += dx Tw, Tv += dy Tw, centre += (dx, dy), at dx = dy = 0.
+    g.v_means2d[2 * i] = (vM[0][0] * p.M[2][0] + vM[0][1] * p.M[2][1] + vM[0][2] * p.M[2][2]) + vcx;
+    g.v_means2d[2 * i + 1] =
+        (vM[1][0] * p.M[2][0] + vM[1][1] * p.M[2][1] + vM[1][2] * p.M[2][2]) + vcy;
+    T v_R[3][3] = {};
+    T v_m[3] = {0, 0, 0};
+    T v_s[2] = {0, 0};
+    if (p.in_range) {
+      vM[0][2] += vcx / p.safe_depth;
+      vM[1][2] += vcy / p.safe_depth;
+      vM[2][2] -= (vcx * p.center[0] + vcy * p.center[1]) / p.safe_depth;
+      // columns = K^T vM
+      T vcol[3][3];
+      for (int r = 0; r < 3; ++r)
+        for (int c = 0; c < 3; ++c)
+          vcol[r][c] = K[0 * 3 + r] * vM[0][c] + K[1 * 3 + r] * vM[1][c] + K[2 * 3 + r] * vM[2][c];
+      // c = V m + t
+      for (int k = 0; k < 3; ++k)
+        v_m[k] = V[0 * 4 + k] * vcol[0][2] + V[1 * 4 + k] * vcol[1][2] + V[2 * 4 + k] * vcol[2][2];
+      // a = Rc_0 s0, b = Rc_1 s1
+      v_s[0] = vcol[0][0] * p.Rc[0][0] + vcol[1][0] * p.Rc[1][0] + vcol[2][0] * p.Rc[2][0];
+      v_s[1] = vcol[0][1] * p.Rc[0][1] + vcol[1][1] * p.Rc[1][1] + vcol[2][1] * p.Rc[2][1];
+      // Rc = V R: v_R = V^T v_Rc (columns 0 and 1)
+      for (int c = 0; c < 2; ++c) {
+        T v_Rc[3];
+        for (int r = 0; r < 3; ++r) v_Rc[r] = vcol[r][c] * s[c];
+        for (int k = 0; k < 3; ++k)
+          v_R[k][c] = V[0 * 4 + k] * v_Rc[0] + V[1 * 4 + k] * v_Rc[1] + V[2 * 4 + k] * v_Rc[2];
+      }
+    }
+    for (int k = 0; k < 3; ++k) v_R[k][2] += p.sign * g.v_normal[3 * i + k];
+    // rotation matrix -> unit quaternion
+    const T w = p.qn[0], x = p.qn[1], y = p.qn[2], z = p.qn[3];
+    const T(&G)[3][3] = v_R;
+    T vq[4];
+    vq[0] = 2 * (-z * G[0][1] + y * G[0][2] + z * G[1][0] - x * G[1][2] - y * G[2][0] + x * G[2][1]);
+    vq[1] = 2 * (y * G[0][1] + z * G[0][2] + y * G[1][0] - 2 * x * G[1][1] - w * G[1][2] +
+                 z * G[2][0] + w * G[2][1] - 2 * x * G[2][2]);
+    vq[2] = 2 * (-2 * y * G[0][0] + x * G[0][1] + w * G[0][2] + x * G[1][0] + z * G[1][2] -
+                 w * G[2][0] + z * G[2][1] - 2 * y * G[2][2]);
+    vq[3] = 2 * (-2 * z * G[0][0] - w * G[0][1] + x * G[0][2] + w * G[1][0] - 2 * z * G[1][1] +
+                 y * G[1][2] + x * G[2][0] + y * G[2][1]);
+    // qn = qs / |qs|, qs = q / max|q| (the max held constant)
+    const T dot = vq[0] * w + vq[1] * x + vq[2] * y + vq[3] * z;
+    for (int k = 0; k < 4; ++k)
+      g.v_quats[4 * i + k] = (vq[k] - p.qn[k] * dot) / p.qnorm / p.qmax;
+    if (in.coeffs) {
+      T b[16], gb[16];
+      const int nb = sh_basis(in.sh_degree, p.dir, b);
+      const T* co = in.coeffs + in.num_coeffs * 3 * i;
+      T* vco = g.v_coeffs + in.num_coeffs * 3 * i;
+      // colour = max(sum_j b_j co_j + 0.5, 0): gradient passes where the argument >= 0.
+      T vc[3];
+      for (int c = 0; c < 3; ++c) {
+        T v = b[0] * co[c];
+        for (int j = 1; j < nb; ++j) v = v + b[j] * co[3 * j + c];
+        vc[c] = v + T(0.5) >= T(0) ? g.v_color[3 * i + c] : T(0);
+      }
+      for (int j = 0; j < in.num_coeffs; ++j)
+        for (int c = 0; c < 3; ++c) vco[3 * j + c] = j < nb ? b[j] * vc[c] : T(0);
+      for (int j = 0; j < nb; ++j) gb[j] = co[3 * j] * vc[0] + co[3 * j + 1] * vc[1] + co[3 * j + 2] * vc[2];
+      T v_dir[3] = {0, 0, 0};
+      sh_basis_vjp(in.sh_degree, p.dir, gb, v_dir);
+      if (p.dir_clamped) {
+        for (int k = 0; k < 3; ++k) v_m[k] += v_dir[k] / p.dnorm;
+      } else {
+        const T dd = v_dir[0] * p.dir[0] + v_dir[1] * p.dir[1] + v_dir[2] * p.dir[2];
+        for (int k = 0; k < 3; ++k) v_m[k] += (v_dir[k] - p.dir[k] * dd) / p.dnorm;
+      }
+    }
+    for (int k = 0; k < 3; ++k) g.v_means[3 * i + k] = v_m[k];
+    g.v_scales[2 * i] = v_s[0];
+    g.v_scales[2 * i + 1] = v_s[1];
+  }
+}
+
+template int64_t project_forward_cpu<float>(const ProjectInputs<float>&, const ProjectOutputs<float>&);
+template int64_t project_forward_cpu<double>(const ProjectInputs<double>&, const ProjectOutputs<double>&);
+template void project_backward_cpu<float>(const ProjectInputs<float>&, const ProjectGrads<float>&);
+template void project_backward_cpu<double>(const ProjectInputs<double>&, const ProjectGrads<double>&);
+
+}  // namespace splat
