@@ -372,8 +372,10 @@ def _check_tensor(name, t, shape, dtype, device):
         raise TypeError(f"{name} has dtype {t.dtype}, but means has {dtype}; all inputs must share one dtype")
     if t.device != device:
         raise ValueError(f"{name} is on {t.device}, but means is on {device}; all inputs must be on one device")
-    finite = torch.isfinite(t)
-    if not bool(finite.all()):
+    # One reduction: a sum is finite whenever every element is (it can only
+    # overflow, a false alarm the exact test below then clears).
+    if t.numel() and not math.isfinite(float(t.detach().sum())) and not bool(torch.isfinite(t).all()):
+        finite = torch.isfinite(t)
         bad = (~finite).reshape(t.shape[0], -1).any(-1).nonzero().flatten()[:5].tolist() if t.dim() > 0 else []
         raise ValueError(f"{name} contains NaN or Inf (first bad rows: {bad})")
 
@@ -446,14 +448,16 @@ def _validate(means, quats, scales, opacities, colors, viewmat, K, width, height
         # Any larger finite quaternion is normalised exactly (reference.quat_to_rotmat
         # rescales it first); a smaller one has a gradient ~1/|q| the dtype cannot carry.
         min_quat = torch.finfo(dtype).tiny ** 0.5
-        zero_quat = quats.abs().amax(dim=-1) < min_quat
-        if bool(zero_quat.any()):
+        # Cheap whole-array tests first (one reduction each); rows only for the message.
+        if float(quats.detach().abs().amax(dim=-1).amin()) < min_quat:
+            zero_quat = quats.abs().amax(dim=-1) < min_quat
             raise ValueError(f"quats has zero-length quaternions at rows {zero_quat.nonzero().flatten()[:5].tolist()} "
                              f"(largest component below {min_quat:.2g}, too small to normalise in {dtype})")
-        if bool((scales < 0).any()):
+        if float(scales.detach().amin()) < 0:
             raise ValueError(f"scales must be >= 0 (they are standard deviations, not log-scales); "
                              f"negative at rows {(scales < 0).any(-1).nonzero().flatten()[:5].tolist()}")
-        bad_opacity = (opacities < 0) | (opacities > 1)
-        if bool(bad_opacity.any()):
+        lo, hi = torch.aminmax(opacities.detach())
+        if float(lo) < 0 or float(hi) > 1:
+            bad_opacity = (opacities < 0) | (opacities > 1)
             raise ValueError(f"opacities must lie in [0, 1] (probabilities, not logits); "
                              f"out of range at rows {bad_opacity.nonzero().flatten()[:5].tolist()}")
