@@ -83,7 +83,8 @@ setup(
     # torch is deliberately not listed: any torch requirement lets pip replace the
     # installed build with the newest one.  Install torch first (see README).
     # opencv-python-headless: lens undistortion at load (most real captures are distorted).
-    install_requires=["numpy", "plyfile>=1.0", "tqdm", "pyyaml", "pillow", "opencv-python-headless"],
+    # scipy: k-d tree for the initial scales of large point clouds.
+    install_requires=["numpy", "scipy", "plyfile>=1.0", "tqdm", "pyyaml", "pillow", "opencv-python-headless"],
     extras_require={
         # The test extra pulls every optional part the suite exercises, so CI
         # tests them all: pycolmap (convert.py, triangulation), viser and

@@ -103,8 +103,12 @@ def test_quat_to_rotmat_is_rotation():
 def test_knn_and_init_from_points():
     # points on a grid with spacing 0.1: the 3 nearest neighbours are at 0.1
     g = torch.stack(torch.meshgrid(*[torch.arange(6.0)] * 3, indexing="ij"), -1).reshape(-1, 3) * 0.1
-    d = knn_mean_distance(g, k=3, chunk=50)  # chunking must not change the answer
+    d = knn_mean_distance(g, k=3)
     assert torch.allclose(d, torch.full_like(d, 0.1), atol=1e-6)
+    # Against brute force on scattered points (and the k-d tree's exact distances).
+    p = torch.rand(500, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    brute = torch.cdist(p, p).topk(4, dim=1, largest=False).values[:, 1:].mean(1)
+    assert torch.allclose(knn_mean_distance(p, k=3), brute, rtol=1e-12, atol=0)
     cols = torch.rand(g.shape[0], 3)
     m = create_from_points(g, cols, sh_degree=2, init_opacity=0.1)
     assert m.num_gaussians == g.shape[0]
