@@ -36,16 +36,13 @@ __all__ = ["look_region", "photo_consistent_points"]
 
 #: Images are scored at most this wide (area-averaged), which is enough for a
 #: first guess of the surfaces and keeps the cost at a few seconds.
-SCORE_WIDTH = 400
+SCORE_WIDTH = 200
 #: A patch whose value range (max - min, largest over RGB) is below this is flat (no evidence).
 TEXTURE_MIN = 0.05
-#: Patch half-size in scoring pixels (a (2 PATCH + 1)^2 patch).
-PATCH = 1
-#: The best 1/REFINE_KEEP of the candidates are refined with REFINE_COPIES jittered copies each,
-#: REFINE_ROUNDS times.
-REFINE_KEEP = 8
-REFINE_COPIES = 8
-REFINE_ROUNDS = 1
+_OFFSETS = torch.tensor([(di, dj) for di in (-1, 0, 1) for dj in (-1, 0, 1)])  # [9, 2]
+#: The best 1/REFINE_KEEP of the candidates are refined with REFINE_COPIES jittered copies each.
+REFINE_KEEP = 4
+REFINE_COPIES = 4
 #: Candidates drawn per kept point.
 OVERSAMPLE = 16
 
@@ -138,42 +135,37 @@ def photo_consistent_points(
         # A 3x3 RGB patch around the candidate in every view that sees it,
         # sorted per channel: invariant to the patch's rotation between views
         # (a ring of cameras turns a floor's texture by up to 180 degrees).
-        r = PATCH
-        offsets = torch.tensor([(di, dj) for di in range(-r, r + 1) for dj in range(-r, r + 1)])
-        k = len(offsets)
-        patches = torch.full((C, len(p), 3, k), float("nan"))
+        patches = torch.full((C, len(p), 3, 9), float("nan"))
         for c, (img, s) in enumerate(zip(imgs, scale)):
             h, w = img.shape[1:]
             j = torch.floor(uv[c, :, 0] / s).long()
             i = torch.floor(uv[c, :, 1] / s).long()
-            ok = (z[c] > 1e-6) & (j >= r) & (j < w - r) & (i >= r) & (i < h - r)
-            rows = i[ok, None] + offsets[:, 0]
-            cols = j[ok, None] + offsets[:, 1]
+            ok = (z[c] > 1e-6) & (j >= 1) & (j < w - 1) & (i >= 1) & (i < h - 1)
+            rows = i[ok, None] + _OFFSETS[:, 0]
+            cols = j[ok, None] + _OFFSETS[:, 1]
             patches[c, ok] = img[:, rows, cols].permute(1, 0, 2)
-        centre = patches[..., k // 2]  # [C, M, 3]
-        sorted_p = patches.sort(dim=-1).values.flatten(2)  # [C, M, 3k]
+        centre = patches[..., 4]  # [C, M, 3]
+        sorted_p = patches.sort(dim=-1).values.flatten(2)  # [C, M, 27]
         seen = torch.isfinite(centre[..., 0])
-        ref = sorted_p.nanmedian(dim=0).values  # [M, 3k]
+        ref = sorted_p.nanmedian(dim=0).values  # [M, 27]
         dev = (sorted_p - ref[None]).abs().mean(-1)  # [C, M], NaN where unseen
         score = -dev.nanmedian(dim=0).values
         # Flat patches (plain background, sky) are consistent but say nothing
         # about where a surface is: they rank after every textured candidate.
-        flat = (ref.view(-1, 3, k).amax(-1) - ref.view(-1, 3, k).amin(-1)).amax(-1) < TEXTURE_MIN
+        flat = (ref.view(-1, 3, 9).amax(-1) - ref.view(-1, 3, 9).amin(-1)).amax(-1) < TEXTURE_MIN
         score = torch.where(flat, score - 10.0, score)
         score = torch.where(seen.sum(0) >= need, score, torch.full_like(score, -100.0))
         score = torch.nan_to_num(score, nan=-100.0)
         return score, centre.nanmedian(dim=0).values
 
     # Coarse to fine: score the candidates, then jitter the best ones by about
-    # their spacing and score again, REFINE_ROUNDS times with a shrinking
-    # jitter (sharper surfaces for the same cost).
+    # their spacing and score again (sharper surfaces for the same cost).
     score, med = score_points(p)
-    for r in range(REFINE_ROUNDS):
-        best = p[torch.argsort(-score, stable=True)[: max(n, len(p) // REFINE_KEEP)]]
-        spacing = float(knn_mean_distance(best, k=3).median()) if len(best) > 3 else 0.0
-        jitter = best.repeat(REFINE_COPIES, 1)
-        jitter = jitter + 0.5 ** (r + 1) * spacing * torch.randn(jitter.shape, generator=generator)
-        p = torch.cat([best, jitter])
-        score, med = score_points(p)
+    best = p[torch.argsort(-score, stable=True)[: max(n, len(p) // REFINE_KEEP)]]
+    spacing = float(knn_mean_distance(best, k=3).median()) if len(best) > 3 else 0.0
+    jitter = best.repeat(REFINE_COPIES, 1)
+    jitter = jitter + 0.5 * spacing * torch.randn(jitter.shape, generator=generator)
+    p = torch.cat([best, jitter])
+    score, med = score_points(p)
     order = torch.argsort(-score, stable=True)[:n]
     return p[order].contiguous(), med[order].clamp(0, 1).contiguous()
