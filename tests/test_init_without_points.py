@@ -199,3 +199,19 @@ def test_log_lines_timing():
     lines = buf.getvalue().splitlines()
     assert lines[1] == "step 500/1500  loss 0.0412  surfels 31,204  12.5 it/s  eta 1m20s"
     assert format_duration(41) == "41s" and format_duration(161) == "2m41s" and format_duration(3900) == "1h05m"
+
+
+def test_triangulation_with_neighbour_pairs(scene_192, tmp_path, monkeypatch):
+    """Beyond EXHAUSTIVE_MAX images each image is matched with its nearest
+    cameras only (pycolmap.match_image_pairs); same tolerances."""
+    import splat.data.triangulate as tri
+
+    pairs = tri._neighbour_pairs(scene_192.train, 4)
+    assert all(i < j for i, j in pairs) and len(pairs) >= 2 * len(scene_192.train)
+    assert (0, 1) in pairs  # ring neighbours (views 1 and 2 are the train views 0 and 1)
+    monkeypatch.setattr(tri, "EXHAUSTIVE_MAX", 5)
+    monkeypatch.setattr(tri, "NEIGHBOURS", 4)
+    pts, _ = triangulate_scene(scene_192.train, cache_dir=tmp_path)
+    d = surface_distance(pts)
+    assert len(pts) >= 200 and float(d.median()) < 0.06 and float(torch.quantile(d, 0.9)) < 0.1, \
+        (len(pts), float(d.median()))
