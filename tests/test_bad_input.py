@@ -146,7 +146,7 @@ def test_camera_inside_the_scene(scene, backend):
                   viewmat=torch.eye(4, dtype=torch.float64))
     out = _finite_outputs_and_grads(inside, backend)
     assert float(out.alpha.detach().max()) > 0
-    assert float(out.depth[out.alpha > 0].min()) > 0.2
+    assert float(out.depth.detach()[out.alpha > 0].min()) > 0.2
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
