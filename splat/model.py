@@ -211,6 +211,23 @@ def create_from_points(
     return GaussianModel(params, sh_degree)
 
 
+def project_points(points: torch.Tensor, viewmats: torch.Tensor, Ks: torch.Tensor):
+    """Pixel coordinates [C, M, 2] (conventions.py: pixel (i, j) covers
+    [j, j+1) x [i, i+1)) and camera depths [C, M] of world points [M, 3] in
+    cameras ``viewmats`` [C, 4, 4] (world -> camera) with intrinsics ``Ks`` [C, 3, 3]."""
+    cam = torch.einsum("cij,mj->cmi", viewmats[:, :3, :3], points) + viewmats[:, None, :3, 3]
+    z = cam[..., 2]
+    uv = torch.einsum("cij,cmj->cmi", Ks, cam)
+    return uv[..., :2] / z.clamp_min(1e-9)[..., None], z
+
+
+def seen_by(points: torch.Tensor, viewmats: torch.Tensor, Ks: torch.Tensor, widths, heights) -> torch.Tensor:
+    """[C, M] bool: point m is in front of camera c and inside its image
+    (``widths``/``heights``: ints, or [C, 1] tensors for cameras of different sizes)."""
+    uv, z = project_points(points, viewmats, Ks)
+    return (z > 1e-6) & (uv[..., 0] >= 0) & (uv[..., 0] < widths) & (uv[..., 1] >= 0) & (uv[..., 1] < heights)
+
+
 def random_points_in_frustums(
     n: int,
     viewmats: torch.Tensor,  # [C, 4, 4] world -> camera
@@ -238,14 +255,7 @@ def random_points_in_frustums(
         d = d / d.norm(dim=1, keepdim=True).clamp_min(1e-12)
         r = radius * torch.rand(m, 1, generator=generator) ** (1.0 / 3.0)
         p = center[None] + d * r  # [m, 3]
-        ph = torch.cat([p, torch.ones(m, 1)], dim=1)  # [m, 4]
-        cam = torch.einsum("cij,mj->cmi", viewmats, ph)[..., :3]  # [C, m, 3]
-        z = cam[..., 2]
-        uv = torch.einsum("cij,cmj->cmi", Ks, cam)  # [C, m, 3]
-        u = uv[..., 0] / z.clamp_min(1e-6)
-        v = uv[..., 1] / z.clamp_min(1e-6)
-        seen = (z > 1e-3) & (u >= 0) & (u < width) & (v >= 0) & (v < height)
-        n_seen = seen.sum(dim=0)  # [m]
+        n_seen = seen_by(p, viewmats, Ks, width, height).sum(dim=0)  # [m]
         need = max(1, int(math.ceil(min_views * viewmats.shape[0])))
         p = p[n_seen >= need]
         kept.append(p)

@@ -30,7 +30,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..model import knn_mean_distance
+from ..model import knn_mean_distance, project_points, seen_by
 
 __all__ = ["look_region", "photo_consistent_points"]
 
@@ -74,14 +74,6 @@ def look_region(viewmats: torch.Tensor, centers: torch.Tensor) -> Tuple[torch.Te
     return mean.float(), spread if spread > 0 else 1.0
 
 
-def _project(points: torch.Tensor, viewmats: torch.Tensor, Ks: torch.Tensor):
-    """Pixel coordinates [C, M, 2] and depths [C, M] of points [M, 3]."""
-    cam = torch.einsum("cij,mj->cmi", viewmats[:, :3, :3], points) + viewmats[:, None, :3, 3]
-    z = cam[..., 2]
-    uv = torch.einsum("cij,cmj->cmi", Ks, cam)
-    return uv[..., :2] / z.clamp_min(1e-9)[..., None], z
-
-
 def photo_consistent_points(
     frames: Sequence,
     n: int,
@@ -110,18 +102,16 @@ def photo_consistent_points(
         imgs.append(img[0])
         scale.append(s)
 
-    cands, seen_all = [], []
+    W = torch.tensor([f.width for f in frames], dtype=torch.float32)[:, None]  # [C, 1]
+    H = torch.tensor([f.height for f in frames], dtype=torch.float32)[:, None]
+    cands = []
     total, want = 0, n * max(1, int(oversample))
     for _ in range(50):
         m = max(2 * want, 4096)
         dirs = torch.randn(m, 3, generator=generator)
         dirs = dirs / dirs.norm(dim=1, keepdim=True).clamp_min(1e-12)
         p = center[None] + dirs * (radius * torch.rand(m, 1, generator=generator) ** (1.0 / 3.0))
-        uv, z = _project(p, V, Ks)
-        W = torch.tensor([f.width for f in frames], dtype=torch.float32)[:, None]
-        H = torch.tensor([f.height for f in frames], dtype=torch.float32)[:, None]
-        seen = (z > 1e-6) & (uv[..., 0] >= 0) & (uv[..., 0] < W) & (uv[..., 1] >= 0) & (uv[..., 1] < H)
-        keep = seen.sum(0) >= need
+        keep = seen_by(p, V, Ks, W, H).sum(0) >= need
         cands.append(p[keep])
         total += int(keep.sum())
         if total >= want:
@@ -131,7 +121,7 @@ def photo_consistent_points(
         return p, torch.zeros(0, 3)
     def score_points(p):
         """(score, colour): higher is more photo-consistent."""
-        uv, z = _project(p, V, Ks)
+        uv, z = project_points(p, V, Ks)
         # A 3x3 RGB patch around the candidate in every view that sees it,
         # sorted per channel: invariant to the patch's rotation between views
         # (a ring of cameras turns a floor's texture by up to 180 degrees).
