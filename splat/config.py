@@ -64,8 +64,10 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     sh_degree: int = _f(3, "max SH degree", ge=0, le=3)
-    init: Literal["auto", "points", "triangulate", "random"] = _f(
-        "auto", "auto: the scene's points if it has them, else triangulated (pycolmap), else random")
+    init: Literal["auto", "points", "triangulate", "stereo", "random"] = _f(
+        "auto", "auto: the scene's points if it has them, else triangulated (pycolmap), "
+        "else plane-sweep stereo, else random")
+    init_num_stereo: int = _f(20000, "at most this many plane-sweep stereo points (model.init=stereo)", ge=1)
     init_num_random: int = _f(10000, "number of random points when there is no point cloud", ge=0)
     init_random_min_views: float = _f(0.5, "random points are seen by this fraction of train cameras", ge=0.0, le=1.0)
     init_opacity: float = _f(0.1, "initial opacity", gt=0.0, lt=1.0)

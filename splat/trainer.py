@@ -273,8 +273,9 @@ class Trainer:
     def _init_model(self) -> GaussianModel:
         """Surfels from, in order of preference (``model.init=auto``): the
         scene's own points; points triangulated from the training images with
-        the known poses (pycolmap); random points where the cameras look.
-        Prints which one it used."""
+        the known poses (pycolmap); plane-sweep stereo points (no pycolmap
+        needed); random points where the images agree.  Prints which one it
+        used."""
         mcfg = self.cfg["model"]
         init = mcfg["init"]
         path = self.cfg["data"]["path"]
@@ -287,6 +288,8 @@ class Trainer:
             source = f"the scene's {len(pts)} points"
         elif init in ("auto", "triangulate"):
             pts, cols, source = self._triangulated_points(required=init == "triangulate")
+        if pts is None and init in ("auto", "stereo"):
+            pts, cols, source = self._stereo_points(mcfg["init_num_stereo"])
         if pts is None:
             pts, cols = self._random_points(mcfg["init_num_random"], mcfg["init_random_min_views"])
             if len(pts) == 0:
@@ -297,12 +300,12 @@ class Trainer:
         print(f"init: {source}", file=sys.stderr)
         return create_from_points(pts, cols, mcfg["sh_degree"], mcfg["init_opacity"], mcfg["init_scale"])
 
-    #: Fewer triangulated points than this: not enough to start from, use random points.
-    MIN_TRIANGULATED = 100
+    #: Fewer triangulated or stereo points than this: not enough to start from, fall back.
+    MIN_INIT_POINTS = 100
 
     def _triangulated_points(self, required: bool):
         """(points, colours, description), or (None, None, None) to fall back
-        to random points: pycolmap is absent or too few points were found.
+        to stereo points: pycolmap is absent or too few points were found.
         ``required`` (``model.init=triangulate``) turns a missing pycolmap
         into an error."""
         from .data.triangulate import pycolmap_available, triangulate_scene
@@ -312,17 +315,31 @@ class Trainer:
                 raise ConfigError("model.init=triangulate needs pycolmap: pip install pycolmap "
                                   "(or pip install -e '.[sfm]')")
             print("init: no point cloud and pycolmap is not installed (pip install pycolmap): "
-                  "falling back to random points", file=sys.stderr)
+                  "falling back to plane-sweep stereo", file=sys.stderr)
             return None, None, None
         t0 = time.perf_counter()
         print(f"init: triangulating the {len(self.scene.train)} training images with their known poses "
               "(pycolmap; cached)", file=sys.stderr)
         pts, cols = triangulate_scene(self.scene.train, cache_dir=self.cfg["data"]["cache_dir"] or None)
-        if len(pts) < self.MIN_TRIANGULATED:
-            print(f"init: triangulation found only {len(pts)} points: falling back to random points",
+        if len(pts) < self.MIN_INIT_POINTS:
+            print(f"init: triangulation found only {len(pts)} points: falling back to plane-sweep stereo",
                   file=sys.stderr)
             return None, None, None
         return pts, cols, f"{len(pts)} triangulated points ({time.perf_counter() - t0:.0f} s)"
+
+    def _stereo_points(self, n: int):
+        """(points, colours, description) from plane-sweep stereo
+        (:func:`splat.data.stereo_points.stereo_points`), or (None, None,
+        None) to fall back to random points when it finds too few."""
+        from .data.stereo_points import stereo_points
+
+        t0 = time.perf_counter()
+        pts, cols = stereo_points(self.scene.train, n)
+        if len(pts) < self.MIN_INIT_POINTS:
+            print(f"init: plane-sweep stereo found only {len(pts)} points: falling back to random points",
+                  file=sys.stderr)
+            return None, None, None
+        return pts, cols, f"{len(pts)} plane-sweep stereo points ({time.perf_counter() - t0:.0f} s)"
 
     def _random_points(self, n: int, min_views: float):
         """(points, colours): ``n`` random points where at least ``min_views``

@@ -1,6 +1,7 @@
 """Training a posed scene that has no point cloud (issue 13): triangulation
-with the known poses (pycolmap), the photo-consistent random fallback, the
-order of preference, and the log lines printed without the progress bar.
+with the known poses (pycolmap), plane-sweep stereo (no pycolmap), the
+photo-consistent random fallback, the order of preference, and the log lines
+printed without the progress bar.
 
 The fixture scene is made here: a known "teacher" -- opaque surfels tiling a
 ground plane and four spheres (``splat.testing.surface_scene``'s geometry),
@@ -19,6 +20,7 @@ import torch
 
 from splat.config import load_config
 from splat.data.random_points import look_region, photo_consistent_points
+from splat.data.stereo_points import stereo_points
 from splat.data.triangulate import triangulate_scene
 from splat.data.types import Frame, SceneData
 from splat.model import random_points_in_frustums
@@ -102,6 +104,29 @@ def test_triangulation_recovers_the_surfaces(scene_192, cache):
     assert torch.equal(pts, pts2)
 
 
+# ------------------------------------------------------------------ stereo
+def test_stereo_points_lie_on_the_surfaces(scene_192):
+    """Plane-sweep stereo at 192x144 (a pixel is ~0.022 units at the scene
+    centre; neighbouring cameras are 24 degrees apart): measured median
+    distance to the true surfaces 0.031 and 90th percentile 0.066 over 20,000
+    points.  Asserted: median below 0.05 (about 2 pixels) and 90th percentile
+    below 0.1 (the triangulation test's bound), and far nearer than uniform
+    samples of the same region (median 1.31)."""
+    pts, cols = stereo_points(scene_192.train, 20000, generator=torch.Generator().manual_seed(0))
+    assert len(pts) >= 5000, len(pts)
+    assert cols.shape == pts.shape and float(cols.min()) >= 0 and float(cols.max()) <= 1
+    d = surface_distance(pts)
+    assert float(d.median()) < 0.05, float(d.median())
+    assert float(torch.quantile(d, 0.9)) < 0.1, float(torch.quantile(d, 0.9))
+
+
+def test_stereo_points_need_two_views_and_texture(scene_192):
+    assert len(stereo_points(scene_192.train[:1], 100)[0]) == 0
+    flat = [Frame(stem=f.stem, image_path=None, image=torch.full_like(f.image, 0.5), mask=None, viewmat=f.viewmat,
+                  K=f.K, width=f.width, height=f.height) for f in scene_192.train[:4]]
+    assert len(stereo_points(flat, 100)[0]) == 0  # nothing to match on a plain grey scene
+
+
 # ---------------------------------------------------------- random fallback
 def test_look_region_converges_on_the_object(scene_64):
     V = torch.stack([f.viewmat for f in scene_64.train])
@@ -158,25 +183,42 @@ def test_training_from_the_random_fallback_reaches_psnr(scene_64, tmp_path, capf
     assert "surfels" in lines[-1] and "it/s" in lines[-1] and lines[-1].endswith("eta 0s")
 
 
-def test_auto_prefers_points_then_triangulation_then_random(scene_192, scene_64, cache, tmp_path, capfd,
-                                                            monkeypatch):
+def test_training_from_the_stereo_fallback_reaches_psnr(scene_64, tmp_path, capfd):
+    """300 steps from plane-sweep stereo points on the 64x48 fixture, PSNR on
+    its held-out views: >= 22.0 dB (measured 25.2 dB from 15.6k points; the
+    random fallback measures 17.9 dB with the same schedule, uniform samples
+    15.9 dB).  The margin covers rounding differences across thread counts
+    amplified by densification."""
+    m = _train(scene_64, tmp_path, "stereo", 300)
+    assert "plane-sweep stereo points" in capfd.readouterr().err
+    assert m["test.psnr"] >= 22.0, m["test.psnr"]
+
+
+def test_auto_prefers_points_then_triangulation_then_stereo_then_random(scene_192, scene_64, cache, tmp_path, capfd,
+                                                                        monkeypatch):
     with_points = SceneData(train=scene_64.train, test=[], points=torch.zeros(10, 3), point_colors=torch.zeros(10, 3),
                             layout="colmap")
     _train(with_points, tmp_path / "p", "auto", 1)
     assert "init: the scene's 10 points" in capfd.readouterr().err
     _train(scene_192, tmp_path / "a", "auto", 1, cache_dir=cache)
     assert "triangulated points" in capfd.readouterr().err
-    # Too few triangulated points (64x48 images): random points.
+    # Too few triangulated points (64x48 images): stereo points.
     _train(scene_64, tmp_path / "f", "auto", 1)
     err = capfd.readouterr().err
-    assert "triangulation found only" in err and "random points where the cameras look" in err
-    # Without pycolmap: one line saying so, then random points.
+    assert "triangulation found only" in err and "plane-sweep stereo points" in err
+    # Without pycolmap: one line saying so, then stereo points.
+    import splat.data.stereo_points as sp
     import splat.data.triangulate as tri
 
     monkeypatch.setattr(tri, "pycolmap_available", lambda: False)
     _train(scene_64, tmp_path / "b", "auto", 1)
     err = capfd.readouterr().err
-    assert "pycolmap is not installed" in err and "random points where the cameras look" in err
+    assert "pycolmap is not installed" in err and "plane-sweep stereo points" in err
+    # Stereo finds nothing (no patch is textured enough): random points.
+    monkeypatch.setattr(sp, "MIN_TEXTURE_STD", 2.0)
+    _train(scene_64, tmp_path / "s", "auto", 1)
+    err = capfd.readouterr().err
+    assert "plane-sweep stereo found only 0 points" in err and "random points where the cameras look" in err
     from splat.errors import ConfigError
 
     with pytest.raises(ConfigError, match="needs pycolmap"):
