@@ -764,3 +764,22 @@ def test_decompression_bomb_is_refused_naming_the_file(tmp_path, size):
     for fn in (image_size, read_image):
         with pytest.raises(DataError, match="bomb.png: image .*(too large|larger than the limit)"):
             fn(tmp_path / "bomb.png")
+
+
+def test_read_image_ignores_exif_orientation(tmp_path):
+    """A phone's portrait JPEG stores landscape pixels with EXIF
+    orientation 6 (rotate 90 degrees to view).  The reader returns the stored
+    pixels, as COLMAP does, so that poses from COLMAP or convert.py match."""
+    from splat.data.types import read_image
+
+    arr = np.zeros((20, 40, 3), np.uint8)
+    arr[:, :20] = 255  # left half white in the stored pixels
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90 CW to display
+    path = tmp_path / "portrait.jpg"
+    Image.fromarray(arr).save(path, exif=exif.tobytes(), quality=95)
+    with Image.open(path) as im:
+        assert im.getexif()[0x0112] == 6
+    img = read_image(path)
+    assert img.shape == (20, 40, 3)
+    assert img[:, :15].mean() > 0.95 and img[:, 25:].mean() < 0.05

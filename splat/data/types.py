@@ -196,6 +196,11 @@ def read_image(path: Path) -> np.ndarray:
     bits, are read by OpenCV (``cv2.imread(..., IMREAD_UNCHANGED)``) and
     divided by 65535.
 
+    Pixels are returned in their stored order: an EXIF orientation tag (a
+    phone's portrait photo) is **not** applied.  COLMAP reads images the same
+    way, so that every photo of one camera shares its intrinsics; poses and
+    intrinsics from COLMAP (and ``convert.py``) refer to the stored pixels.
+
     Raises :class:`DataError` naming ``path`` for a missing, unreadable,
     truncated, too large or out-of-range image.
     """
