@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from ..model import knn_mean_distance, project_points, seen_by
 
-__all__ = ["look_region", "photo_consistent_points"]
+__all__ = ["axes_meeting_point", "look_region", "photo_consistent_points"]
 
 #: Images are scored at most this wide (area-averaged), which is enough for a
 #: first guess of the surfaces and keeps the cost at a few seconds.
@@ -47,14 +47,13 @@ REFINE_COPIES = 4
 OVERSAMPLE = 16
 
 
-def look_region(viewmats: torch.Tensor, centers: torch.Tensor) -> Tuple[torch.Tensor, float]:
-    """(centre [3], radius) of the region the cameras look at.
+def axes_meeting_point(viewmats: torch.Tensor, centers: torch.Tensor) -> Optional[Tuple[torch.Tensor, float]]:
+    """(point [3], median camera distance to it) where the cameras' optical
+    axes converge, or None when they do not (a forward-facing capture).
 
-    The centre is the least-squares point nearest every optical axis when the
-    axes converge in front of the cameras (the system is well conditioned and
-    the point lies ahead of most cameras); the radius is then the median
-    camera distance to it.  Otherwise the mean camera centre and 1.1x the
-    largest camera distance from it (the cameras' spread)."""
+    The point is the least-squares point nearest every optical axis; the axes
+    converge when that system is well conditioned and the point lies ahead
+    of at least 80 % of the cameras."""
     V = viewmats.double()
     c = centers.double()
     d = V[:, 2, :3]  # optical axes (camera +z) in world coordinates
@@ -63,14 +62,26 @@ def look_region(viewmats: torch.Tensor, centers: torch.Tensor) -> Tuple[torch.Te
     A = P.sum(0)
     b = (P @ c[:, :, None]).sum(0)[:, 0]
     eig = torch.linalg.eigvalsh(A / len(c))
+    if float(eig[0]) <= 0.02:
+        return None
+    x = torch.linalg.solve(A, b)
+    ahead = ((x[None] - c) * d).sum(1)  # depth of x along each axis
+    if float((ahead > 0).double().mean()) <= 0.8:
+        return None
+    return x.float(), float((c - x[None]).norm(dim=1).median())
+
+
+def look_region(viewmats: torch.Tensor, centers: torch.Tensor) -> Tuple[torch.Tensor, float]:
+    """(centre [3], radius) of the region the cameras look at: where their
+    optical axes meet (:func:`axes_meeting_point`), with the median camera
+    distance to it as radius; otherwise the mean camera centre and 1.1x the
+    largest camera distance from it (the cameras' spread)."""
+    meet = axes_meeting_point(viewmats, centers)
+    if meet is not None:
+        return meet
+    c = centers.double()
     mean = c.mean(0)
     spread = float((c - mean).norm(dim=1).max()) * 1.1
-    if float(eig[0]) > 0.02:
-        x = torch.linalg.solve(A, b)
-        ahead = ((x[None] - c) * d).sum(1)  # depth of x along each axis
-        if float((ahead > 0).double().mean()) > 0.8:
-            radius = float((c - x[None]).norm(dim=1).median())
-            return x.float(), radius
     return mean.float(), spread if spread > 0 else 1.0
 
 

@@ -10,12 +10,14 @@ pycolmap: plane-sweep stereo with the known poses, at low resolution.
    over the capture, are each a reference view.  Its pixels are swept
    through :data:`NUM_DEPTHS` fronto-parallel planes, uniform in inverse depth
    over the region the cameras look at (:func:`look_region`), and warped into
-   its :data:`NUM_NEIGHBOURS` nearest views by viewing angle.  The cost of a
+   its :data:`NUM_NEIGHBOURS` nearest cameras that look the same way.  The cost of a
    depth is 1 - NCC of 5x5 grey patches (invariant to exposure changes),
    averaged over the best two neighbours (robust to occlusion); the depth is
    the minimum, refined by a parabola through its neighbouring planes.
-   Untextured pixels, weak matches (NCC < :data:`MIN_NCC`) and minima on the
-   range's first or last plane (background beyond the region) are dropped.
+   Untextured pixels, weak matches (NCC < :data:`MIN_NCC`), ambiguous ones
+   (another depth nearly as good: an edge along the baseline) and minima on
+   the range's first or last plane (background beyond the region) are
+   dropped.
 2. **Geometric consistency.**  A depth is kept where at least
    :data:`MIN_CONSISTENT` other depth maps see the same point within
    :data:`DEPTH_TOLERANCE` relative depth (the filter of COLMAP's stereo
@@ -36,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model import project_points, seen_by
-from .random_points import look_region
+from .random_points import axes_meeting_point, look_region
 
 __all__ = ["stereo_points"]
 
@@ -45,14 +47,22 @@ STEREO_WIDTH = 256
 MAX_REFERENCES = 24
 NUM_NEIGHBOURS = 4
 NUM_DEPTHS = 128
-#: Neighbours closer than this in viewing angle (degrees) give no depth resolution.
-MIN_ANGLE_DEG = 2.0
+#: Neighbours nearer than this fraction of the typical nearest-camera distance give no depth resolution.
+MIN_BASELINE = 0.2
+#: Neighbours whose optical axis turns more than this (degrees) see the scene too differently.
+MAX_AXIS_ANGLE_DEG = 60.0
 PATCH = 5
 MIN_NCC = 0.6
 #: A patch whose grey standard deviation is below this cannot be matched.
 MIN_TEXTURE_STD = 0.01
+#: The best cost must be at most UNIQUENESS x the best cost over the planes more than UNIQUE_GAP away.
+UNIQUENESS = 0.8
+UNIQUE_GAP = 3
 DEPTH_TOLERANCE = 0.01
 MIN_CONSISTENT = 2
+#: Samples of the look region, and cameras voting on which are co-visible (depth ranges).
+COVISIBILITY_SAMPLES = 200000
+COVISIBILITY_CAMERAS = 64
 
 
 def _grey_pyramid_level(frame) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -133,7 +143,13 @@ def _depth_map(ref, nbrs, depths, chunk=16):
     step = inv[1] - inv[0]
     inv_best = inv[i0] + offset.clamp(-0.5, 0.5) * step
     depth = 1.0 / inv_best
+    # Uniqueness: the best cost must beat every depth more than UNIQUE_GAP
+    # planes away by a margin.  An edge parallel to the baselines matches at
+    # every depth (the aperture problem) and is dropped here.
+    far_from_best = (torch.arange(D)[:, None, None] - idx[None]).abs() > UNIQUE_GAP
+    second = torch.where(far_from_best, costs, torch.full_like(costs, float("inf"))).min(0).values
     ok = (1 - cmin >= MIN_NCC) & (idx > 0) & (idx < D - 1) & (s0[0, 0] >= MIN_TEXTURE_STD)
+    ok &= cmin <= UNIQUENESS * second
     return torch.where(ok, depth, torch.full_like(depth, float("nan")))
 
 
@@ -152,44 +168,55 @@ def stereo_points(
     C = len(frames)
     center, radius = look_region(V, centers)
     levels = [_grey_pyramid_level(f) for f in frames]
-    # Viewing directions towards the looked-at centre pick the neighbours.
-    dirs = center[None] - centers
-    dirs = dirs / dirs.norm(dim=1, keepdim=True).clamp_min(1e-12)
-    angle = torch.rad2deg(torch.acos((dirs @ dirs.T).clamp(-1, 1)))  # [C, C]
+    # Neighbours: the nearest cameras that look the same way (optical axes
+    # within MAX_AXIS_ANGLE_DEG) and are not at the same place (baseline at
+    # least MIN_BASELINE of the typical nearest-camera distance: a video's
+    # still frames give no depth).
+    baseline = torch.cdist(centers.double(), centers.double())  # [C, C]
+    baseline.fill_diagonal_(float("inf"))
+    typical = float(baseline.min(1).values.median())
+    axes = V[:, 2, :3].double()
+    axes = axes / axes.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    usable = (baseline >= MIN_BASELINE * typical) & (axes @ axes.T >= math.cos(math.radians(MAX_AXIS_ANGLE_DEG)))
+    baseline = torch.where(usable, baseline, torch.full_like(baseline, float("inf")))
     refs = torch.linspace(0, C - 1, min(C, MAX_REFERENCES)).round().long().unique().tolist()
     # The region seen by at least half the cameras (samples of the look ball)
     # bounds each reference's depth range much tighter than the ball itself
-    # does when the cameras surround the scene.
+    # does when the cameras surround the scene.  At most COVISIBILITY_CAMERAS
+    # cameras vote, which bounds the cost for captures of thousands of images.
+    voters = torch.linspace(0, C - 1, min(C, COVISIBILITY_CAMERAS)).round().long().unique()
     Ks = torch.stack([f.K for f in frames]).float()
     W = torch.tensor([f.width for f in frames], dtype=torch.float32)[:, None]
     H = torch.tensor([f.height for f in frames], dtype=torch.float32)[:, None]
     g = torch.Generator().manual_seed(0)
-    dirs_s = torch.randn(200000, 3, generator=g)
+    dirs_s = torch.randn(COVISIBILITY_SAMPLES, 3, generator=g)
     dirs_s = dirs_s / dirs_s.norm(dim=1, keepdim=True).clamp_min(1e-12)
-    samples = center[None] + dirs_s * (radius * torch.rand(200000, 1, generator=g) ** (1.0 / 3.0))
-    seen = seen_by(samples, V, Ks, W, H)  # [C, S]
-    covisible = seen.sum(0) >= max(2, (C + 1) // 2)
+    samples = center[None] + dirs_s * (radius * torch.rand(COVISIBILITY_SAMPLES, 1, generator=g) ** (1.0 / 3.0))
+    if axes_meeting_point(V, centers) is not None:
+        votes = seen_by(samples, V[voters], Ks[voters], W[voters], H[voters]).sum(0)
+        covisible = votes >= max(2, (len(voters) + 1) // 2)  # [S]
+    else:  # forward-facing: the look region is the cameras' own spread and bounds no depth
+        covisible = torch.zeros(len(samples), dtype=torch.bool)
 
     depth_maps = {}
     for r in refs:
-        a = angle[r].clone()
-        a[a < MIN_ANGLE_DEG] = float("inf")
-        a[r] = float("inf")
-        order = torch.argsort(a)[:NUM_NEIGHBOURS]
-        order = [int(o) for o in order if math.isfinite(float(a[o]))]
+        order = [int(o) for o in torch.argsort(baseline[r])[:NUM_NEIGHBOURS] if math.isfinite(float(baseline[r, o]))]
         if not order:
             continue
-        # Depth range: the co-visible region's extent in this camera, else
-        # the look region's extent along its axis.
-        here = covisible & seen[r]
+        # Depth range: the co-visible region's extent in this camera.  For a
+        # forward-facing capture (the optical axes do not meet), or where too
+        # little of that region is in view, from twice the baseline to its
+        # nearest neighbour out to 1000x that: planes uniform in inverse
+        # depth then step ~f/256 pixels of disparity.
+        here = covisible & seen_by(samples, V[r][None], Ks[r][None], W[r], H[r])[0]
         if int(here.sum()) >= 100:
             z = project_points(samples[here], V[r][None], Ks[r][None])[1][0]
             near, far = float(torch.quantile(z, 0.005)), float(torch.quantile(z, 0.995))
+            near = max(near, 0.05 * max(far, 1e-3))  # the region may reach behind the camera
+            far = max(far, near * 1.5)
         else:
-            zc = float((V[r, :3, :3] @ center + V[r, :3, 3])[2])
-            near, far = zc - radius, zc + radius
-        near = max(near, 0.05 * max(far, 1e-3))
-        far = max(far, near * 1.5)
+            near = 2.0 * max(float(baseline[r, order].min()), 1e-6)
+            far = 1000.0 * near
         depths = 1.0 / torch.linspace(1.0 / near, 1.0 / far, NUM_DEPTHS)
         g0, K0 = levels[r]
         depth_maps[r] = (_depth_map((g0, K0, V[r]), [(levels[o][0], levels[o][1], V[o]) for o in order],
