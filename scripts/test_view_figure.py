@@ -62,7 +62,8 @@ def main(argv=None) -> None:
     panels = [cv2.resize(p, (args.width, h), interpolation=cv2.INTER_AREA) for p in (gt, rgb, depth_img, normal_img)]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    cv2.imwrite(str(out), np.concatenate(panels, axis=1), [cv2.IMWRITE_JPEG_QUALITY, 90])
+    params = [cv2.IMWRITE_JPEG_QUALITY, 90] if out.suffix.lower() in (".jpg", ".jpeg") else []
+    cv2.imwrite(str(out), np.concatenate(panels, axis=1), params)
     print(out)
 
 
