@@ -26,7 +26,8 @@ pycolmap: plane-sweep stereo with the known poses, at low resolution.
    reference image's colour.
 
 This is what COLMAP's ``patch_match_stereo`` and ``stereo_fusion`` do, cut
-down to a first guess of the surfaces (a few seconds for 40 views).
+down to a first guess of the surfaces (DTU scan 24, 42 views of 800x600:
+75 s on one loaded core; median distance to its SfM points 0.012).
 """
 
 from __future__ import annotations
