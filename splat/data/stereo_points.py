@@ -168,7 +168,13 @@ def stereo_points(
     centers = torch.stack([f.camera_center for f in frames]).float()  # [C, 3]
     C = len(frames)
     center, radius = look_region(V, centers)
-    levels = [_grey_pyramid_level(f) for f in frames]
+    levels = {}  # only references and their neighbours are needed: computed on first use
+
+    def level(c):
+        if c not in levels:
+            levels[c] = _grey_pyramid_level(frames[c])
+        return levels[c]
+
     # Neighbours: the nearest cameras that look the same way (optical axes
     # within MAX_AXIS_ANGLE_DEG) and are not at the same place (baseline at
     # least MIN_BASELINE of the typical nearest-camera distance: a video's
@@ -219,8 +225,8 @@ def stereo_points(
             near = 2.0 * max(float(baseline[r, order].min()), 1e-6)
             far = 1000.0 * near
         depths = 1.0 / torch.linspace(1.0 / near, 1.0 / far, NUM_DEPTHS)
-        g0, K0 = levels[r]
-        depth_maps[r] = (_depth_map((g0, K0, V[r]), [(levels[o][0], levels[o][1], V[o]) for o in order],
+        g0, K0 = level(r)
+        depth_maps[r] = (_depth_map((g0, K0, V[r]), [(*level(o), V[o]) for o in order],
                                     depths), K0)
     if not depth_maps:
         return empty
