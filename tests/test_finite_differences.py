@@ -106,7 +106,6 @@ def test_means2d_gradient_is_a_screen_translation():
 
 def test_scenes_exercise_both_branches_of_the_lowpass_fallback():
     """The tiny surfels are drawn (only by the fallback) and the big ones by the 3D branch."""
-    from splat.reference import rasterize_reference
 
     scene = SCENES["border_grazing_tiny"]
     params = leaves(scene)

@@ -8,7 +8,6 @@ zeros, reflections, non-rigid cameras, surfels at the camera, degenerate
 intrinsics, extreme near/far.  The search is derandomised (the same examples
 every run) and bounded by ``max_examples``, a few seconds in CI.
 """
-import math
 import re
 
 import pytest
