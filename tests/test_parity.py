@@ -32,7 +32,7 @@ TOL = {torch.float64: (1e-9, 1e-9), torch.float32: (5e-5, 5e-4)}  # (values, gra
 
 
 def _max_rel(a, b):
-    scale = max(float(b.abs().max()), 1e-12)
+    scale = max(float(b.detach().abs().max()), 1e-12)
     return float((a.detach().double() - b.detach().double()).abs().max()) / scale
 
 
