@@ -17,13 +17,14 @@ import argparse
 import sys
 from pathlib import Path
 
-import cv2
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from splat.config import load_config  # noqa: E402
 from splat.data import load_scene_from_config  # noqa: E402
+from test_view_figure import ground_truth_bgr, write_strip  # noqa: E402
 
 
 def main(argv=None) -> None:
@@ -62,14 +63,7 @@ def main(argv=None) -> None:
     img = np.zeros((frame.height, frame.width, 3), np.uint8)
     img[i[order], j[order]] = (((nf[order] + 1) / 2)[:, ::-1] * 255).clip(0, 255).astype(np.uint8)
 
-    gt = (frame.image.numpy()[..., ::-1] * 255).clip(0, 255).astype(np.uint8)
-    h = round(args.width * frame.height / frame.width)
-    panels = [cv2.resize(p, (args.width, h), interpolation=cv2.INTER_AREA) for p in (gt, img)]
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    params = [cv2.IMWRITE_JPEG_QUALITY, 90] if out.suffix.lower() in (".jpg", ".jpeg") else []
-    cv2.imwrite(str(out), np.concatenate(panels, axis=1), params)
-    print(out)
+    print(write_strip([ground_truth_bgr(frame), img], frame, args.width, args.out))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,22 @@ from splat.config import load_config  # noqa: E402
 from splat.data import load_scene_from_config  # noqa: E402
 
 
+def ground_truth_bgr(frame) -> np.ndarray:
+    """A frame's image as 8-bit BGR (OpenCV's order).  [H, W, 3]"""
+    return (frame.image.numpy()[..., ::-1] * 255).clip(0, 255).astype(np.uint8)
+
+
+def write_strip(images, frame, width: int, out) -> Path:
+    """Panels of ``frame``'s size side by side, each ``width`` wide, into ``out``."""
+    h = round(width * frame.height / frame.width)
+    panels = [cv2.resize(p, (width, h), interpolation=cv2.INTER_AREA) for p in images]
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    params = [cv2.IMWRITE_JPEG_QUALITY, 90] if out.suffix.lower() in (".jpg", ".jpeg") else []
+    cv2.imwrite(str(out), np.concatenate(panels, axis=1), params)
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="training output folder (holds config.yaml and renders/test)")
@@ -50,7 +66,6 @@ def main(argv=None) -> None:
     alpha = np.load(renders / "alpha" / f"{stem}.npy")
     covered = alpha >= 0.5
 
-    gt = (frame.image.numpy()[..., ::-1] * 255).clip(0, 255).astype(np.uint8)
     lo, hi = np.percentile(depth[covered], [1, 99]) if covered.any() else (0.0, 1.0)
     d = 1 - np.clip((depth - lo) / max(hi - lo, 1e-9), 0, 1)  # near = 1 = red in TURBO
     depth_img = cv2.applyColorMap((d * 255).astype(np.uint8), cv2.COLORMAP_TURBO)
@@ -58,13 +73,7 @@ def main(argv=None) -> None:
     depth_img[~covered] = 0
     normal_img[~covered] = 0
 
-    h = round(args.width * frame.height / frame.width)
-    panels = [cv2.resize(p, (args.width, h), interpolation=cv2.INTER_AREA) for p in (gt, rgb, depth_img, normal_img)]
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    params = [cv2.IMWRITE_JPEG_QUALITY, 90] if out.suffix.lower() in (".jpg", ".jpeg") else []
-    cv2.imwrite(str(out), np.concatenate(panels, axis=1), params)
-    print(out)
+    print(write_strip([ground_truth_bgr(frame), rgb, depth_img, normal_img], frame, args.width, args.out))
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .conventions import pixel_centers_offset
 from .errors import SplatInputError
 
 #: Real spherical-harmonic constant of degree 0: Y_0^0 = 1 / (2 sqrt(pi)).
@@ -219,6 +220,24 @@ def project_points(points: torch.Tensor, viewmats: torch.Tensor, Ks: torch.Tenso
     z = cam[..., 2]
     uv = torch.einsum("cij,cmj->cmi", Ks, cam)
     return uv[..., :2] / z.clamp_min(1e-9)[..., None], z
+
+
+def pixel_rays(K: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """Camera-space rays with z = 1 through every pixel centre (conventions.py:
+    pixel (i, j) has its centre at (j + 0.5, i + 0.5)), row-major: ray
+    ``i * width + j``; ``ray * z`` is the point at camera depth z.  [H*W, 3]"""
+    c = pixel_centers_offset()
+    i, j = torch.meshgrid(torch.arange(height, dtype=K.dtype) + c, torch.arange(width, dtype=K.dtype) + c,
+                          indexing="ij")
+    uv1 = torch.stack([j, i, torch.ones_like(i)], -1).view(-1, 3)
+    return uv1 @ torch.linalg.inv(K).T
+
+
+def camera_to_world(viewmat: torch.Tensor, cam: torch.Tensor) -> torch.Tensor:
+    """World points [M, 3] of camera-space points ``cam`` [M, 3] of the camera
+    ``viewmat`` [4, 4] (world -> camera): ``R^T (cam - t)``."""
+    R, t = viewmat[:3, :3], viewmat[:3, 3]
+    return (cam - t) @ R
 
 
 def seen_by(points: torch.Tensor, viewmats: torch.Tensor, Ks: torch.Tensor, widths, heights) -> torch.Tensor:

@@ -192,13 +192,12 @@ def _import_open3d():
 
 def _depth_points(depth: np.ndarray, K: np.ndarray, viewmat: np.ndarray) -> np.ndarray:
     """World points of the pixels with depth > 0. depth [H, W] -> [M, 3]"""
-    i, j = np.nonzero(depth > 0)
-    z = depth[i, j]
-    x = (j + 0.5 - K[0, 2]) / K[0, 0] * z
-    y = (i + 0.5 - K[1, 2]) / K[1, 1] * z
-    cam = np.stack([x, y, z], 1)  # [M, 3]
-    R, t = viewmat[:3, :3], viewmat[:3, 3]
-    return (cam - t) @ R  # R^T (p - t)
+    from .model import camera_to_world, pixel_rays
+
+    valid = (depth > 0).reshape(-1)
+    rays = pixel_rays(torch.from_numpy(K), *depth.shape)[torch.from_numpy(valid)]  # [M, 3]
+    cam = rays * torch.from_numpy(depth.reshape(-1)[valid]).to(rays.dtype)[:, None]
+    return camera_to_world(torch.from_numpy(viewmat), cam).numpy()
 
 
 def extract_mesh(

@@ -38,7 +38,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..model import project_points, seen_by
+from ..model import camera_to_world, pixel_rays, project_points, seen_by
 from .random_points import axes_meeting_point, look_region
 
 __all__ = ["stereo_points"]
@@ -87,32 +87,19 @@ def _local_stats(x: torch.Tensor):
     return mean, (sq - mean * mean).clamp_min(0)
 
 
-def _pixel_rays(K: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """Camera-space rays with z = 1 through every pixel centre.  [h*w, 3]"""
-    i, j = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32),
-                          indexing="ij")
-    uv1 = torch.stack([j + 0.5, i + 0.5, torch.ones_like(i)], -1).view(-1, 3)
-    return uv1 @ torch.linalg.inv(K).T
-
-
-def _to_world(viewmat: torch.Tensor, cam: torch.Tensor) -> torch.Tensor:
-    R, t = viewmat[:3, :3], viewmat[:3, 3]
-    return (cam - t) @ R  # R^T (x - t), row-wise
-
-
 def _depth_map(ref, nbrs, depths, chunk=16):
     """Best depth [h, w] (NaN where unmatched) of reference ``ref`` =
     (grey, K, viewmat) against neighbours [(grey, K, viewmat), ...]."""
     g0, K0, V0 = ref
     h, w = g0.shape[-2:]
-    rays = _pixel_rays(K0, h, w)  # [P, 3]
+    rays = pixel_rays(K0, h, w)  # [P, 3]
     m0, v0 = _local_stats(g0)
     s0 = v0.sqrt()
     D = len(depths)
     costs = torch.empty(D, h, w)
     for d0 in range(0, D, chunk):
         ds = depths[d0:d0 + chunk]
-        pts = _to_world(V0, (rays[None] * ds[:, None, None]).reshape(-1, 3))  # [d*P, 3]
+        pts = camera_to_world(V0, (rays[None] * ds[:, None, None]).reshape(-1, 3))  # [d*P, 3]
         ncc_all = []
         for g1, K1, V1 in nbrs:
             uv, z = project_points(pts, V1[None], K1[None])
@@ -239,9 +226,9 @@ def stereo_points(
         valid = torch.isfinite(depth).view(-1)
         if not valid.any():
             continue
-        rays = _pixel_rays(K0, h, w)[valid]
+        rays = pixel_rays(K0, h, w)[valid]
         z = depth.view(-1)[valid]
-        pts = _to_world(V[r], rays * z[:, None])  # [P, 3]
+        pts = camera_to_world(V[r], rays * z[:, None])  # [P, 3]
         agree = torch.zeros(len(pts), dtype=torch.int64)
         for s in keys:
             if s == r:
