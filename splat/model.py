@@ -247,6 +247,15 @@ def seen_by(points: torch.Tensor, viewmats: torch.Tensor, Ks: torch.Tensor, widt
     return (z > 1e-6) & (uv[..., 0] >= 0) & (uv[..., 0] < widths) & (uv[..., 1] >= 0) & (uv[..., 1] < heights)
 
 
+def uniform_in_ball(n: int, center: torch.Tensor, radius: float,
+                    generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """``n`` points uniform in the ball (``center`` [3], ``radius``): a uniform
+    direction times ``radius * u^(1/3)``.  [n, 3]"""
+    d = torch.randn(n, 3, generator=generator)
+    d = d / d.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    return center[None] + d * (radius * torch.rand(n, 1, generator=generator) ** (1.0 / 3.0))
+
+
 def random_points_in_frustums(
     n: int,
     viewmats: torch.Tensor,  # [C, 4, 4] world -> camera
@@ -269,11 +278,7 @@ def random_points_in_frustums(
     kept = []
     total = 0
     for _ in range(max_tries):
-        m = max(2 * n, 1024)
-        d = torch.randn(m, 3, generator=generator)
-        d = d / d.norm(dim=1, keepdim=True).clamp_min(1e-12)
-        r = radius * torch.rand(m, 1, generator=generator) ** (1.0 / 3.0)
-        p = center[None] + d * r  # [m, 3]
+        p = uniform_in_ball(max(2 * n, 1024), center, radius, generator)  # [m, 3]
         n_seen = seen_by(p, viewmats, Ks, width, height).sum(dim=0)  # [m]
         need = max(1, int(math.ceil(min_views * viewmats.shape[0])))
         p = p[n_seen >= need]
@@ -283,10 +288,7 @@ def random_points_in_frustums(
             break
     pts = torch.cat(kept, dim=0)
     if pts.shape[0] < n:  # frustums miss the ball: top up with plain ball samples
-        d = torch.randn(n - pts.shape[0], 3, generator=generator)
-        d = d / d.norm(dim=1, keepdim=True).clamp_min(1e-12)
-        r = radius * torch.rand(d.shape[0], 1, generator=generator) ** (1.0 / 3.0)
-        pts = torch.cat([pts, center[None] + d * r], dim=0)
+        pts = torch.cat([pts, uniform_in_ball(n - pts.shape[0], center, radius, generator)], dim=0)
     return pts[:n].contiguous()
 
 

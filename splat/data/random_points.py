@@ -30,7 +30,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..model import knn_mean_distance, project_points, seen_by
+from ..model import knn_mean_distance, project_points, seen_by, uniform_in_ball
 
 __all__ = ["axes_meeting_point", "look_region", "photo_consistent_points"]
 
@@ -118,10 +118,7 @@ def photo_consistent_points(
     cands = []
     total, want = 0, n * max(1, int(oversample))
     for _ in range(50):
-        m = max(2 * want, 4096)
-        dirs = torch.randn(m, 3, generator=generator)
-        dirs = dirs / dirs.norm(dim=1, keepdim=True).clamp_min(1e-12)
-        p = center[None] + dirs * (radius * torch.rand(m, 1, generator=generator) ** (1.0 / 3.0))
+        p = uniform_in_ball(max(2 * want, 4096), center, radius, generator)
         keep = seen_by(p, V, Ks, W, H).sum(0) >= need
         cands.append(p[keep])
         total += int(keep.sum())

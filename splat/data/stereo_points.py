@@ -38,7 +38,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..model import camera_to_world, pixel_rays, project_points, seen_by
+from ..model import camera_to_world, pixel_rays, project_points, seen_by, uniform_in_ball
 from .random_points import axes_meeting_point, look_region
 
 __all__ = ["stereo_points"]
@@ -66,9 +66,10 @@ COVISIBILITY_SAMPLES = 200000
 COVISIBILITY_CAMERAS = 64
 
 
-def _grey_pyramid_level(frame) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(grey image [1, 1, h, w], intrinsics [3, 3]) at most STEREO_WIDTH wide.
-    Area averaging by s scales K exactly (pixel (i, j) covers [j, j+1) x [i, i+1))."""
+def _stereo_level(frame) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(RGB image [1, 3, h, w], grey image [1, 1, h, w], intrinsics [3, 3]) at
+    most STEREO_WIDTH wide.  Area averaging by s scales K exactly (pixel
+    (i, j) covers [j, j+1) x [i, i+1))."""
     s = max(1, int(math.ceil(frame.width / STEREO_WIDTH)))
     img = frame.image.permute(2, 0, 1)[None].float()
     h, w = frame.height // s, frame.width // s
@@ -77,7 +78,7 @@ def _grey_pyramid_level(frame) -> Tuple[torch.Tensor, torch.Tensor]:
     grey = (img * torch.tensor([0.299, 0.587, 0.114]).view(1, 3, 1, 1)).sum(1, keepdim=True)
     K = frame.K.clone().float()
     K[:2] /= s
-    return grey, K
+    return img, grey, K
 
 
 def _local_stats(x: torch.Tensor):
@@ -159,7 +160,7 @@ def stereo_points(
 
     def level(c):
         if c not in levels:
-            levels[c] = _grey_pyramid_level(frames[c])
+            levels[c] = _stereo_level(frames[c])
         return levels[c]
 
     # Neighbours: the nearest cameras that look the same way (optical axes
@@ -182,15 +183,12 @@ def stereo_points(
     Ks = torch.stack([f.K for f in frames]).float()
     W = torch.tensor([f.width for f in frames], dtype=torch.float32)[:, None]
     H = torch.tensor([f.height for f in frames], dtype=torch.float32)[:, None]
-    g = torch.Generator().manual_seed(0)
-    dirs_s = torch.randn(COVISIBILITY_SAMPLES, 3, generator=g)
-    dirs_s = dirs_s / dirs_s.norm(dim=1, keepdim=True).clamp_min(1e-12)
-    samples = center[None] + dirs_s * (radius * torch.rand(COVISIBILITY_SAMPLES, 1, generator=g) ** (1.0 / 3.0))
     if axes_meeting_point(V, centers) is not None:
+        samples = uniform_in_ball(COVISIBILITY_SAMPLES, center, radius, torch.Generator().manual_seed(0))
         votes = seen_by(samples, V[voters], Ks[voters], W[voters], H[voters]).sum(0)
-        covisible = votes >= max(2, (len(voters) + 1) // 2)  # [S]
+        covisible = samples[votes >= max(2, (len(voters) + 1) // 2)]  # [S, 3]
     else:  # forward-facing: the look region is the cameras' own spread and bounds no depth
-        covisible = torch.zeros(len(samples), dtype=torch.bool)
+        covisible = torch.zeros(0, 3)
 
     depth_maps = {}
     for r in refs:
@@ -202,9 +200,9 @@ def stereo_points(
         # little of that region is in view, from twice the baseline to its
         # nearest neighbour out to 1000x that: planes uniform in inverse
         # depth then step ~f/256 pixels of disparity.
-        here = covisible & seen_by(samples, V[r][None], Ks[r][None], W[r], H[r])[0]
-        if int(here.sum()) >= 100:
-            z = project_points(samples[here], V[r][None], Ks[r][None])[1][0]
+        here = covisible[seen_by(covisible, V[r][None], Ks[r][None], W[r], H[r])[0]]
+        if len(here) >= 100:
+            z = project_points(here, V[r][None], Ks[r][None])[1][0]
             near, far = float(torch.quantile(z, 0.005)), float(torch.quantile(z, 0.995))
             near = max(near, 0.05 * max(far, 1e-3))  # the region may reach behind the camera
             far = max(far, near * 1.5)
@@ -212,8 +210,8 @@ def stereo_points(
             near = 2.0 * max(float(baseline[r, order].min()), 1e-6)
             far = 1000.0 * near
         depths = 1.0 / torch.linspace(1.0 / near, 1.0 / far, NUM_DEPTHS)
-        g0, K0 = level(r)
-        depth_maps[r] = (_depth_map((g0, K0, V[r]), [(*level(o), V[o]) for o in order],
+        _, g0, K0 = level(r)
+        depth_maps[r] = (_depth_map((g0, K0, V[r]), [(*level(o)[1:], V[o]) for o in order],
                                     depths), K0)
     if not depth_maps:
         return empty
@@ -245,12 +243,7 @@ def stereo_points(
         keep = agree >= min(MIN_CONSISTENT, len(keys) - 1)
         if not keep.any():
             continue
-        frame = frames[r]
-        s = max(1, int(math.ceil(frame.width / STEREO_WIDTH)))
-        img = frame.image.permute(2, 0, 1)[None].float()
-        if s > 1:
-            img = F.avg_pool2d(img[..., : h * s, : w * s], s)
-        cols = img[0].reshape(3, -1).T[valid]
+        cols = level(r)[0][0].reshape(3, -1).T[valid]  # the reference's colours at stereo resolution
         pts_all.append(pts[keep])
         cols_all.append(cols[keep])
     if not pts_all:
