@@ -9,7 +9,8 @@ pycolmap: plane-sweep stereo with the known poses, at low resolution.
 1. **Depth maps.**  Up to :data:`MAX_REFERENCES` training views, spread
    over the capture, are each a reference view.  Its pixels are swept
    through :data:`NUM_DEPTHS` fronto-parallel planes, uniform in inverse depth
-   over the region the cameras look at (:func:`look_region`), and warped into
+   over the region at least half the cameras see (around the point their
+   optical axes meet, :func:`axes_meeting_point`), and warped into
    its :data:`NUM_NEIGHBOURS` nearest cameras that look the same way.  The cost of a
    depth is 1 - NCC of 5x5 grey patches (invariant to exposure changes),
    averaged over the best two neighbours (robust to occlusion); the depth is
@@ -39,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model import camera_to_world, pixel_rays, project_points, seen_by, uniform_in_ball
-from .random_points import axes_meeting_point, look_region
+from .random_points import axes_meeting_point
 
 __all__ = ["stereo_points"]
 
@@ -155,7 +156,6 @@ def stereo_points(
     V = torch.stack([f.viewmat for f in frames]).float()  # [C, 4, 4]
     centers = torch.stack([f.camera_center for f in frames]).float()  # [C, 3]
     C = len(frames)
-    center, radius = look_region(V, centers)
     levels = {}  # only references and their neighbours are needed: computed on first use
 
     def level(c):
@@ -183,7 +183,9 @@ def stereo_points(
     Ks = torch.stack([f.K for f in frames]).float()
     W = torch.tensor([f.width for f in frames], dtype=torch.float32)[:, None]
     H = torch.tensor([f.height for f in frames], dtype=torch.float32)[:, None]
-    if axes_meeting_point(V, centers) is not None:
+    meet = axes_meeting_point(V, centers)
+    if meet is not None:
+        center, radius = meet
         samples = uniform_in_ball(COVISIBILITY_SAMPLES, center, radius, torch.Generator().manual_seed(0))
         votes = seen_by(samples, V[voters], Ks[voters], W[voters], H[voters]).sum(0)
         covisible = samples[votes >= max(2, (len(voters) + 1) // 2)]  # [S, 3]
