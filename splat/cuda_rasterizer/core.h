@@ -170,6 +170,48 @@ SPLAT_HD PixelRect tiles_of(const PixelRect& r) {
                    (r.y1 + kTileSize - 1) / kTileSize};
 }
 
+// The tiles surfel `id` is listed in: tiles_of its pixel rectangle, clamped to
+// the grid (an out-of-grid rectangle must not alias into the neighbouring
+// row).  Empty (x1 <= x0 or y1 <= y0) for a culled surfel.
+SPLAT_HD PixelRect listed_tiles(const int32_t* rects, int64_t id, int tiles_x, int tiles_y) {
+  PixelRect t = tiles_of(load_pixel_rect(rects, id));
+  t.x0 = t.x0 > 0 ? t.x0 : 0;
+  t.y0 = t.y0 > 0 ? t.y0 : 0;
+  t.x1 = t.x1 < tiles_x ? t.x1 : tiles_x;
+  t.y1 = t.y1 < tiles_y ? t.y1 : tiles_y;
+  return t;
+}
+
+SPLAT_HD int64_t tile_count(const PixelRect& t) {
+  return (t.x1 > t.x0 && t.y1 > t.y0) ? int64_t(t.x1 - t.x0) * (t.y1 - t.y0) : 0;
+}
+
+// Radix-sortable key of a depth: an unsigned integer whose order is the float
+// order (negative values flipped, positive ones with the sign bit set), so
+// the order is right for any non-NaN depth.  -0 is folded into +0 so that the
+// two compare equal, as they do for `<`.  Both backends sort surfels by this
+// key, stably (ties keep index order).
+SPLAT_HD uint32_t depth_sort_key(float d) {
+  d = d == 0.0f ? 0.0f : d;
+#if defined(__CUDA_ARCH__)
+  const uint32_t b = __float_as_uint(d);
+#else
+  uint32_t b;
+  std::memcpy(&b, &d, sizeof b);
+#endif
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+SPLAT_HD uint64_t depth_sort_key(double d) {
+  d = d == 0.0 ? 0.0 : d;
+#if defined(__CUDA_ARCH__)
+  const uint64_t b = static_cast<uint64_t>(__double_as_longlong(d));
+#else
+  uint64_t b;
+  std::memcpy(&b, &d, sizeof b);
+#endif
+  return (b & 0x8000000000000000ull) ? ~b : (b | 0x8000000000000000ull);
+}
+
 template <typename T>
 SPLAT_HD void cross3(const T* a, const T* b, T* out) {
   out[0] = a[1] * b[2] - a[2] * b[1];

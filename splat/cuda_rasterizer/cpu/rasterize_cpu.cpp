@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -42,38 +43,139 @@ int g_kernel_mode = kModeSimd;
 void set_cpu_kernel_mode(int mode) { g_kernel_mode = mode; }
 int cpu_kernel_mode() { return g_kernel_mode; }
 
+namespace {
+
+// This thread's share [lo, hi) of n items inside an OpenMP parallel region:
+// fixed contiguous chunks in thread order, so that work done chunk by chunk
+// and then combined in chunk order gives the same result for any number of
+// threads.
+struct ThreadChunk {
+  int part = 0, parts = 1;
+  int64_t lo, hi;
+  explicit ThreadChunk(int64_t n) {
+#ifdef _OPENMP
+    part = omp_get_thread_num();
+    parts = omp_get_num_threads();
+#endif
+    lo = n * part / parts;
+    hi = n * (part + 1) / parts;
+  }
+};
+
+int max_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+// Sorts ids by keys, stably (equal keys keep their input order): a parallel
+// LSD radix sort, 8 bits a pass, skipping passes whose digit all keys share.
+// A stable sort's result is unique, so it does not depend on the thread count.
+template <typename Key>
+void stable_radix_sort(std::vector<Key>& keys, std::vector<int32_t>& ids) {
+  constexpr int kBits = 8, kBuckets = 1 << kBits;
+  const int64_t n = static_cast<int64_t>(keys.size());
+  std::vector<Key> keys_tmp(n);
+  std::vector<int32_t> ids_tmp(n);
+  std::vector<int64_t> hist(static_cast<size_t>(max_threads()) * kBuckets);
+  for (int shift = 0; shift < int(8 * sizeof(Key)); shift += kBits) {
+    bool skip = false;
+#pragma omp parallel
+    {
+      const ThreadChunk c(n);
+      int64_t* h = hist.data() + int64_t(c.part) * kBuckets;
+      std::fill(h, h + kBuckets, 0);
+      for (int64_t i = c.lo; i < c.hi; ++i) ++h[(keys[i] >> shift) & (kBuckets - 1)];
+#pragma omp barrier
+#pragma omp single
+      {
+        // bucket-major, then chunk order: each chunk's keys of one digit go
+        // after those of the earlier chunks, which keeps the sort stable.
+        int64_t start = 0;
+        for (int d = 0; d < kBuckets; ++d)
+          for (int t = 0; t < c.parts; ++t) {
+            const int64_t count = hist[int64_t(t) * kBuckets + d];
+            if (count == n) skip = true;
+            hist[int64_t(t) * kBuckets + d] = start;
+            start += count;
+          }
+      }  // implicit barrier
+      if (!skip) {
+        for (int64_t i = c.lo; i < c.hi; ++i) {
+          const int64_t at = h[(keys[i] >> shift) & (kBuckets - 1)]++;
+          keys_tmp[at] = keys[i];
+          ids_tmp[at] = ids[i];
+        }
+      }
+    }
+    if (!skip) {
+      keys.swap(keys_tmp);
+      ids.swap(ids_tmp);
+    }
+  }
+}
+
+}  // namespace
+
 template <typename T>
 void bin_tiles_cpu(const SurfelArrays<T>& s, int tiles_x, int tiles_y,
                    std::vector<int64_t>& tile_offsets,
                    const std::function<int32_t*(int64_t)>& alloc_point_list) {
   const int64_t n = s.num_surfels;
-  std::vector<int32_t> order;
-  std::vector<PixelRect> tiles(n);
-  order.reserve(n);
-  for (int64_t i = 0; i < n; ++i) {
-    PixelRect t = tiles_of(load_pixel_rect(s.pixel_rect, i));
-    t.x0 = std::max(t.x0, 0);
-    t.y0 = std::max(t.y0, 0);
-    t.x1 = std::min(t.x1, tiles_x);
-    t.y1 = std::min(t.y1, tiles_y);
-    tiles[i] = t;
-    if (t.x1 > t.x0 && t.y1 > t.y0) order.push_back(static_cast<int32_t>(i));
-  }
-  // Front to back; equal depths keep index order (the CUDA sort is stable too).
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int32_t a, int32_t b) { return s.depth[a] < s.depth[b]; });
   const int num_tiles = tiles_x * tiles_y;
+  // Front to back: every surfel sorted by depth, stably (equal depths keep
+  // index order, as the CUDA sort); culled ones are skipped when listing.
+  std::vector<decltype(depth_sort_key(T()))> keys(n);
+  std::vector<int32_t> order(n);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    keys[i] = depth_sort_key(s.depth[i]);
+    order[i] = static_cast<int32_t>(i);
+  }
+  stable_radix_sort(keys, order);
+  // Per-tile lists: each thread counts, then writes, the pairs of its chunk of
+  // the sorted order after those of the earlier chunks: the serial order.
+  int64_t pairs = 0;
+#pragma omp parallel for schedule(static) reduction(+ : pairs)
+  for (int64_t i = 0; i < n; ++i) pairs += tile_count(listed_tiles(s.pixel_rect, i, tiles_x, tiles_y));
+  // Allocated here, outside the parallel region: an allocation failure then
+  // reaches the caller as an exception.
+  int32_t* point_list = alloc_point_list(pairs);
+  const int threads = max_threads();
+  std::vector<int64_t> cursor(static_cast<size_t>(threads) * num_tiles, 0);
   tile_offsets.assign(num_tiles + 1, 0);
-  for (int32_t id : order)
-    for (int ty = tiles[id].y0; ty < tiles[id].y1; ++ty)
-      for (int tx = tiles[id].x0; tx < tiles[id].x1; ++tx) tile_offsets[ty * tiles_x + tx + 1]++;
-  std::partial_sum(tile_offsets.begin(), tile_offsets.end(), tile_offsets.begin());
-  int32_t* point_list = alloc_point_list(tile_offsets[num_tiles]);
-  std::vector<int64_t> cursor(tile_offsets.begin(), tile_offsets.end() - 1);
-  for (int32_t id : order)
-    for (int ty = tiles[id].y0; ty < tiles[id].y1; ++ty)
-      for (int tx = tiles[id].x0; tx < tiles[id].x1; ++tx)
-        point_list[cursor[ty * tiles_x + tx]++] = id;
+#pragma omp parallel
+  {
+    const ThreadChunk c(n);
+    int64_t* mine = cursor.data() + int64_t(c.part) * num_tiles;
+    for (int64_t j = c.lo; j < c.hi; ++j) {
+      const PixelRect t = listed_tiles(s.pixel_rect, order[j], tiles_x, tiles_y);
+      for (int ty = t.y0; ty < t.y1; ++ty)
+        for (int tx = t.x0; tx < t.x1; ++tx) ++mine[ty * tiles_x + tx];
+    }
+#pragma omp barrier
+#pragma omp single
+    {
+      int64_t start = 0;
+      for (int tile = 0; tile < num_tiles; ++tile) {
+        tile_offsets[tile] = start;
+        for (int p = 0; p < c.parts; ++p) {
+          const int64_t count = cursor[int64_t(p) * num_tiles + tile];
+          cursor[int64_t(p) * num_tiles + tile] = start;
+          start += count;
+        }
+      }
+      tile_offsets[num_tiles] = start;
+    }  // implicit barrier
+    for (int64_t j = c.lo; j < c.hi; ++j) {
+      const int32_t id = order[j];
+      const PixelRect t = listed_tiles(s.pixel_rect, id, tiles_x, tiles_y);
+      for (int ty = t.y0; ty < t.y1; ++ty)
+        for (int tx = t.x0; tx < t.x1; ++tx) point_list[mine[ty * tiles_x + tx]++] = id;
+    }
+  }
 }
 
 namespace {
@@ -608,7 +710,10 @@ void backward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const int32_t*
   std::vector<int64_t> record_offset(num_tiles + 1, 0);
   for (int tile = 0; tile < num_tiles; ++tile)
     record_offset[tile + 1] = record_offset[tile] + tile_end[tile];
-  std::vector<T> records(static_cast<size_t>(record_offset[num_tiles]) * kGradSize, T(0));
+  // Left uninitialised here: each tile's thread zeroes its own records just
+  // before filling them (one pass over memory that is then in cache, and the
+  // pages are first touched by the thread that uses them).
+  std::unique_ptr<T[]> records(new T[static_cast<size_t>(record_offset[num_tiles]) * kGradSize]);
 
   const std::vector<int> order = tiles_by_cost(bins);
   const int mode = g_kernel_mode;
@@ -619,7 +724,8 @@ void backward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const int32_t*
   for (int t = 0; t < num_tiles; ++t) {
     const int tile = order[t];
     if (tile_end[tile] == 0) continue;
-    T* tile_records = records.data() + record_offset[tile] * kGradSize;
+    T* tile_records = records.get() + record_offset[tile] * kGradSize;
+    std::fill(tile_records, tile_records + int64_t(tile_end[tile]) * kGradSize, T(0));
     if constexpr (kHasSimd<T>) {
       if (mode == kModeSimd) {
         backward_tile_simd(s, packed.data(), bins, tile, end, median_index, transmittance, totals, up,
@@ -646,7 +752,7 @@ void backward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const int32_t*
     std::fill(v_surfels + lo * kGradSize, v_surfels + hi * kGradSize, T(0));
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int32_t* list = bins.point_list + bins.tile_offsets[tile];
-      const T* src = records.data() + record_offset[tile] * kGradSize;
+      const T* src = records.get() + record_offset[tile] * kGradSize;
       for (int32_t k = 0; k < tile_end[tile]; ++k, src += kGradSize) {
         const int64_t id = list[k];
         if (id < lo || id >= hi) continue;

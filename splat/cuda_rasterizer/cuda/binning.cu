@@ -35,59 +35,17 @@ constexpr int kThreads = 256;
 
 inline unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
 
-// Radix-sortable key of a depth: an unsigned integer whose order is the float
-// order (negative values flipped, positive ones with the sign bit set), so the
-// result is right for any non-NaN depth, not only positive ones.  -0 is folded
-// into +0 so that the two compare equal, as they do for the CPU's `<`.
+// The depth sort key type of a scalar type (core.h depth_sort_key).
 template <typename T>
-struct DepthKey;
-
-template <>
-struct DepthKey<float> {
-  using type = uint32_t;
-  static __device__ __forceinline__ uint32_t make(float d) {
-    const uint32_t b = __float_as_uint(d == 0.0f ? 0.0f : d);
-    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-  }
-};
-
-template <>
-struct DepthKey<double> {
-  using type = uint64_t;
-  static __device__ __forceinline__ uint64_t make(double d) {
-    const uint64_t b = static_cast<uint64_t>(__double_as_longlong(d == 0.0 ? 0.0 : d));
-    return (b & 0x8000000000000000ull) ? ~b : (b | 0x8000000000000000ull);
-  }
-};
-
-// Tiles touched by surfel `id` (from its pixel rectangle, as on the CPU),
-// clamped to the grid: an out-of-grid rectangle must not alias into the
-// neighbouring row.
-struct Rect {
-  int x0, y0, x1, y1;
-  __device__ __forceinline__ int64_t area() const {
-    return (x1 > x0 && y1 > y0) ? int64_t(x1 - x0) * (y1 - y0) : 0;
-  }
-};
-
-__device__ __forceinline__ Rect load_rect(const int32_t* __restrict__ pixel_rect, int64_t id,
-                                          int tiles_x, int tiles_y) {
-  const PixelRect t = tiles_of(load_pixel_rect(pixel_rect, id));
-  Rect out;
-  out.x0 = max(t.x0, 0);
-  out.y0 = max(t.y0, 0);
-  out.x1 = min(t.x1, tiles_x);
-  out.y1 = min(t.y1, tiles_y);
-  return out;
-}
+using DepthKey = decltype(depth_sort_key(T()));
 
 template <typename T>
 __global__ void depth_keys_kernel(const T* __restrict__ depth, int n,
-                                  typename DepthKey<T>::type* __restrict__ keys,
+                                  DepthKey<T>* __restrict__ keys,
                                   int32_t* __restrict__ ids) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  keys[i] = DepthKey<T>::make(depth[i]);
+  keys[i] = depth_sort_key(depth[i]);
   ids[i] = i;  // index order in, and the sort is stable: equal depths stay in index order
 }
 
@@ -97,7 +55,7 @@ __global__ void count_tiles_kernel(const int32_t* __restrict__ pixel_rect,
                                    int tiles_y, int64_t* __restrict__ counts) {
   const int j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= n) return;
-  counts[j] = load_rect(pixel_rect, sorted_ids[j], tiles_x, tiles_y).area();
+  counts[j] = tile_count(listed_tiles(pixel_rect, sorted_ids[j], tiles_x, tiles_y));
 }
 
 // Writes the pairs of the j-th surfel in depth order at [pair_end[j-1], pair_end[j]).
@@ -111,7 +69,7 @@ __global__ void duplicate_kernel(const int32_t* __restrict__ pixel_rect,
   const int j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= n) return;
   const int32_t id = sorted_ids[j];
-  const Rect r = load_rect(pixel_rect, id, tiles_x, tiles_y);
+  const PixelRect r = listed_tiles(pixel_rect, id, tiles_x, tiles_y);
   int64_t out = j == 0 ? 0 : pair_end[j - 1];
   for (int ty = r.y0; ty < r.y1; ++ty)
     for (int tx = r.x0; tx < r.x1; ++tx) {
@@ -145,7 +103,7 @@ inline size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 template <typename T>
 struct CountLayout {
-  using Key = typename DepthKey<T>::type;
+  using Key = DepthKey<T>;
   size_t keys, keys_sorted, ids, ids_sorted, counts, pair_end, temp, temp_bytes, total;
 
   explicit CountLayout(int n) {
@@ -220,7 +178,7 @@ template <typename T>
 cudaError_t bin_count(const T* depth, const int32_t* pixel_rect, int64_t n64, int tiles_x,
                       int tiles_y, void* workspace, size_t workspace_bytes, int64_t* num_pairs,
                       cudaStream_t stream) {
-  using Key = typename DepthKey<T>::type;
+  using Key = DepthKey<T>;
   *num_pairs = 0;
   if (n64 <= 0) return cudaSuccess;
   if (n64 >= (int64_t(1) << 31)) return cudaErrorInvalidValue;
