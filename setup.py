@@ -33,8 +33,8 @@ def _want_cuda() -> bool:
 def _extensions():
     from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
-    sources = [os.path.join(KERNELS, "bindings.cpp"), os.path.join(KERNELS, "cpu", "rasterize_cpu.cpp"),
-               os.path.join(KERNELS, "cpu", "project_cpu.cpp")]
+    # Every CPU source (splat/_backend.py's JIT build globs the same).
+    sources = [os.path.join(KERNELS, "bindings.cpp")] + sorted(glob.glob(os.path.join(KERNELS, "cpu", "*.cpp")))
     # -ffp-contract=off: no fused multiply-adds (GCC contracts by default on
     # ARM, and other compilers may on x86), so the CPU kernels round like the
     # GPU build (nvcc --fmad=false) and the CUDA emulation tests.

@@ -24,8 +24,8 @@ def load_extension():
             raise ImportError(f"splat._C is not built and SPLAT_NO_JIT=1: {installed_error}")
     from torch.utils.cpp_extension import load
 
-    sources = [str(_KERNELS / "bindings.cpp"), str(_KERNELS / "cpu" / "rasterize_cpu.cpp"),
-               str(_KERNELS / "cpu" / "project_cpu.cpp")]
+    # Every CPU source, as setup.py.
+    sources = [str(_KERNELS / "bindings.cpp")] + sorted(str(p) for p in (_KERNELS / "cpu").glob("*.cpp"))
     try:
         return load(
             name="splat_C_jit",

@@ -8,6 +8,7 @@
 #include "cpu/project_cpu.h"
 #include "cpu/rasterize_cpu.h"
 #include "cpu/simd.h"
+#include "cpu/ssim_cpu.h"
 #ifdef SPLAT_WITH_CUDA
 #include "cuda/bindings_cuda.h"
 #endif
@@ -231,6 +232,50 @@ std::vector<torch::Tensor> project_backward(
   return {v_means, v_quats, v_scales, v_coeffs, v_means2d};
 }
 
+// The fused SSIM (cpu/ssim_cpu.h).  x, y: [H, W, C] of one floating dtype;
+// window: [K] (K odd) of that dtype.
+template <typename T>
+splat::SsimArgs<T> ssim_args(const torch::Tensor& x, const torch::Tensor& y,
+                             const torch::Tensor& window, double c1, double c2) {
+  TORCH_CHECK(x.dim() == 3 && y.sizes() == x.sizes(), "ssim: x and y must both be [H, W, C]");
+  TORCH_CHECK(x.is_contiguous() && y.is_contiguous() && window.is_contiguous() &&
+                  y.scalar_type() == x.scalar_type() && window.scalar_type() == x.scalar_type(),
+              "ssim: x, y and window must be contiguous and of one dtype");
+  TORCH_CHECK(window.dim() == 1 && window.size(0) % 2 == 1, "ssim: window must be [K], K odd");
+  splat::SsimArgs<T> a{x.data_ptr<T>(), y.data_ptr<T>(), window.data_ptr<T>(),
+                       static_cast<int>(window.size(0)), x.size(0), x.size(1), x.size(2), c1, c2};
+  return a;
+}
+
+// Returns (mean SSIM as a 0-d tensor, the [3, H, W, C] gradient maps or an empty tensor).
+std::vector<torch::Tensor> ssim_forward(const torch::Tensor& x, const torch::Tensor& y,
+                                        const torch::Tensor& window, double c1, double c2,
+                                        bool with_grad) {
+  auto maps = torch::empty(with_grad ? std::vector<int64_t>{3, x.size(0), x.size(1), x.size(2)}
+                                     : std::vector<int64_t>{0},
+                           x.options());
+  double mean = 0.0;
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "splat_ssim_forward", [&] {
+    mean = splat::ssim_forward_cpu<scalar_t>(ssim_args<scalar_t>(x, y, window, c1, c2),
+                                             with_grad ? maps.data_ptr<scalar_t>() : nullptr);
+  });
+  return {torch::tensor(mean, x.options()), maps};
+}
+
+torch::Tensor ssim_backward(const torch::Tensor& x, const torch::Tensor& y,
+                            const torch::Tensor& window, double c1, double c2,
+                            const torch::Tensor& maps, double scale) {
+  TORCH_CHECK(maps.is_contiguous() && maps.dim() == 4 && maps.size(0) == 3 &&
+                  maps.sizes().slice(1) == x.sizes() && maps.scalar_type() == x.scalar_type(),
+              "ssim: gradient maps must be [3, H, W, C] of x's dtype");
+  auto dx = torch::empty_like(x);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "splat_ssim_backward", [&] {
+    splat::ssim_backward_cpu<scalar_t>(ssim_args<scalar_t>(x, y, window, c1, c2),
+                                       maps.data_ptr<scalar_t>(), scale, dx.data_ptr<scalar_t>());
+  });
+  return dx;
+}
+
 // core.h's float32 exp, one element at a time and 8 lanes at a time (tests).
 std::vector<torch::Tensor> exp_float32(const torch::Tensor& x) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.is_contiguous() && x.dim() == 1 &&
@@ -252,6 +297,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("backward_cpu", &backward_cpu, "rasterize backward on the CPU");
   m.def("project_forward_cpu", &project_forward, "fused per-surfel projection on the CPU");
   m.def("project_backward_cpu", &project_backward, "its exact backward");
+  m.def("ssim_forward_cpu", &ssim_forward, "fused SSIM (mean) and its gradient maps on the CPU");
+  m.def("ssim_backward_cpu", &ssim_backward, "its backward: d mean(SSIM) / dx, scaled");
   m.def("set_cpu_kernel_mode", [](int64_t mode) {
     TORCH_CHECK(mode >= 0 && mode <= 2, "CPU kernel mode must be 0 (reference), 1 (scalar) or 2 (simd)");
     splat::set_cpu_kernel_mode(static_cast<int>(mode));
