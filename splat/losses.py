@@ -216,6 +216,51 @@ def normal_consistency_loss(
     return (alpha.detach() * (1.0 - dot)).mean()
 
 
+def depth_normal_consistency_loss(
+    depth: torch.Tensor,  # [H, W] camera z
+    rendered_normal: torch.Tensor,  # [H, W, 3] sum_i w_i n_i (world)
+    alpha: torch.Tensor,  # [H, W]
+    K: torch.Tensor,  # [3, 3]
+    viewmat: torch.Tensor,  # [4, 4] world -> camera
+) -> torch.Tensor:
+    """``normal_consistency_loss(rendered_normal, depth_to_normal(depth, K, viewmat), alpha)``.
+
+    On the CPU, when K and viewmat need no gradient, one fused C++ op computes
+    it and its exact gradient for depth and rendered_normal
+    (splat/cuda_rasterizer/cpu/normal_loss_cpu.h, which writes out the maths)
+    instead of ~30 whole-image torch ops; elsewhere the two functions above.
+    """
+    fused = (depth.device.type == "cpu" and depth.dtype in (torch.float32, torch.float64)
+             and rendered_normal.dtype == depth.dtype and not (K.requires_grad or viewmat.requires_grad))
+    if fused:
+        from ._backend import has_extension  # lazy: losses must import without the kernels
+
+        fused = has_extension()
+    if not fused:
+        return normal_consistency_loss(rendered_normal, depth_to_normal(depth, K, viewmat), alpha)
+    return _FusedNormalLoss.apply(depth, rendered_normal, alpha.detach().to(depth.dtype), K, viewmat)
+
+
+class _FusedNormalLoss(torch.autograd.Function):
+    """splat._C.normal_loss_forward_cpu / normal_loss_backward_cpu."""
+
+    @staticmethod
+    def forward(ctx, depth, normal, alpha, K, viewmat):
+        from ._backend import load_extension
+
+        args = (depth.detach().contiguous(), normal.detach().contiguous(), alpha.contiguous(), K.detach(),
+                viewmat.detach())
+        ctx.save_for_backward(*args)
+        return load_extension().normal_loss_forward_cpu(*args)
+
+    @staticmethod
+    def backward(ctx, grad):
+        from ._backend import load_extension
+
+        v_depth, v_normal = load_extension().normal_loss_backward_cpu(*ctx.saved_tensors, float(grad))
+        return v_depth, v_normal, None, None, None
+
+
 def total_loss(
     out,
     gt: torch.Tensor,  # [H, W, 3]
@@ -239,8 +284,7 @@ def total_loss(
         terms["dist"] = float(d.detach())
     if cfg.get("normal_lambda", 0) > 0 and step >= cfg.get("normal_from", 0):
         depth = out.median_depth if cfg.get("depth_for_normal", "expected") == "median" else out.depth
-        n_d = depth_to_normal(depth, K, viewmat)
-        nc = normal_consistency_loss(out.normal, n_d, out.alpha)
+        nc = depth_normal_consistency_loss(depth, out.normal, out.alpha, K, viewmat)
         loss = loss + cfg["normal_lambda"] * nc
         terms["normal"] = float(nc.detach())
     return loss, terms

@@ -9,6 +9,7 @@ import torch
 
 from splat.losses import (
     _fused_ssim_applies,
+    depth_normal_consistency_loss,
     depth_to_normal,
     depth_to_points,
     l1_loss,
@@ -197,3 +198,90 @@ def test_ssim_falls_back_to_torch_where_the_fused_op_does_not_apply():
     v, _ = _value_and_grad(ssim, a, b)
     with torch.no_grad():
         assert b.grad is not None and float(v - ssim_torch(a, b)) == 0.0
+
+
+# ---- the fused CPU depth-normal consistency loss (cpu/normal_loss_cpu.h) -------------------
+def _normal_loss_case(h, w, dtype, seed=0, hole=0.0):
+    """Depth with an invalid pixel (z = hole) and an invalid row (z = -1),
+    random normals and alpha, an off-centre camera with a rotation."""
+    from splat.reference import quat_to_rotmat
+
+    g = torch.Generator().manual_seed(seed)
+    depth = 2.0 + torch.rand(h, w, generator=g, dtype=torch.float64)
+    if h > 5 and w > 4:
+        depth[3, 4] = hole
+        depth[5, :] = -1.0
+    normal = torch.randn(h, w, 3, generator=g, dtype=torch.float64)
+    alpha = torch.rand(h, w, generator=g, dtype=torch.float64)
+    K = torch.tensor([[30.0, 0.0, 0.45 * w], [0.0, 28.0, 0.55 * h], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    viewmat = torch.eye(4, dtype=torch.float64)
+    viewmat[:3, :3] = quat_to_rotmat(torch.tensor([[0.9, 0.1, -0.2, 0.3]], dtype=torch.float64))[0]
+    viewmat[:3, 3] = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)
+    t = [x.to(dtype) for x in (depth, normal, alpha, K, viewmat)]
+    return [t[0].requires_grad_(True), t[1].requires_grad_(True)] + t[2:]
+
+
+def _unfused_normal_loss(depth, normal, alpha, K, viewmat):
+    return normal_consistency_loss(normal, depth_to_normal(depth, K, viewmat), alpha)
+
+
+def _loss_and_grads(fn, case):
+    depth, normal = case[0], case[1]
+    depth.grad = normal.grad = None
+    loss = fn(*case)
+    loss.backward()
+    # depth_to_normal of an all-border image never uses depth: no gradient at all
+    v_depth = torch.zeros_like(depth) if depth.grad is None else depth.grad.clone()
+    return loss.detach(), v_depth, normal.grad.clone()
+
+
+@pytest.mark.parametrize("h, w", [(23, 31), (2, 7), (3, 3)])
+def test_fused_normal_loss_matches_torch_float64(h, w):
+    """Loss and both gradients equal depth_to_normal + normal_consistency_loss
+    to float64 rounding (1e-12 relative); 2 x 7 and 3 x 3 are all border."""
+    case = _normal_loss_case(h, w, torch.float64)
+    fused = _loss_and_grads(depth_normal_consistency_loss, case)
+    plain = _loss_and_grads(_unfused_normal_loss, case)
+    assert abs(float(fused[0] - plain[0])) <= 1e-12
+    for a, b in zip(fused[1:], plain[1:]):
+        assert float((a - b).abs().max()) <= 1e-12 * max(float(b.abs().max()), 1e-30)
+
+
+def test_fused_normal_loss_matches_torch_float32():
+    """float32: loss within 1e-6, gradients within 1e-5 of their largest entry
+    (measured ~2e-7: rounding of the unprojection, cross product and norm)."""
+    case = _normal_loss_case(40, 50, torch.float32, seed=2)
+    fused = _loss_and_grads(depth_normal_consistency_loss, case)
+    plain = _loss_and_grads(_unfused_normal_loss, case)
+    assert abs(float(fused[0] - plain[0])) <= 1e-6
+    for a, b in zip(fused[1:], plain[1:]):
+        assert float((a - b).abs().max()) <= 1e-5 * float(b.abs().max())
+
+
+def test_fused_normal_loss_finite_differences():
+    # the hole at -0.5, not 0: a step of eps across z = 0 switches the pixel on
+    depth, normal, alpha, K, viewmat = _normal_loss_case(9, 11, torch.float64, seed=4, hole=-0.5)
+    assert torch.autograd.gradcheck(lambda d, n: depth_normal_consistency_loss(d, n, alpha, K, viewmat),
+                                    (depth, normal), eps=1e-6, atol=1e-9, rtol=1e-6)
+
+
+def test_fused_normal_loss_same_bits_for_any_thread_count():
+    case = _normal_loss_case(61, 47, torch.float32, seed=6)
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            results.append(_loss_and_grads(depth_normal_consistency_loss, case))
+    finally:
+        torch.set_num_threads(threads)
+    for r in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(r, results[0]))
+
+
+def test_normal_loss_with_camera_gradients_takes_the_torch_path():
+    """The fused op gives no gradient to K or viewmat, so it steps aside when they need one."""
+    depth, normal, alpha, K, viewmat = _normal_loss_case(12, 13, torch.float64)
+    viewmat.requires_grad_(True)
+    depth_normal_consistency_loss(depth, normal, alpha, K, viewmat).backward()
+    assert viewmat.grad is not None and float(viewmat.grad.abs().sum()) > 0

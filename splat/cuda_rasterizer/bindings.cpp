@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core.h"
+#include "cpu/normal_loss_cpu.h"
 #include "cpu/project_cpu.h"
 #include "cpu/rasterize_cpu.h"
 #include "cpu/simd.h"
@@ -276,6 +277,58 @@ torch::Tensor ssim_backward(const torch::Tensor& x, const torch::Tensor& y,
   return dx;
 }
 
+// The fused depth-normal consistency loss (cpu/normal_loss_cpu.h).
+template <typename T>
+splat::NormalLossArgs<T> normal_loss_args(const torch::Tensor& depth, const torch::Tensor& normal,
+                                          const torch::Tensor& alpha, const torch::Tensor& K,
+                                          const torch::Tensor& viewmat) {
+  TORCH_CHECK(depth.dim() == 2, "normal loss: depth must be [H, W]");
+  const int64_t H = depth.size(0), W = depth.size(1);
+  TORCH_CHECK(normal.dim() == 3 && normal.size(0) == H && normal.size(1) == W && normal.size(2) == 3,
+              "normal loss: normal must be [H, W, 3]");
+  TORCH_CHECK(alpha.dim() == 2 && alpha.size(0) == H && alpha.size(1) == W, "normal loss: alpha must be [H, W]");
+  for (const auto* t : {&depth, &normal, &alpha})
+    TORCH_CHECK(t->is_contiguous() && t->scalar_type() == depth.scalar_type(),
+                "normal loss: depth, normal and alpha must be contiguous and of one dtype");
+  TORCH_CHECK(K.numel() == 9 && viewmat.numel() == 16, "normal loss: K must be [3, 3] and viewmat [4, 4]");
+  const auto Kd = K.detach().to(torch::kCPU, torch::kFloat64).contiguous();
+  const auto Vd = viewmat.detach().to(torch::kCPU, torch::kFloat64).contiguous();
+  splat::NormalLossArgs<T> a{};
+  a.depth = depth.data_ptr<T>();
+  a.normal = normal.data_ptr<T>();
+  a.alpha = alpha.data_ptr<T>();
+  const double* k = Kd.data_ptr<double>();
+  a.fx = k[0], a.fy = k[4], a.cx = k[2], a.cy = k[5];
+  const double* v = Vd.data_ptr<double>();
+  for (int r = 0; r < 3; ++r)
+    for (int c = 0; c < 3; ++c) a.R[3 * r + c] = v[4 * r + c];
+  a.height = H;
+  a.width = W;
+  return a;
+}
+
+torch::Tensor normal_loss_forward(const torch::Tensor& depth, const torch::Tensor& normal,
+                                  const torch::Tensor& alpha, const torch::Tensor& K,
+                                  const torch::Tensor& viewmat) {
+  double loss = 0.0;
+  AT_DISPATCH_FLOATING_TYPES(depth.scalar_type(), "splat_normal_loss_forward", [&] {
+    loss = splat::normal_loss_forward_cpu<scalar_t>(normal_loss_args<scalar_t>(depth, normal, alpha, K, viewmat));
+  });
+  return torch::tensor(loss, depth.options());
+}
+
+std::vector<torch::Tensor> normal_loss_backward(const torch::Tensor& depth, const torch::Tensor& normal,
+                                                const torch::Tensor& alpha, const torch::Tensor& K,
+                                                const torch::Tensor& viewmat, double scale) {
+  auto v_depth = torch::empty_like(depth), v_normal = torch::empty_like(normal);
+  AT_DISPATCH_FLOATING_TYPES(depth.scalar_type(), "splat_normal_loss_backward", [&] {
+    splat::normal_loss_backward_cpu<scalar_t>(normal_loss_args<scalar_t>(depth, normal, alpha, K, viewmat),
+                                              scale, v_depth.data_ptr<scalar_t>(),
+                                              v_normal.data_ptr<scalar_t>());
+  });
+  return {v_depth, v_normal};
+}
+
 // core.h's float32 exp, one element at a time and 8 lanes at a time (tests).
 std::vector<torch::Tensor> exp_float32(const torch::Tensor& x) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.is_contiguous() && x.dim() == 1 &&
@@ -299,6 +352,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("project_backward_cpu", &project_backward, "its exact backward");
   m.def("ssim_forward_cpu", &ssim_forward, "fused SSIM (mean) and its gradient maps on the CPU");
   m.def("ssim_backward_cpu", &ssim_backward, "its backward: d mean(SSIM) / dx, scaled");
+  m.def("normal_loss_forward_cpu", &normal_loss_forward, "fused depth-normal consistency loss on the CPU");
+  m.def("normal_loss_backward_cpu", &normal_loss_backward, "its backward: (d/ddepth, d/dnormal), scaled");
   m.def("set_cpu_kernel_mode", [](int64_t mode) {
     TORCH_CHECK(mode >= 0 && mode <= 2, "CPU kernel mode must be 0 (reference), 1 (scalar) or 2 (simd)");
     splat::set_cpu_kernel_mode(static_cast<int>(mode));
