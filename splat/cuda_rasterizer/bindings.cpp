@@ -257,7 +257,7 @@ std::vector<torch::Tensor> ssim_forward(const torch::Tensor& x, const torch::Ten
                            x.options());
   double mean = 0.0;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "splat_ssim_forward", [&] {
-    mean = splat::ssim_forward_cpu<scalar_t>(ssim_args<scalar_t>(x, y, window, c1, c2),
+    mean = splat::ssim_forward_cpu(ssim_args<scalar_t>(x, y, window, c1, c2),
                                              with_grad ? maps.data_ptr<scalar_t>() : nullptr);
   });
   return {torch::tensor(mean, x.options()), maps};
@@ -271,7 +271,7 @@ torch::Tensor ssim_backward(const torch::Tensor& x, const torch::Tensor& y,
               "ssim: gradient maps must be [3, H, W, C] of x's dtype");
   auto dx = torch::empty_like(x);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "splat_ssim_backward", [&] {
-    splat::ssim_backward_cpu<scalar_t>(ssim_args<scalar_t>(x, y, window, c1, c2),
+    splat::ssim_backward_cpu(ssim_args<scalar_t>(x, y, window, c1, c2),
                                        maps.data_ptr<scalar_t>(), scale, dx.data_ptr<scalar_t>());
   });
   return dx;

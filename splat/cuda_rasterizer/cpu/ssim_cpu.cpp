@@ -16,7 +16,7 @@ namespace {
 //                            rows v[m] (W*C values each);
 //   row_out(i, f, n):        receives output row i, f[m * n + j] for map m.
 template <typename T, int kMaps, typename Vertical, typename RowOut>
-void filter_rows(const SsimArgs<T>& a, Vertical vertical, RowOut row_out) {
+__attribute__((always_inline)) inline void filter_rows(const SsimArgs<T>& a, Vertical vertical, RowOut row_out) {
   const int r = a.window_size / 2;
   const int64_t H = a.height, row = a.width * a.channels, pad = int64_t(r) * a.channels;
   const int64_t stride = row + 2 * pad;
@@ -52,7 +52,7 @@ void filter_rows(const SsimArgs<T>& a, Vertical vertical, RowOut row_out) {
 }  // namespace
 
 template <typename T>
-double ssim_forward_cpu(const SsimArgs<T>& a, T* grad_maps) {
+__attribute__((always_inline)) inline double ssim_forward(const SsimArgs<T>& a, T* grad_maps) {
   const int64_t H = a.height, row = a.width * a.channels, plane = H * row;
   // mu_x, mu_y, e_xx, e_yy, e_xy: the products are formed as each input row is read.
   const auto vertical = [&](int64_t src, T w, T* const* v) {
@@ -99,7 +99,8 @@ double ssim_forward_cpu(const SsimArgs<T>& a, T* grad_maps) {
 }
 
 template <typename T>
-void ssim_backward_cpu(const SsimArgs<T>& a, const T* grad_maps, double scale, T* dx) {
+__attribute__((always_inline)) inline void ssim_backward(const SsimArgs<T>& a, const T* grad_maps,
+                                                        double scale, T* dx) {
   const int64_t H = a.height, row = a.width * a.channels, plane = H * row;
   const auto vertical = [&](int64_t src, T w, T* const* v) {
     for (int m = 0; m < 3; ++m) {
@@ -119,9 +120,19 @@ void ssim_backward_cpu(const SsimArgs<T>& a, const T* grad_maps, double scale, T
   filter_rows<T, 3>(a, vertical, row_out);
 }
 
-template double ssim_forward_cpu<float>(const SsimArgs<float>&, float*);
-template double ssim_forward_cpu<double>(const SsimArgs<double>&, double*);
-template void ssim_backward_cpu<float>(const SsimArgs<float>&, const float*, double, float*);
-template void ssim_backward_cpu<double>(const SsimArgs<double>&, const double*, double, double*);
+// Compiled for AVX2 and for baseline x86-64, chosen at run time: the filter
+// loops are plain loops the compiler vectorises to the target's width.
+#define SPLAT_SSIM_ENTRY_POINTS(T)                                                              \
+  __attribute__((target_clones("avx2", "default"))) double ssim_forward_cpu(                   \
+      const SsimArgs<T>& a, T* grad_maps) {                                                     \
+    return ssim_forward(a, grad_maps);                                                          \
+  }                                                                                             \
+  __attribute__((target_clones("avx2", "default"))) void ssim_backward_cpu(                    \
+      const SsimArgs<T>& a, const T* grad_maps, double scale, T* dx) {                          \
+    ssim_backward(a, grad_maps, scale, dx);                                                     \
+  }
+SPLAT_SSIM_ENTRY_POINTS(float)
+SPLAT_SSIM_ENTRY_POINTS(double)
+#undef SPLAT_SSIM_ENTRY_POINTS
 
 }  // namespace splat

@@ -41,12 +41,12 @@ struct SsimArgs {
 
 // Returns mean(S); when grad_maps is not null also writes the three maps
 // m_mu, m_xx, m_xy there ([3, H, W, C]).
-template <typename T>
-double ssim_forward_cpu(const SsimArgs<T>& a, T* grad_maps);
+double ssim_forward_cpu(const SsimArgs<float>& a, float* grad_maps);
+double ssim_forward_cpu(const SsimArgs<double>& a, double* grad_maps);
 
 // dx [H, W, C] = scale * (G * m_mu + 2 x (G * m_xx) + y (G * m_xy)); scale
 // is the upstream gradient of the mean divided by H W C.
-template <typename T>
-void ssim_backward_cpu(const SsimArgs<T>& a, const T* grad_maps, double scale, T* dx);
+void ssim_backward_cpu(const SsimArgs<float>& a, const float* grad_maps, double scale, float* dx);
+void ssim_backward_cpu(const SsimArgs<double>& a, const double* grad_maps, double scale, double* dx);
 
 }  // namespace splat
