@@ -70,15 +70,15 @@ int max_threads() {
 #endif
 }
 
-// Sorts ids by keys, stably (equal keys keep their input order): a parallel
+// Sorts values by keys, stably (equal keys keep their input order): a parallel
 // LSD radix sort, 8 bits a pass, skipping passes whose digit all keys share.
 // A stable sort's result is unique, so it does not depend on the thread count.
-template <typename Key>
-void stable_radix_sort(std::vector<Key>& keys, std::vector<int32_t>& ids) {
+template <typename Key, typename Value>
+void stable_radix_sort(std::vector<Key>& keys, std::vector<Value>& ids) {
   constexpr int kBits = 8, kBuckets = 1 << kBits;
   const int64_t n = static_cast<int64_t>(keys.size());
   std::vector<Key> keys_tmp(n);
-  std::vector<int32_t> ids_tmp(n);
+  std::vector<Value> ids_tmp(n);
   std::vector<int64_t> hist(static_cast<size_t>(max_threads()) * kBuckets);
   for (int shift = 0; shift < int(8 * sizeof(Key)); shift += kBits) {
     bool skip = false;
@@ -117,6 +117,13 @@ void stable_radix_sort(std::vector<Key>& keys, std::vector<int32_t>& ids) {
   }
 }
 
+// A surfel and the tiles it is listed in (empty if culled).  Tile indices fit
+// 16 bits: images are at most 2^16 pixels a side (rasterize.py MAX_IMAGE_SIDE).
+struct ListedSurfel {
+  int32_t id;
+  uint16_t x0, y0, x1, y1;
+};
+
 }  // namespace
 
 template <typename T>
@@ -127,19 +134,22 @@ void bin_tiles_cpu(const SurfelArrays<T>& s, int tiles_x, int tiles_y,
   const int num_tiles = tiles_x * tiles_y;
   // Front to back: every surfel sorted by depth, stably (equal depths keep
   // index order, as the CUDA sort); culled ones are skipped when listing.
+  // Each carries its tile range through the sort, so that the listing below
+  // reads it in sorted order instead of at random addresses.
   std::vector<decltype(depth_sort_key(T()))> keys(n);
-  std::vector<int32_t> order(n);
-#pragma omp parallel for schedule(static)
+  std::vector<ListedSurfel> order(n);
+  int64_t pairs = 0;
+#pragma omp parallel for schedule(static) reduction(+ : pairs)
   for (int64_t i = 0; i < n; ++i) {
     keys[i] = depth_sort_key(s.depth[i]);
-    order[i] = static_cast<int32_t>(i);
+    const PixelRect t = listed_tiles(s.pixel_rect, i, tiles_x, tiles_y);
+    order[i] = ListedSurfel{static_cast<int32_t>(i), static_cast<uint16_t>(t.x0), static_cast<uint16_t>(t.y0),
+                            static_cast<uint16_t>(t.x1), static_cast<uint16_t>(t.y1)};
+    pairs += tile_count(t);
   }
   stable_radix_sort(keys, order);
   // Per-tile lists: each thread counts, then writes, the pairs of its chunk of
   // the sorted order after those of the earlier chunks: the serial order.
-  int64_t pairs = 0;
-#pragma omp parallel for schedule(static) reduction(+ : pairs)
-  for (int64_t i = 0; i < n; ++i) pairs += tile_count(listed_tiles(s.pixel_rect, i, tiles_x, tiles_y));
   // Allocated here, outside the parallel region: an allocation failure then
   // reaches the caller as an exception.
   int32_t* point_list = alloc_point_list(pairs);
@@ -151,7 +161,7 @@ void bin_tiles_cpu(const SurfelArrays<T>& s, int tiles_x, int tiles_y,
     const ThreadChunk c(n);
     int64_t* mine = cursor.data() + int64_t(c.part) * num_tiles;
     for (int64_t j = c.lo; j < c.hi; ++j) {
-      const PixelRect t = listed_tiles(s.pixel_rect, order[j], tiles_x, tiles_y);
+      const ListedSurfel& t = order[j];
       for (int ty = t.y0; ty < t.y1; ++ty)
         for (int tx = t.x0; tx < t.x1; ++tx) ++mine[ty * tiles_x + tx];
     }
@@ -170,10 +180,9 @@ void bin_tiles_cpu(const SurfelArrays<T>& s, int tiles_x, int tiles_y,
       tile_offsets[num_tiles] = start;
     }  // implicit barrier
     for (int64_t j = c.lo; j < c.hi; ++j) {
-      const int32_t id = order[j];
-      const PixelRect t = listed_tiles(s.pixel_rect, id, tiles_x, tiles_y);
+      const ListedSurfel& t = order[j];
       for (int ty = t.y0; ty < t.y1; ++ty)
-        for (int tx = t.x0; tx < t.x1; ++tx) point_list[mine[ty * tiles_x + tx]++] = id;
+        for (int tx = t.x0; tx < t.x1; ++tx) point_list[mine[ty * tiles_x + tx]++] = t.id;
     }
   }
 }
