@@ -76,8 +76,10 @@ MUTANTS = {
     "bwd_read_one_before_start": ("backward.cu", "read one past the end",
                                   "if (k_load >= batch_start) store_surfel",
                                   "if (k_load >= batch_start - 1) store_surfel", "asan"),
-    "bin_depth_key_no_sign_flip": ("binning.cu", "broken depth key",
-                                   "return (b & 0x80000000u) ? ~b : (b | 0x80000000u);", "return b;"),
+    # The key function itself is core.h's depth_sort_key, shared with the CPU;
+    # this breaks how binning.cu applies it (negative depths sort by magnitude).
+    "bin_depth_key_ignores_sign": ("binning.cu", "broken depth key",
+                                   "keys[i] = depth_sort_key(depth[i]);", "keys[i] = depth_sort_key(fabs(depth[i]));"),
 }
 
 
