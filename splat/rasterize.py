@@ -296,9 +296,13 @@ class _RasterizeSurfels(torch.autograd.Function):
         on_gpu = Tuvw.is_cuda
         args = [t.contiguous() for t in (Tuvw, center, normal, color, opacity, depth, pixel_rect)]
         fwd = ext.forward_cuda if on_gpu else ext.forward_cpu
+        outs = fwd(*args, width, height, near, far)
         (color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth,
-         end, median_index, totals, tile_offsets, point_list) = fwd(*args, width, height, near, far)
-        ctx.save_for_backward(*args, tile_offsets, point_list, end, median_index, transmittance, totals)
+         end, median_index, totals, tile_offsets, point_list) = outs[:11]
+        # Anything after is backend state for the backward pass (the CPU
+        # kernels' packed surfel records), passed back as the last argument.
+        ctx.save_for_backward(*args, tile_offsets, point_list, end, median_index, transmittance, totals,
+                              *outs[11:])
         ctx.image = (width, height, near, far)
         return color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth
 
@@ -306,7 +310,8 @@ class _RasterizeSurfels(torch.autograd.Function):
     def backward(ctx, v_color_sum, v_transmittance, v_depth_sum, v_normal_sum, v_distortion, v_median):
         ext = load_extension()
         saved = ctx.saved_tensors
-        inputs, binning_and_state = saved[:7], saved[7:]
+        inputs, binning_and_state = saved[:7], saved[7:13]
+        extra = saved[13:]
         Tuvw = inputs[0]
         H, W = ctx.image[1], ctx.image[0]
 
@@ -317,7 +322,7 @@ class _RasterizeSurfels(torch.autograd.Function):
                     grad_or_zeros(v_depth_sum, H, W), grad_or_zeros(v_normal_sum, H, W, 3),
                     grad_or_zeros(v_distortion, H, W), grad_or_zeros(v_median, H, W))
         bwd = ext.backward_cuda if Tuvw.is_cuda else ext.backward_cpu
-        v = bwd(*inputs, *ctx.image, *binning_and_state, *upstream)  # [N, 18]
+        v = bwd(*inputs, *ctx.image, *binning_and_state, *upstream, *extra)  # [N, 18]
         return (v[:, 0:9], v[:, 9:11], v[:, 11:14], v[:, 14:17], v[:, 17],
                 None, None, None, None, None, None)
 

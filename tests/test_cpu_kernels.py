@@ -13,6 +13,7 @@ same order, and the spans only skip pixels the kernel rejects, so:
     these scenes; we require 1e-5 (a wrong term is O(1)).
 """
 import math
+import sys
 
 import pytest
 import torch
@@ -94,6 +95,46 @@ def test_simd_gradients_deterministic_across_threads(kernel_mode):
     for other in results[1:]:
         for k in results[0]:
             assert torch.equal(results[0][k], other[k]), f"d/d{k} differs between thread counts"
+
+
+def test_backward_reuses_the_forward_packed_records(kernel_mode):
+    """forward_cpu returns the SIMD kernels' packed surfel records; backward_cpu
+    given them computes the same bits as when it packs them again (an empty
+    tensor), and a kernel mode without packed records ignores them."""
+    RASTERIZE = sys.modules["splat.rasterize"]  # the module (splat.rasterize is the function)
+    scene = SCENES["surfaces"]
+    kernel_mode(2)
+    seen = []
+    real = RASTERIZE.load_extension()
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def forward_cpu(self, *args):
+            seen.append(args)
+            return real.forward_cpu(*args)
+
+    old = RASTERIZE.load_extension
+    RASTERIZE.load_extension = lambda: Spy()
+    try:
+        render(leaves(scene, torch.float32), camera(scene, torch.float32), "cpu")
+    finally:
+        RASTERIZE.load_extension = old
+    args = seen[0]
+    f = ext.forward_cpu(*args)
+    assert len(f) == 12 and f[11].dtype == torch.uint8 and f[11].numel() == 96 * args[0].shape[0]
+    W, H = args[7], args[8]
+    g = torch.Generator().manual_seed(1)
+    up = [torch.rand(shape, generator=g) for shape in ((H, W, 3), (H, W), (H, W), (H, W, 3), (H, W), (H, W))]
+    state = [f[9], f[10], f[6], f[7], f[1], f[8]]
+    reused = ext.backward_cpu(*args, *state, *up, f[11])
+    repacked = ext.backward_cpu(*args, *state, *up, torch.empty(0, dtype=torch.uint8))
+    assert float(reused.abs().max()) > 0 and torch.equal(reused, repacked)
+    kernel_mode(1)  # scalar kernels: no packed records, any given are ignored
+    assert ext.forward_cpu(*args)[11].numel() == 0
+    scalar = ext.backward_cpu(*args, *state, *up, f[11])
+    assert torch.allclose(scalar, reused, rtol=1e-4, atol=1e-6 * float(reused.abs().max()))
 
 
 def test_float32_exp_is_accurate_and_the_same_in_lanes():

@@ -71,7 +71,7 @@ std::vector<torch::Tensor> forward_cpu(const torch::Tensor& Tuvw, const torch::T
   auto totals = torch::empty({height, width, splat::kTotalsSize}, opts);
   const int tiles_x = tiles_along(width), tiles_y = tiles_along(height);
   std::vector<int64_t> offsets;
-  torch::Tensor point_list;
+  torch::Tensor point_list, packed;
   const auto alloc_points = [&](int64_t count) {
     point_list = torch::empty({count}, iopts);
     return point_list.data_ptr<int32_t>();
@@ -87,12 +87,14 @@ std::vector<torch::Tensor> forward_cpu(const torch::Tensor& Tuvw, const torch::T
         distortion.data_ptr<scalar_t>(), median_depth.data_ptr<scalar_t>(),
         end.data_ptr<int32_t>(),         median_index.data_ptr<int32_t>(),
         totals.data_ptr<scalar_t>()};
-    splat::forward_cpu<scalar_t>(s, bins, out);
+    // The SIMD kernels' packed surfel records, returned for the backward pass.
+    packed = torch::empty({splat::packed_surfel_bytes<scalar_t>(Tuvw.size(0))}, opts.dtype(torch::kUInt8));
+    splat::forward_cpu<scalar_t>(s, bins, out, packed.numel() ? packed.data_ptr<uint8_t>() : nullptr);
   });
   auto tile_offsets = torch::from_blob(offsets.data(), {int64_t(offsets.size())},
                                        torch::kInt64).clone();
   return {color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth,
-          end,       median_index,  totals,    tile_offsets, point_list};
+          end,       median_index,  totals,    tile_offsets, point_list, packed};
 }
 
 torch::Tensor backward_cpu(const torch::Tensor& Tuvw, const torch::Tensor& center,
@@ -107,7 +109,7 @@ torch::Tensor backward_cpu(const torch::Tensor& Tuvw, const torch::Tensor& cente
                            const torch::Tensor& v_transmittance,
                            const torch::Tensor& v_depth_sum, const torch::Tensor& v_normal_sum,
                            const torch::Tensor& v_distortion,
-                           const torch::Tensor& v_median_depth) {
+                           const torch::Tensor& v_median_depth, const torch::Tensor& packed) {
   auto v_surfels = torch::empty({Tuvw.size(0), splat::kGradSize}, Tuvw.options());
   const int tiles_x = tiles_along(width), tiles_y = tiles_along(height);
   for (const auto* t : {&v_color_sum, &v_transmittance, &v_depth_sum, &v_normal_sum,
@@ -115,6 +117,10 @@ torch::Tensor backward_cpu(const torch::Tensor& Tuvw, const torch::Tensor& cente
     TORCH_CHECK(t->is_contiguous() && t->scalar_type() == Tuvw.scalar_type(),
                 "upstream gradients must be contiguous and of the input dtype");
   AT_DISPATCH_FLOATING_TYPES(Tuvw.scalar_type(), "splat_backward_cpu", [&] {
+    // forward_cpu's packed records, if they match this kernel mode (else repacked)
+    const bool reuse = packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() && packed.numel() > 0 &&
+                       packed.numel() == splat::packed_surfel_bytes<scalar_t>(Tuvw.size(0));
+    const uint8_t* packed_in = reuse ? packed.data_ptr<uint8_t>() : nullptr;
     auto s = surfel_arrays<scalar_t>(Tuvw, center, normal, color, opacity, depth, pixel_rect,
                                      width, height, near, far);
     splat::TileBins bins{tile_offsets.data_ptr<int64_t>(), point_list.data_ptr<int32_t>(),
@@ -127,7 +133,7 @@ torch::Tensor backward_cpu(const torch::Tensor& Tuvw, const torch::Tensor& cente
                                   median_index.data_ptr<int32_t>(),
                                   transmittance.data_ptr<scalar_t>(),
                                   totals.data_ptr<scalar_t>(), up,
-                                  v_surfels.data_ptr<scalar_t>());
+                                  v_surfels.data_ptr<scalar_t>(), packed_in);
   });
   return v_surfels;
 }

@@ -459,8 +459,7 @@ struct alignas(32) PackedSurfel {
 };
 static_assert(sizeof(PackedSurfel) == 96, "PackedSurfel layout");
 
-std::vector<PackedSurfel> pack_surfels(const SurfelArrays<float>& s) {
-  std::vector<PackedSurfel> packed(s.num_surfels);
+void pack_surfels(const SurfelArrays<float>& s, PackedSurfel* packed) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < s.num_surfels; ++i) {
     PackedSurfel& p = packed[i];
@@ -470,7 +469,6 @@ std::vector<PackedSurfel> pack_surfels(const SurfelArrays<float>& s) {
     for (int k = 0; k < 3; ++k) p.color[k] = s.color[3 * i + k], p.normal[k] = s.normal[3 * i + k];
     p.rho_cut = float(RowSpans<float>::rho_cut(double(s.opacity[i])));
   }
-  return packed;
 }
 
 constexpr int kPrefetchAhead = 4;
@@ -679,19 +677,34 @@ constexpr bool kHasSimd<float> = true;
 }  // namespace
 
 template <typename T>
-void forward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const ForwardOutputs<T>& out) {
+int64_t packed_surfel_bytes(int64_t num_surfels) {
+  return kHasSimd<T> && g_kernel_mode == kModeSimd ? num_surfels * int64_t(sizeof(PackedSurfel)) : 0;
+}
+
+template <typename T>
+void forward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const ForwardOutputs<T>& out,
+                 uint8_t* packed_out) {
   const std::vector<int> order = tiles_by_cost(bins);
   const int num_tiles = static_cast<int>(order.size());
   const int mode = g_kernel_mode;
-  std::vector<PackedSurfel> packed;
-  if constexpr (kHasSimd<T>)
-    if (mode == kModeSimd) packed = pack_surfels(s);
+  // The packed records go to packed_out (kept for the backward pass) when given.
+  std::vector<PackedSurfel> own;
+  PackedSurfel* packed = reinterpret_cast<PackedSurfel*>(packed_out);
+  if constexpr (kHasSimd<T>) {
+    if (mode == kModeSimd) {
+      if (!packed) {
+        own.resize(s.num_surfels);
+        packed = own.data();
+      }
+      pack_surfels(s, packed);
+    }
+  }
 #pragma omp parallel for schedule(dynamic, 1)
   for (int t = 0; t < num_tiles; ++t) {
     const int tile = order[t];
     if constexpr (kHasSimd<T>) {
       if (mode == kModeSimd) {
-        forward_tile_simd(s, packed.data(), bins, tile, out);
+        forward_tile_simd(s, packed, bins, tile, out);
         continue;
       }
     }
@@ -702,7 +715,8 @@ void forward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const ForwardOu
 template <typename T>
 void backward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const int32_t* end,
                   const int32_t* median_index, const T* transmittance, const T* totals,
-                  const UpstreamGrads<T>& up, T* v_surfels /* [N, kGradSize] */) {
+                  const UpstreamGrads<T>& up, T* v_surfels /* [N, kGradSize] */,
+                  const uint8_t* packed_in) {
   const int W = s.width, H = s.height;
   const int num_tiles = bins.tiles_x * bins.tiles_y;
   // Records only for list positions below each tile's largest `end`: those
@@ -726,9 +740,16 @@ void backward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const int32_t*
 
   const std::vector<int> order = tiles_by_cost(bins);
   const int mode = g_kernel_mode;
-  std::vector<PackedSurfel> packed;
-  if constexpr (kHasSimd<T>)
-    if (mode == kModeSimd) packed = pack_surfels(s);
+  // The forward pass's packed records when it kept them, else packed here.
+  std::vector<PackedSurfel> own;
+  const PackedSurfel* packed = reinterpret_cast<const PackedSurfel*>(packed_in);
+  if constexpr (kHasSimd<T>) {
+    if (mode == kModeSimd && !packed) {
+      own.resize(s.num_surfels);
+      pack_surfels(s, own.data());
+      packed = own.data();
+    }
+  }
 #pragma omp parallel for schedule(dynamic, 1)
   for (int t = 0; t < num_tiles; ++t) {
     const int tile = order[t];
@@ -737,7 +758,7 @@ void backward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const int32_t*
     std::fill(tile_records, tile_records + int64_t(tile_end[tile]) * kGradSize, T(0));
     if constexpr (kHasSimd<T>) {
       if (mode == kModeSimd) {
-        backward_tile_simd(s, packed.data(), bins, tile, end, median_index, transmittance, totals, up,
+        backward_tile_simd(s, packed, bins, tile, end, median_index, transmittance, totals, up,
                            tile_records);
         continue;
       }
@@ -775,11 +796,12 @@ void backward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const int32_t*
 #define SPLAT_INSTANTIATE(T)                                                                 \
   template void bin_tiles_cpu<T>(const SurfelArrays<T>&, int, int, std::vector<int64_t>&,   \
                                  const std::function<int32_t*(int64_t)>&);                  \
+  template int64_t packed_surfel_bytes<T>(int64_t);                                         \
   template void forward_cpu<T>(const SurfelArrays<T>&, const TileBins&,                     \
-                               const ForwardOutputs<T>&);                                   \
+                               const ForwardOutputs<T>&, uint8_t*);                         \
   template void backward_cpu<T>(const SurfelArrays<T>&, const TileBins&, const int32_t*,    \
                                 const int32_t*, const T*, const T*, const UpstreamGrads<T>&, \
-                                T*);
+                                T*, const uint8_t*);
 SPLAT_INSTANTIATE(float)
 SPLAT_INSTANTIATE(double)
 #undef SPLAT_INSTANTIATE
