@@ -6,18 +6,13 @@
 #include <cmath>
 #include <vector>
 
+#include "../core.h"  // cross3
+
 namespace splat {
 
 namespace {
 
 constexpr double kNormEps = 1e-12;  // losses.depth_to_normal's clamp of |c|
-
-template <typename T>
-void cross(const T* a, const T* b, T* out) {
-  out[0] = a[1] * b[2] - a[2] * b[1];
-  out[1] = a[2] * b[0] - a[0] * b[2];
-  out[2] = a[0] * b[1] - a[1] * b[0];
-}
 
 // The depth-derived normal at one interior pixel and what its gradient needs.
 template <typename T>
@@ -47,7 +42,7 @@ struct PixelNormal {
     point(i, j, here);
     for (int k = 0; k < 3; ++k) di[k] = down[k] - up[k], dj[k] = right[k] - left[k];
     T c[3];
-    cross(di, dj, c);
+    cross3(di, dj, c);
     len = std::sqrt(c[0] * c[0] + c[1] * c[1] + c[2] * c[2]);
     const T denom = std::max(len, T(kNormEps));
     for (int k = 0; k < 3; ++k) unit[k] = c[k] / denom;
@@ -125,8 +120,8 @@ void normal_loss_backward_cpu(const NormalLossArgs<T>& a, double scale, T* v_dep
         for (int k = 0; k < 3; ++k) g_c[k] = g_unit[k] / T(kNormEps);
       }
       T* gp = g.data() + 6 * pix;
-      cross(n.dj, g_c, gp);      // dL/ddi
-      cross(g_c, n.di, gp + 3);  // dL/ddj
+      cross3(n.dj, g_c, gp);      // dL/ddi
+      cross3(g_c, n.di, gp + 3);  // dL/ddj
     }
   }
   const T fx = T(a.fx), fy = T(a.fy), cx = T(a.cx), cy = T(a.cy);

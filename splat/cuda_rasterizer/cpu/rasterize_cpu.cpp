@@ -773,12 +773,8 @@ void backward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const int32_t*
   const int64_t n = s.num_surfels;
 #pragma omp parallel
   {
-    int parts = 1, part = 0;
-#ifdef _OPENMP
-    parts = omp_get_num_threads();
-    part = omp_get_thread_num();
-#endif
-    const int64_t lo = n * part / parts, hi = n * (part + 1) / parts;
+    const ThreadChunk c(n);
+    const int64_t lo = c.lo, hi = c.hi;
     std::fill(v_surfels + lo * kGradSize, v_surfels + hi * kGradSize, T(0));
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int32_t* list = bins.point_list + bins.tile_offsets[tile];
