@@ -72,14 +72,21 @@ def ssim(
     return ssim_torch(img1, img2, window_size, sigma, reduce)
 
 
-def _fused_ssim_applies(img1, img2, reduce) -> bool:
-    if not (reduce and img1.dim() == 3 and img1.device.type == "cpu" and img1.shape == img2.shape
-            and img1.dtype == img2.dtype and img1.dtype in (torch.float32, torch.float64)
-            and not img2.requires_grad):
+def _cpu_kernels_take(*tensors) -> bool:
+    """True when the fused C++ loss ops can run on these tensors: all on the
+    CPU, of one float dtype, and the compiled kernels are available."""
+    dtype = tensors[0].dtype
+    if not (dtype in (torch.float32, torch.float64)
+            and all(t.device.type == "cpu" and t.dtype == dtype for t in tensors)):
         return False
     from ._backend import has_extension  # lazy: losses must import without the kernels
 
     return has_extension()
+
+
+def _fused_ssim_applies(img1, img2, reduce) -> bool:
+    return (reduce and img1.dim() == 3 and img1.shape == img2.shape and not img2.requires_grad
+            and _cpu_kernels_take(img1, img2))
 
 
 class _FusedSsim(torch.autograd.Function):
@@ -230,13 +237,7 @@ def depth_normal_consistency_loss(
     (splat/cuda_rasterizer/cpu/normal_loss_cpu.h, which writes out the maths)
     instead of ~30 whole-image torch ops; elsewhere the two functions above.
     """
-    fused = (depth.device.type == "cpu" and depth.dtype in (torch.float32, torch.float64)
-             and rendered_normal.dtype == depth.dtype and not (K.requires_grad or viewmat.requires_grad))
-    if fused:
-        from ._backend import has_extension  # lazy: losses must import without the kernels
-
-        fused = has_extension()
-    if not fused:
+    if K.requires_grad or viewmat.requires_grad or not _cpu_kernels_take(depth, rendered_normal):
         return normal_consistency_loss(rendered_normal, depth_to_normal(depth, K, viewmat), alpha)
     return _FusedNormalLoss.apply(depth, rendered_normal, alpha.detach().to(depth.dtype), K, viewmat)
 

@@ -14,6 +14,14 @@ namespace {
 
 constexpr double kNormEps = 1e-12;  // losses.depth_to_normal's clamp of |c|
 
+// The camera ray through pixel (r, c), scaled to z = 1: pixel centres at
+// (c + 0.5, r + 0.5), splat/conventions.py.
+template <typename T>
+void pixel_ray(const NormalLossArgs<T>& a, int64_t r, int64_t c, T& x, T& y) {
+  x = (T(c) + T(0.5) - T(a.cx)) / T(a.fx);
+  y = (T(r) + T(0.5) - T(a.cy)) / T(a.fy);
+}
+
 // The depth-derived normal at one interior pixel and what its gradient needs.
 template <typename T>
 struct PixelNormal {
@@ -25,13 +33,12 @@ struct PixelNormal {
   T world[3];      // R^T (sign unit), or 0 where invalid
 
   PixelNormal(const NormalLossArgs<T>& a, int64_t i, int64_t j) {
-    const int64_t W = a.width;
-    const T fx = T(a.fx), fy = T(a.fy), cx = T(a.cx), cy = T(a.cy);
-    // pixel centres at (j + 0.5, i + 0.5): splat/conventions.py
     const auto point = [&](int64_t r, int64_t c, T* p) {
-      const T z = a.depth[r * W + c];
-      p[0] = (T(c) + T(0.5) - cx) / fx * z;
-      p[1] = (T(r) + T(0.5) - cy) / fy * z;
+      const T z = a.depth[r * a.width + c];
+      T x, y;
+      pixel_ray(a, r, c, x, y);
+      p[0] = x * z;
+      p[1] = y * z;
       p[2] = z;
     };
     T up[3], down[3], left[3], right[3], here[3];
@@ -124,7 +131,6 @@ void normal_loss_backward_cpu(const NormalLossArgs<T>& a, double scale, T* v_dep
       cross3(g_c, n.di, gp + 3);  // dL/ddj
     }
   }
-  const T fx = T(a.fx), fy = T(a.fy), cx = T(a.cx), cy = T(a.cy);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < H; ++i) {
     for (int64_t j = 0; j < W; ++j) {
@@ -139,7 +145,8 @@ void normal_loss_backward_cpu(const NormalLossArgs<T>& a, double scale, T* v_dep
       add(i + 1, j, 0, T(-1));
       add(i, j - 1, 3, T(1));
       add(i, j + 1, 3, T(-1));
-      const T x = (T(j) + T(0.5) - cx) / fx, y = (T(i) + T(0.5) - cy) / fy;
+      T x, y;
+      pixel_ray(a, i, j, x, y);
       v_depth[i * W + j] = gP[0] * x + gP[1] * y + gP[2];
     }
   }

@@ -74,11 +74,11 @@ int max_threads() {
 // LSD radix sort, 8 bits a pass, skipping passes whose digit all keys share.
 // A stable sort's result is unique, so it does not depend on the thread count.
 template <typename Key, typename Value>
-void stable_radix_sort(std::vector<Key>& keys, std::vector<Value>& ids) {
+void stable_radix_sort(std::vector<Key>& keys, std::vector<Value>& values) {
   constexpr int kBits = 8, kBuckets = 1 << kBits;
   const int64_t n = static_cast<int64_t>(keys.size());
   std::vector<Key> keys_tmp(n);
-  std::vector<Value> ids_tmp(n);
+  std::vector<Value> values_tmp(n);
   std::vector<int64_t> hist(static_cast<size_t>(max_threads()) * kBuckets);
   for (int shift = 0; shift < int(8 * sizeof(Key)); shift += kBits) {
     bool skip = false;
@@ -106,13 +106,13 @@ void stable_radix_sort(std::vector<Key>& keys, std::vector<Value>& ids) {
         for (int64_t i = c.lo; i < c.hi; ++i) {
           const int64_t at = h[(keys[i] >> shift) & (kBuckets - 1)]++;
           keys_tmp[at] = keys[i];
-          ids_tmp[at] = ids[i];
+          values_tmp[at] = values[i];
         }
       }
     }
     if (!skip) {
       keys.swap(keys_tmp);
-      ids.swap(ids_tmp);
+      values.swap(values_tmp);
     }
   }
 }
