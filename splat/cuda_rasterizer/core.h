@@ -244,9 +244,20 @@ struct Hit {
   MaskOf<V> contributes;  // alpha >= kAlphaMin and z > near
 };
 
-// Evaluates surfel `s` at pixel centres (px, py) (one per lane).
+// The division-free first half of intersect(): the screen planes, q, the
+// low-pass choice and the operands of the rho tests, at pixel centres
+// (px, py).  Returns the lanes whose rho (of the chosen branch) is below
+// `cut`, tested without dividing by q2.
+template <typename V>
+struct Footprint {
+  V rho2d;  // kLowpassInvVariance |centre - pixel|^2
+  V qq;     // q0^2 + q1^2
+  V q2q2;   // q2^2; the 3D rho is qq / q2q2
+};
+
 template <typename T, typename V>
-SPLAT_HD void intersect(const SurfelParams<T>& s, V px, V py, T near, Hit<V>& h) {
+SPLAT_HD MaskOf<V> footprint(const SurfelParams<T>& s, V px, V py, T cut, Hit<V>& h,
+                             Footprint<V>& f) {
   for (int k = 0; k < 3; ++k) {
     h.hx[k] = s.Tu[k] - px * s.Tw[k];
     h.hy[k] = s.Tv[k] - py * s.Tw[k];
@@ -254,15 +265,22 @@ SPLAT_HD void intersect(const SurfelParams<T>& s, V px, V py, T near, Hit<V>& h)
   cross3(h.hx, h.hy, h.q);
   h.d[0] = s.center[0] - px;
   h.d[1] = s.center[1] - py;
-  const V rho2d = T(kLowpassInvVariance) * (h.d[0] * h.d[0] + h.d[1] * h.d[1]);
+  f.rho2d = T(kLowpassInvVariance) * (h.d[0] * h.d[0] + h.d[1] * h.d[1]);
   // rho3d < rho2d, written without dividing by q2: an edge-on or zero-area
   // surfel (q2 == 0) falls to the fallback instead of producing inf/NaN.
-  const V qq = h.q[0] * h.q[0] + h.q[1] * h.q[1];
-  const V q2q2 = h.q[2] * h.q[2];
-  h.lowpass = mask_not(qq < rho2d * q2q2);
+  f.qq = h.q[0] * h.q[0] + h.q[1] * h.q[1];
+  f.q2q2 = h.q[2] * h.q[2];
+  h.lowpass = mask_not(f.qq < f.rho2d * f.q2q2);
+  return select(h.lowpass, MaskOf<V>(f.rho2d < cut), MaskOf<V>(f.qq < cut * f.q2q2));
+}
+
+// Evaluates surfel `s` at pixel centres (px, py) (one per lane).
+template <typename T, typename V>
+SPLAT_HD void intersect(const SurfelParams<T>& s, V px, V py, T near, Hit<V>& h) {
+  Footprint<V> f;
   // Cheap exact reject before any division: past kRhoCutoff alpha < kAlphaMin.
-  const MaskOf<V> near_enough =
-      select(h.lowpass, MaskOf<V>(rho2d < T(kRhoCutoff)), MaskOf<V>(qq < T(kRhoCutoff) * q2q2));
+  const MaskOf<V> near_enough = footprint(s, px, py, T(kRhoCutoff), h, f);
+  const V rho2d = f.rho2d;
   h.contributes = near_enough;
   h.G = h.alpha = h.u = h.v = h.z = V(T(0));
   if (!any_lane(near_enough)) return;

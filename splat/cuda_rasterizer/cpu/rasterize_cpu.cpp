@@ -391,41 +391,108 @@ void backward_tile_scalar(const SurfelArrays<T>& s, const TileBins& bins, int ti
 }
 
 // ---- 8 pixels at a time (float32) -------------------------------------------
-// A tile's pixel state as structures of arrays, so that 8 pixels of a row
-// load as one vector.  Lanes are the fixed half-rows [0, 8) and [8, 16) of
-// each tile row.
-struct alignas(32) ForwardTileState {
-  float T[kPixels], color[3][kPixels], depth[kPixels], normal[3][kPixels];
-  float A[kPixels], D[kPixels], D2[kPixels], shift[kPixels], dist[kPixels], median[kPixels];
-  int32_t median_index[kPixels], end[kPixels], done[kPixels];
+// A visit evaluates one surfel at 8 pixels of the tile, given as two windows
+// of 4 consecutive pixels of a row (lanes 0-3 and 4-7; the two windows may lie
+// in one row or in two).  For each surfel the tile loops first find its
+// candidate pixels (candidate_rows: a superset of those it contributes to),
+// cover each row's candidates with windows, and pair the windows up, so that
+// small footprints (a few pixels wide, the common case in trained scenes) fill
+// the lanes instead of leaving most of a fixed 8-pixel half-row idle.
+//
+// Tile state is stored row by row with kRowStride >= kTileSize + kWindow - 1,
+// so that a window starting at any pixel of a row stays inside that row's
+// storage; the extra row kTileSize is scratch, the partner of an unpaired
+// window (its lanes are masked off, and whatever they hold is never selected).
+constexpr int kWindow = 4;
+constexpr int kRowStride = kTileSize + kWindow;
+constexpr int kScratchRow = kTileSize;
+constexpr int kStatePixels = ((kTileSize + 1) * kRowStride + kLanes - 1) / kLanes * kLanes;
+static_assert(2 * kWindow == kLanes, "a visit is two windows");
 
-  void load(int i, PixelState<VFloat>& p) const {
-    p.transmittance = load8(T + i);
-    for (int c = 0; c < 3; ++c) p.color[c] = load8(color[c] + i);
-    p.depth_sum = load8(depth + i);
-    for (int c = 0; c < 3; ++c) p.normal[c] = load8(normal[c] + i);
-    p.A = load8(A + i);
-    p.D = load8(D + i);
-    p.D2 = load8(D2 + i);
-    p.m_shift = load8(shift + i);
-    p.distortion = load8(dist + i);
-    p.median_depth = load8(median + i);
-    p.median_index = load8(median_index + i);
-    p.end = load8(end + i);
+inline int state_index(int local_x, int local_y) { return local_y * kRowStride + local_x; }
+
+// 4 pixels of a tile row: tile-local start x, row y, and which of them to evaluate.
+struct Window {
+  int8_t x, y;
+  uint8_t bits;
+};
+
+// Covers the set bits of row masks rows[y0 .. y1) (bit x = tile-local column
+// x) with windows of kWindow pixels, each starting at its row's first
+// uncovered bit.  Returns the number written (at most kTileSize^2 / kWindow).
+inline int cover_rows(const uint32_t* rows, int y0, int y1, Window* out) {
+  int n = 0;
+  for (int y = y0; y < y1; ++y) {
+    for (uint32_t m = rows[y]; m;) {
+      const int x = __builtin_ctz(m);
+      out[n++] = Window{int8_t(x), int8_t(y), uint8_t((m >> x) & 0xFu)};
+      m &= ~(0xFu << x);
+    }
   }
-  void store(int i, const PixelState<VFloat>& p) {
-    store8(T + i, p.transmittance);
-    for (int c = 0; c < 3; ++c) store8(color[c] + i, p.color[c]);
-    store8(depth + i, p.depth_sum);
-    for (int c = 0; c < 3; ++c) store8(normal[c] + i, p.normal[c]);
-    store8(A + i, p.A);
-    store8(D + i, p.D);
-    store8(D2 + i, p.D2);
-    store8(shift + i, p.m_shift);
-    store8(dist + i, p.distortion);
-    store8(median + i, p.median_depth);
-    store8(median_index + i, p.median_index);
-    store8(end + i, p.end);
+  return n;
+}
+
+// A pair of windows as lanes: pixel-centre coordinates, state indices, and the
+// lanes to evaluate.
+struct WindowPair {
+  int ia, ib;  // state indices of lanes 0 and 4
+  VFloat x, y;
+  VMask lanes;
+
+  WindowPair(const Window& a, const Window& b, const TileWindow& win) {
+    ia = state_index(a.x, a.y);
+    ib = state_index(b.x, b.y);
+    // exactly the scalar path's float(px) + 0.5f and float(py) + 0.5f
+    const i32x8 upper = {0, 0, 0, 0, -1, -1, -1, -1};
+    const i32x8 xs = ((i32x8{} + (win.x0 + a.x)) & ~upper) | ((i32x8{} + (win.x0 + b.x)) & upper);
+    x = to_float(VInt(xs + i32x8{0, 1, 2, 3, 0, 1, 2, 3})) + 0.5f;
+    y = to_float(VInt(((i32x8{} + (win.y0 + a.y)) & ~upper) | ((i32x8{} + (win.y0 + b.y)) & upper))) + 0.5f;
+    lanes = mask_from_bits(uint32_t(a.bits) | uint32_t(b.bits) << kWindow);
+  }
+};
+
+inline Window scratch_window() { return Window{0, int8_t(kScratchRow), 0}; }
+
+// A tile's pixel state as structures of arrays, so that a window of 4 pixels
+// loads as one 128-bit half of a vector.
+struct alignas(32) ForwardTileState {
+  float T[kStatePixels], color[3][kStatePixels], depth[kStatePixels], normal[3][kStatePixels];
+  float A[kStatePixels], D[kStatePixels], D2[kStatePixels], shift[kStatePixels],
+      dist[kStatePixels], median[kStatePixels];
+  int32_t median_index[kStatePixels], end[kStatePixels];
+
+  void load(int a, int b, PixelState<VFloat>& p) const {
+    p.transmittance = load_halves(T + a, T + b);
+    for (int c = 0; c < 3; ++c) p.color[c] = load_halves(color[c] + a, color[c] + b);
+    p.depth_sum = load_halves(depth + a, depth + b);
+    for (int c = 0; c < 3; ++c) p.normal[c] = load_halves(normal[c] + a, normal[c] + b);
+    p.A = load_halves(A + a, A + b);
+    p.D = load_halves(D + a, D + b);
+    p.D2 = load_halves(D2 + a, D2 + b);
+    p.m_shift = load_halves(shift + a, shift + b);
+    p.distortion = load_halves(dist + a, dist + b);
+    p.median_depth = load_halves(median + a, median + b);
+    p.median_index = load_halves(median_index + a, median_index + b);
+    p.end = load_halves(end + a, end + b);
+  }
+  void store(int a, int b, const PixelState<VFloat>& p) {
+    store_halves(T + a, T + b, p.transmittance);
+    for (int c = 0; c < 3; ++c) store_halves(color[c] + a, color[c] + b, p.color[c]);
+    store_halves(depth + a, depth + b, p.depth_sum);
+    for (int c = 0; c < 3; ++c) store_halves(normal[c] + a, normal[c] + b, p.normal[c]);
+    store_halves(A + a, A + b, p.A);
+    store_halves(D + a, D + b, p.D);
+    store_halves(D2 + a, D2 + b, p.D2);
+    store_halves(shift + a, shift + b, p.m_shift);
+    store_halves(dist + a, dist + b, p.distortion);
+    store_halves(median + a, median + b, p.median_depth);
+    store_halves(median_index + a, median_index + b, p.median_index);
+    store_halves(end + a, end + b, p.end);
+  }
+  void init() {
+    PixelState<VFloat> p;
+    init_pixel(p);
+    for (int i = 0; i < kStatePixels; i += kLanes) store(i, i + kWindow, p);
   }
   PixelState<float> pixel(int i) const {
     PixelState<float> p;
@@ -482,21 +549,48 @@ inline void prefetch_surfel(const PackedSurfel* packed, const int32_t* list, int
   }
 }
 
-// Row spans only pay when they can drop one of a row's two 8-pixel halves.
-inline bool spans_pay(const PixelRect& r, const TileWindow& win) {
-  return r.x0 < win.x0 + kLanes && r.x1 > win.x0 + kLanes;
-}
-
 // Lanes of half-row `gx` (pixels x_start .. x_start + 7) inside [x0, x1).
 inline VMask span_lanes(int x_start, int x0, int x1) {
   const VInt x = VInt(kLaneIndex.v + x_start);
   return mask_and(mask_not(x < VInt(x0)), x < VInt(x1));
 }
 
+// Below this q2^2 (a normal float32) the 3D test's operands may be denormal,
+// with too few bits for the candidate test's margin: such lanes are kept.
+constexpr float kTinyQ2Q2 = 1e-36f;
+
+// The candidate pixels of surfel `ps` in rectangle r (image pixels, inside the
+// tile), as one bit mask per tile row: rows[y] bit x for tile-local (x, y).
+// A candidate passes footprint()'s test with the surfel's own cutoff rho_cut
+// = 2 ln(255 opacity) + 0.05 instead of kRhoCutoff.  footprint() computes the
+// same bits as inside intersect(), and a contributing pixel has alpha >=
+// kAlphaMin, i.e. rho <= 2 ln(255 opacity) (+ float32 rounding of exp, ~1e-7
+// relative), while rho = u^2 + v^2 differs from qq / q2q2 by a few ulps; the
+// 0.05 margin (>= 0.45 % of any cutoff) covers both.  So every pixel the
+// surfel contributes to is a candidate, and skipping the others is exact.
+inline void candidate_rows(const PackedSurfel& ps, const PixelRect& r, const TileWindow& win,
+                           uint32_t* rows) {
+  Hit<VFloat> h;
+  Footprint<VFloat> f;
+  for (int py = r.y0; py < r.y1; ++py) {
+    const VFloat y = VFloat(float(py) + 0.5f);
+    uint32_t bits = 0;
+    for (int half = 0; half < kTileSize; half += kLanes) {
+      const int xs = win.x0 + half;
+      if (xs >= r.x1 || xs + kLanes <= r.x0) continue;
+      const VFloat x = to_float(VInt(kLaneIndex.v + xs)) + 0.5f;
+      VMask m = footprint(ps.params, x, y, ps.rho_cut, h, f);
+      m = mask_or(m, mask_and(mask_not(h.lowpass), f.q2q2 < kTinyQ2Q2));
+      bits |= lane_bits(mask_and(m, span_lanes(xs, r.x0, r.x1))) << half;
+    }
+    rows[py - win.y0] = bits;
+  }
+}
+
 }  // namespace
 
 // Not in the anonymous namespace: target_clones needs external linkage.
-__attribute__((target_clones("avx2", "default"))) void forward_tile_simd(
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void forward_tile_simd(
     const SurfelArrays<float>& s, const PackedSurfel* packed, const TileBins& bins, int tile,
     const ForwardOutputs<float>& out) {
   const TileWindow win(tile, bins.tiles_x, s.width, s.height);
@@ -504,15 +598,11 @@ __attribute__((target_clones("avx2", "default"))) void forward_tile_simd(
   const int32_t count = static_cast<int32_t>(bins.tile_offsets[tile + 1] - begin);
   const int32_t* list = bins.point_list + begin;
   ForwardTileState st;
-  {
-    PixelState<VFloat> init;
-    init_pixel(init);
-    for (int i = 0; i < kPixels; i += kLanes) {
-      st.store(i, init);
-      store_mask(st.done + i, VMask{i32x8{}});
-    }
-  }
+  st.init();
+  uint32_t done[kTileSize + 1] = {};  // per row, bit x: that pixel is finished
   int active = (win.x1 - win.x0) * (win.y1 - win.y0);
+  uint32_t rows[kTileSize];
+  Window windows[kPixels / kWindow];
   Hit<VFloat> h;
   PixelState<VFloat> p;
   for (int32_t k = 0; k < count && active > 0; ++k) {
@@ -520,60 +610,83 @@ __attribute__((target_clones("avx2", "default"))) void forward_tile_simd(
     const PackedSurfel& ps = packed[list[k]];
     const PixelRect r = win.clip(ps.rect);
     if (r.x1 <= r.x0 || r.y1 <= r.y0) continue;
+    candidate_rows(ps, r, win, rows);
+    const int ly0 = r.y0 - win.y0, ly1 = r.y1 - win.y0;
+    for (int y = ly0; y < ly1; ++y) rows[y] &= ~done[y];
+    const int n = cover_rows(rows, ly0, ly1, windows);
     const SurfelParams<float>& sp = ps.params;
-    const bool use_spans = spans_pay(r, win);
-    const RowSpans<float> rows = use_spans ? RowSpans<float>(sp, ps.rho_cut) : RowSpans<float>();
-    const float* color = ps.color;
-    const float* normal = ps.normal;
-    for (int py = r.y0; py < r.y1; ++py) {
-      int x0 = r.x0, x1 = r.x1;
-      if (use_spans) rows.clip_row(py, x0, x1);
-      if (x1 <= x0) continue;
-      const VFloat y = VFloat(float(py) + 0.5f);
-      for (int xs = win.x0; xs < win.x0 + kTileSize; xs += kLanes) {
-        if (xs >= x1 || xs + kLanes <= x0) continue;
-        const int i = win.local(xs, py);
-        const VMask valid = mask_and(span_lanes(xs, x0, x1), mask_not(load_mask(st.done + i)));
-        if (!any_lane(valid)) continue;
-        const VFloat x = to_float(VInt(kLaneIndex.v + xs)) + 0.5f;
-        intersect(sp, x, y, s.near, h);
-        const VMask go = mask_and(valid, h.contributes);
-        if (!any_lane(go)) continue;
-        st.load(i, p);
-        const VMask finished = blend_lanes(p, h, go, color, normal, s.near, s.far, k);
-        st.store(i, p);
-        if (any_lane(finished)) {
-          store_mask(st.done + i, mask_or(load_mask(st.done + i), finished));
-          active -= count_lanes(finished);
-        }
+    for (int j = 0; j < n; j += 2) {
+      const Window& a = windows[j];
+      const Window b = j + 1 < n ? windows[j + 1] : scratch_window();
+      const WindowPair w(a, b, win);
+      intersect(sp, w.x, w.y, s.near, h);
+      const VMask go = mask_and(w.lanes, h.contributes);
+      if (!any_lane(go)) continue;
+      st.load(w.ia, w.ib, p);
+      const VMask finished = blend_lanes(p, h, go, ps.color, ps.normal, s.near, s.far, k);
+      st.store(w.ia, w.ib, p);
+      if (any_lane(finished)) {
+        const uint32_t f = lane_bits(finished);
+        done[a.y] |= (f & 0xFu) << a.x;
+        done[b.y] |= (f >> kWindow) << b.x;
+        active -= __builtin_popcount(f);
       }
     }
   }
   for (int py = win.y0; py < win.y1; ++py)
     for (int px = win.x0; px < win.x1; ++px)
-      store_pixel(st.pixel(win.local(px, py)), int64_t(py) * s.width + px, out);
+      store_pixel(st.pixel(state_index(px - win.x0, py - win.y0)), int64_t(py) * s.width + px,
+                  out);
 }
 
 namespace {
 
 struct alignas(32) BackwardTileState {
-  float v_color[3][kPixels], v_depth[kPixels], v_normal[3][kPixels], v_dist[kPixels],
-      v_median[kPixels], A[kPixels], D[kPixels], D2[kPixels], shift[kPixels];
-  float T[kPixels], dL_dT[kPixels];
-  int32_t end[kPixels], median_index[kPixels];
+  float v_color[3][kStatePixels], v_depth[kStatePixels], v_normal[3][kStatePixels],
+      v_dist[kStatePixels], v_median[kStatePixels], A[kStatePixels], D[kStatePixels],
+      D2[kStatePixels], shift[kStatePixels];
+  float T[kStatePixels], dL_dT[kStatePixels];
+  int32_t end[kStatePixels], median_index[kStatePixels];
 
-  void load(int i, PixelGrad<VFloat>& g, BackwardState<VFloat>& b) const {
-    for (int c = 0; c < 3; ++c) g.v_color[c] = load8(v_color[c] + i);
-    g.v_depth_sum = load8(v_depth + i);
-    for (int c = 0; c < 3; ++c) g.v_normal[c] = load8(v_normal[c] + i);
-    g.v_distortion = load8(v_dist + i);
-    g.v_median = load8(v_median + i);
-    g.A = load8(A + i);
-    g.D = load8(D + i);
-    g.D2 = load8(D2 + i);
-    g.m_shift = load8(shift + i);
-    b.transmittance = load8(T + i);
-    b.last_dL_dT = load8(dL_dT + i);
+  void load(int a, int b, PixelGrad<VFloat>& g, BackwardState<VFloat>& s) const {
+    for (int c = 0; c < 3; ++c) g.v_color[c] = load_halves(v_color[c] + a, v_color[c] + b);
+    g.v_depth_sum = load_halves(v_depth + a, v_depth + b);
+    for (int c = 0; c < 3; ++c) g.v_normal[c] = load_halves(v_normal[c] + a, v_normal[c] + b);
+    g.v_distortion = load_halves(v_dist + a, v_dist + b);
+    g.v_median = load_halves(v_median + a, v_median + b);
+    g.A = load_halves(A + a, A + b);
+    g.D = load_halves(D + a, D + b);
+    g.D2 = load_halves(D2 + a, D2 + b);
+    g.m_shift = load_halves(shift + a, shift + b);
+    s.transmittance = load_halves(T + a, T + b);
+    s.last_dL_dT = load_halves(dL_dT + a, dL_dT + b);
+  }
+  // Loads the tile's pixels; every other state pixel (row padding, the scratch
+  // row, pixels outside the image) is neutral, so that the masked lanes of
+  // windows over them compute on finite values.  Returns the largest `end`.
+  int32_t load_tile(const SurfelArrays<float>& s, const TileWindow& win, const int32_t* end_in,
+                    const int32_t* median_in, const float* transmittance, const float* totals,
+                    const UpstreamGrads<float>& up) {
+    for (float* f : {v_color[0], v_color[1], v_color[2], v_depth, v_normal[0], v_normal[1],
+                     v_normal[2], v_dist, v_median, A, D, D2, shift, dL_dT})
+      std::fill(f, f + kStatePixels, 0.0f);
+    std::fill(T, T + kStatePixels, 1.0f);
+    std::fill(end, end + kStatePixels, 0);
+    std::fill(median_index, median_index + kStatePixels, -1);
+    int32_t max_end = 0;
+    for (int py = win.y0; py < win.y1; ++py) {
+      for (int px = win.x0; px < win.x1; ++px) {
+        const int i = state_index(px - win.x0, py - win.y0);
+        const int64_t pix = int64_t(py) * s.width + px;
+        PixelGrad<float> g;
+        load_pixel_grad(up, totals, pix, g);
+        set(i, g, BackwardState<float>{transmittance[pix], up.v_transmittance[pix]});
+        end[i] = end_in[pix];
+        median_index[i] = median_in[pix];
+        max_end = std::max(max_end, end[i]);
+      }
+    }
+    return max_end;
   }
   void set(int i, const PixelGrad<float>& g, const BackwardState<float>& b) {
     for (int c = 0; c < 3; ++c) v_color[c][i] = g.v_color[c], v_normal[c][i] = g.v_normal[c];
@@ -591,7 +704,7 @@ struct alignas(32) BackwardTileState {
 
 }  // namespace
 
-__attribute__((target_clones("avx2", "default"))) void backward_tile_simd(
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void backward_tile_simd(
     const SurfelArrays<float>& s, const PackedSurfel* packed, const TileBins& bins, int tile,
     const int32_t* end,
     const int32_t* median_index, const float* transmittance, const float* totals,
@@ -599,14 +712,10 @@ __attribute__((target_clones("avx2", "default"))) void backward_tile_simd(
   const TileWindow win(tile, bins.tiles_x, s.width, s.height);
   const int32_t* list = bins.point_list + bins.tile_offsets[tile];
   BackwardTileState st;
-  int32_t max_end;
-  {
-    PixelGrad<float> grads[kPixels] = {};
-    BackwardState<float> states[kPixels] = {};
-    max_end = load_tile_grads(s, win, end, median_index, transmittance, totals, up, grads,
-                              states, st.end, st.median_index);
-    for (int i = 0; i < kPixels; ++i) st.set(i, grads[i], states[i]);
-  }
+  const int32_t max_end =
+      st.load_tile(s, win, end, median_index, transmittance, totals, up);
+  uint32_t rows[kTileSize];
+  Window windows[kPixels / kWindow];
   Hit<VFloat> h;
   PixelGrad<VFloat> g;
   BackwardState<VFloat> b;
@@ -616,36 +725,35 @@ __attribute__((target_clones("avx2", "default"))) void backward_tile_simd(
     const PackedSurfel& ps = packed[list[k]];
     const PixelRect r = win.clip(ps.rect);
     if (r.x1 <= r.x0 || r.y1 <= r.y0) continue;
+    candidate_rows(ps, r, win, rows);
+    // only the pixels that blended list position k (k < their end)
+    const int ly0 = r.y0 - win.y0, ly1 = r.y1 - win.y0;
+    for (int y = ly0; y < ly1; ++y) {
+      if (!rows[y]) continue;
+      const int32_t* e = st.end + state_index(0, y);
+      rows[y] &= lane_bits(VInt(k) < load8(e)) | lane_bits(VInt(k) < load8(e + kLanes)) << kLanes;
+    }
+    const int n = cover_rows(rows, ly0, ly1, windows);
     const SurfelParams<float>& sp = ps.params;
-    const bool use_spans = spans_pay(r, win);
-    const RowSpans<float> rows = use_spans ? RowSpans<float>(sp, ps.rho_cut) : RowSpans<float>();
-    const float* color = ps.color;
-    const float* normal = ps.normal;
     bool touched = false;
-    for (int py = r.y0; py < r.y1; ++py) {
-      int x0 = r.x0, x1 = r.x1;
-      if (use_spans) rows.clip_row(py, x0, x1);
-      if (x1 <= x0) continue;
-      const VFloat y = VFloat(float(py) + 0.5f);
-      for (int xs = win.x0; xs < win.x0 + kTileSize; xs += kLanes) {
-        if (xs >= x1 || xs + kLanes <= x0) continue;
-        const int i = win.local(xs, py);
-        const VMask valid = mask_and(span_lanes(xs, x0, x1), VInt(k) < load8(st.end + i));
-        if (!any_lane(valid)) continue;
-        const VFloat x = to_float(VInt(kLaneIndex.v + xs)) + 0.5f;
-        intersect(sp, x, y, s.near, h);
-        const VMask go = mask_and(valid, h.contributes);
-        if (!any_lane(go)) continue;
-        if (!touched) {
-          for (auto& a : acc) a = VFloat(0.0f);
-          touched = true;
-        }
-        st.load(i, g, b);
-        const VMask is_median = mask_and(go, load8(st.median_index + i) == k);
-        backward_lanes(b, g, sp, h, go, color, normal, x, y, s.near, s.far, is_median, acc);
-        store8(st.T + i, b.transmittance);
-        store8(st.dL_dT + i, b.last_dL_dT);
+    for (int j = 0; j < n; j += 2) {
+      const Window& wa = windows[j];
+      const Window wb = j + 1 < n ? windows[j + 1] : scratch_window();
+      const WindowPair w(wa, wb, win);
+      intersect(sp, w.x, w.y, s.near, h);
+      const VMask go = mask_and(w.lanes, h.contributes);
+      if (!any_lane(go)) continue;
+      if (!touched) {
+        for (auto& a : acc) a = VFloat(0.0f);
+        touched = true;
       }
+      st.load(w.ia, w.ib, g, b);
+      const VMask is_median =
+          mask_and(go, load_halves(st.median_index + w.ia, st.median_index + w.ib) == k);
+      backward_lanes(b, g, sp, h, go, ps.color, ps.normal, w.x, w.y, s.near, s.far, is_median,
+                     acc);
+      store_halves(st.T + w.ia, st.T + w.ib, b.transmittance);
+      store_halves(st.dL_dT + w.ia, st.dL_dT + w.ib, b.last_dL_dT);
     }
     if (touched) {
       float* record = records + int64_t(k) * kGradSize;

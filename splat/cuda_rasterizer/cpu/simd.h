@@ -116,6 +116,44 @@ inline VMask load_mask(const int32_t* p) {
 }
 inline void store_mask(int32_t* p, VMask x) { std::memcpy(p, &x.m, sizeof x.m); }
 
+// Lane masks as bits (lane i = bit i) and back, for the tile loops' window
+// bookkeeping.
+inline uint32_t lane_bits(VMask a) {
+  const i32x8 b = a.m & i32x8{1, 2, 4, 8, 16, 32, 64, 128};
+  return uint32_t((b[0] | b[1]) | (b[2] | b[3])) | uint32_t((b[4] | b[5]) | (b[6] | b[7]));
+}
+inline VMask mask_from_bits(uint32_t bits) {
+  return VMask{((i32x8{} + int32_t(bits)) & i32x8{1, 2, 4, 8, 16, 32, 64, 128}) != 0};
+}
+
+// Two 4-lane halves from two addresses: lanes 0-3 from a, 4-7 from b.
+typedef float f32x4 __attribute__((vector_size(16)));
+typedef int32_t i32x4 __attribute__((vector_size(16)));
+inline VFloat load_halves(const float* a, const float* b) {
+  f32x4 lo, hi;
+  std::memcpy(&lo, a, sizeof lo);
+  std::memcpy(&hi, b, sizeof hi);
+  return VFloat(__builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7));
+}
+inline VInt load_halves(const int32_t* a, const int32_t* b) {
+  i32x4 lo, hi;
+  std::memcpy(&lo, a, sizeof lo);
+  std::memcpy(&hi, b, sizeof hi);
+  return VInt(__builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7));
+}
+inline void store_halves(float* a, float* b, VFloat x) {
+  const f32x4 lo = __builtin_shufflevector(x.v, x.v, 0, 1, 2, 3);
+  const f32x4 hi = __builtin_shufflevector(x.v, x.v, 4, 5, 6, 7);
+  std::memcpy(a, &lo, sizeof lo);
+  std::memcpy(b, &hi, sizeof hi);
+}
+inline void store_halves(int32_t* a, int32_t* b, VInt x) {
+  const i32x4 lo = __builtin_shufflevector(x.v, x.v, 0, 1, 2, 3);
+  const i32x4 hi = __builtin_shufflevector(x.v, x.v, 4, 5, 6, 7);
+  std::memcpy(a, &lo, sizeof lo);
+  std::memcpy(b, &hi, sizeof hi);
+}
+
 // Sum of the lanes in a fixed order (0..7), so that results do not depend on
 // the instruction set.
 inline float lane_sum(VFloat x) {
