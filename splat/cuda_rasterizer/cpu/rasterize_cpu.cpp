@@ -875,6 +875,7 @@ void backward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const int32_t*
                          tile_records, mode != kModeReference);
   }
 
+  constexpr int32_t kReducePrefetchAhead = 8;
   // Reduction into surfels in tile order; each thread owns a range of surfel
   // ids, so the order of additions into any surfel is the same for any
   // number of threads.
@@ -888,6 +889,14 @@ void backward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const int32_t*
       const int32_t* list = bins.point_list + bins.tile_offsets[tile];
       const T* src = records.get() + record_offset[tile] * kGradSize;
       for (int32_t k = 0; k < tile_end[tile]; ++k, src += kGradSize) {
+        // The surfels are at random addresses: fetch a few records ahead.
+        if (k + kReducePrefetchAhead < tile_end[tile]) {
+          const int64_t ahead = list[k + kReducePrefetchAhead];
+          if (ahead >= lo && ahead < hi) {
+            __builtin_prefetch(v_surfels + ahead * kGradSize, 1);
+            __builtin_prefetch(v_surfels + ahead * kGradSize + kGradSize - 1, 1);
+          }
+        }
         const int64_t id = list[k];
         if (id < lo || id >= hi) continue;
         T* dst = v_surfels + id * kGradSize;
