@@ -11,6 +11,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <immintrin.h>  // SSE movmskps: baseline x86-64, so usable in every clone
+#endif
+
 #include "../core.h"
 
 #pragma GCC diagnostic ignored "-Wpsabi"  // vector arguments only cross inlined calls
@@ -20,6 +24,8 @@ namespace splat {
 constexpr int kLanes = 8;
 typedef float f32x8 __attribute__((vector_size(32)));
 typedef int32_t i32x8 __attribute__((vector_size(32)));
+typedef float f32x4 __attribute__((vector_size(16)));
+typedef int32_t i32x4 __attribute__((vector_size(16)));
 
 // Lane mask: all bits set (-1) or clear (0) per lane, as vector compares give.
 struct VMask {
@@ -71,10 +77,27 @@ inline VMask operator<(VInt a, VInt b) { return VMask{a.v < b.v}; }
 inline VMask mask_and(VMask a, VMask b) { return VMask{a.m & b.m}; }
 inline VMask mask_or(VMask a, VMask b) { return VMask{a.m | b.m}; }
 inline VMask mask_not(VMask a) { return VMask{~a.m}; }
+// Lane masks as bits (lane i = bit i).  The tile loops test and convert masks
+// at every visit, so on x86-64 this is the movmskps instruction (on each
+// 128-bit half) rather than a chain of lane extractions.
+inline uint32_t lane_bits(VMask a) {
+  const i32x4 lo = __builtin_shufflevector(a.m, a.m, 0, 1, 2, 3);
+  const i32x4 hi = __builtin_shufflevector(a.m, a.m, 4, 5, 6, 7);
+#if defined(__x86_64__)
+  return uint32_t(_mm_movemask_ps((__m128)lo)) | uint32_t(_mm_movemask_ps((__m128)hi)) << 4;
+#else
+  uint32_t bits = 0;
+  for (int i = 0; i < 4; ++i) bits |= uint32_t(lo[i] != 0) << i | uint32_t(hi[i] != 0) << (i + 4);
+  return bits;
+#endif
+}
 inline bool any_lane(VMask a) {
-  typedef int64_t i64x4 __attribute__((vector_size(32)));
-  const i64x4 x = (i64x4)a.m;
-  return ((x[0] | x[1]) | (x[2] | x[3])) != 0;
+  const i32x4 either = __builtin_shufflevector(a.m, a.m, 0, 1, 2, 3) | __builtin_shufflevector(a.m, a.m, 4, 5, 6, 7);
+#if defined(__x86_64__)
+  return _mm_movemask_ps((__m128)either) != 0;
+#else
+  return (either[0] | either[1] | either[2] | either[3]) != 0;
+#endif
 }
 inline int count_lanes(VMask a) {
   int n = 0;
@@ -116,19 +139,12 @@ inline VMask load_mask(const int32_t* p) {
 }
 inline void store_mask(int32_t* p, VMask x) { std::memcpy(p, &x.m, sizeof x.m); }
 
-// Lane masks as bits (lane i = bit i) and back, for the tile loops' window
-// bookkeeping.
-inline uint32_t lane_bits(VMask a) {
-  const i32x8 b = a.m & i32x8{1, 2, 4, 8, 16, 32, 64, 128};
-  return uint32_t((b[0] | b[1]) | (b[2] | b[3])) | uint32_t((b[4] | b[5]) | (b[6] | b[7]));
-}
+// The inverse of lane_bits.
 inline VMask mask_from_bits(uint32_t bits) {
   return VMask{((i32x8{} + int32_t(bits)) & i32x8{1, 2, 4, 8, 16, 32, 64, 128}) != 0};
 }
 
 // Two 4-lane halves from two addresses: lanes 0-3 from a, 4-7 from b.
-typedef float f32x4 __attribute__((vector_size(16)));
-typedef int32_t i32x4 __attribute__((vector_size(16)));
 inline VFloat load_halves(const float* a, const float* b) {
   f32x4 lo, hi;
   std::memcpy(&lo, a, sizeof lo);
