@@ -3,9 +3,11 @@
 The CPU backend has three modes (splat/cuda_rasterizer/cpu/rasterize_cpu.cpp):
 0 = one pixel at a time over each surfel's whole pixel rectangle (the plain
 loop), 1 = one pixel at a time over exact per-row spans of the footprint,
-2 = 8 float32 pixels at a time over those spans (the default; float64 runs
-mode 1).  Every mode performs exactly core.h's per-pixel operations in the
-same order, and the spans only skip pixels the kernel rejects, so:
+2 = 8 float32 pixels at a time: two 4-pixel windows over each surfel's
+candidate pixels, those passing core.h's division-free footprint test with
+the surfel's own rho cutoff (the default; float64 runs mode 1).  Every mode
+performs exactly core.h's per-pixel operations in the same order, and the
+spans and candidate tests only skip pixels the kernel rejects, so:
   * forward outputs are bitwise equal across modes (float32 and float64);
   * gradients are bitwise equal between modes 0 and 1;
   * mode 2 adds a surfel's eight lane contributions in another order: float32
@@ -33,6 +35,13 @@ def _scenes():
     yield "surfaces", surface_scene(2500, 90, 70, dtype=torch.float64, seed=2)
     # surfels that cover the whole image, and a camera inside the cloud (near-plane crossings)
     yield "fullscreen", random_scene(30, 40, 24, seed=11, scale_range=(2.0, 6.0), depth=0.5)
+    # opacities from just above kAlphaMin (1/255) to 0.05: each surfel's own rho
+    # cutoff 2 ln(255 o) + 0.05 (the SIMD candidate test) is small, so many
+    # pixels sit near it; overlapping, they still draw (alpha up to ~0.76)
+    faint = random_scene(600, 40, 40, seed=13, scale_range=(0.2, 0.6))
+    g = torch.Generator().manual_seed(13)
+    faint["opacities"] = (1 / 255) * (1.0 + 12.0 * torch.rand(600, generator=g, dtype=torch.float64))
+    yield "faint", faint
 
 
 SCENES = dict(_scenes())
