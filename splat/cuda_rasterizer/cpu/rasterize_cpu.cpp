@@ -5,8 +5,9 @@
 //   kModeReference  one pixel at a time over each surfel's whole pixel rectangle;
 //   kModeScalar     one pixel at a time over the exact per-row spans of each
 //                   surfel's footprint (RowSpans below);
-//   kModeSimd       float32: 8 pixels of a row at a time (cpu/simd.h) over those
-//                   spans, compiled for AVX2 and for baseline x86-64 and chosen
+//   kModeSimd       float32: 8 pixels at a time (cpu/simd.h), two windows of
+//                   4 over each surfel's candidate pixels (candidate_rows),
+//                   compiled for AVX-512, AVX2 and baseline x86-64 and chosen
 //                   at run time; float64 falls back to kModeScalar.
 // Every mode computes, for each pixel, exactly the operations of core.h in the
 // same order, so the forward outputs are bitwise equal across modes.  Backward
