@@ -164,3 +164,26 @@ def test_float32_exp_is_accurate_and_the_same_in_lanes():
     assert float(err.max()) <= 2.0, float(err.max())
     assert float(scalar[x == 0][0]) == 1.0
     assert math.isclose(float(scalar[x == -5.55][0]), math.exp(-5.55), rel_tol=3e-7)
+
+
+def test_reused_scratch_memory_gives_the_same_results(kernel_mode):
+    """The kernels' large buffers (outputs, packed records, gradient records)
+    come from a cache of freed blocks (cpu/scratch.h).  Rendering A, then B,
+    then A again must give A's results bitwise: nothing left in a reused
+    buffer by B may leak into A.  The images are large enough (256 x 240)
+    for the outputs to be cached blocks (>= 1 MiB); the gradient records of
+    the bigger scene too."""
+    kernel_mode(2)
+    a = surface_scene(40_000, 256, 240, dtype=torch.float64, seed=4)
+    b = surface_scene(60_000, 256, 240, dtype=torch.float64, seed=5)
+    ext.release_cpu_scratch()
+    first = _run(a, torch.float32, 2, kernel_mode)
+    _run(b, torch.float32, 2, kernel_mode)
+    again = _run(a, torch.float32, 2, kernel_mode)
+    for k in OUTPUTS:
+        assert torch.equal(getattr(first[0], k), getattr(again[0], k)), k
+    for k in first[1]:
+        assert float(first[1][k].abs().max()) > 0 and torch.equal(first[1][k], again[1][k]), k
+    del first, again
+    assert ext.release_cpu_scratch() > 2**20  # blocks were cached, and are freed now
+    assert ext.release_cpu_scratch() == 0

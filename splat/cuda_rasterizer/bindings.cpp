@@ -8,6 +8,7 @@
 #include "cpu/normal_loss_cpu.h"
 #include "cpu/project_cpu.h"
 #include "cpu/rasterize_cpu.h"
+#include "cpu/scratch.h"
 #include "cpu/simd.h"
 #include "cpu/ssim_cpu.h"
 #ifdef SPLAT_WITH_CUDA
@@ -49,6 +50,17 @@ splat::SurfelArrays<T> surfel_arrays(const torch::Tensor& Tuvw, const torch::Ten
                                 static_cast<T>(near),  static_cast<T>(far)};
 }
 
+// torch::empty, in reused memory (cpu/scratch.h) when large: the kernels'
+// outputs are allocated again at every call, and fresh pages are expensive.
+torch::Tensor scratch_empty(c10::IntArrayRef sizes, const torch::TensorOptions& opts) {
+  int64_t numel = 1;
+  for (const int64_t s : sizes) numel *= s;
+  const size_t bytes = size_t(numel) * opts.dtype().itemsize();
+  if (bytes < splat::kScratchMinBytes) return torch::empty(sizes, opts);
+  return torch::from_blob(splat::scratch_acquire(bytes), sizes,
+                          [](void* block) { splat::scratch_release(block); }, opts);
+}
+
 int tiles_along(int64_t pixels) {
   return static_cast<int>((pixels + splat::kTileSize - 1) / splat::kTileSize);
 }
@@ -60,20 +72,20 @@ std::vector<torch::Tensor> forward_cpu(const torch::Tensor& Tuvw, const torch::T
                                        int64_t height, double near, double far) {
   const auto opts = Tuvw.options();
   const auto iopts = opts.dtype(torch::kInt32);
-  auto color_sum = torch::empty({height, width, 3}, opts);
-  auto transmittance = torch::empty({height, width}, opts);
-  auto depth_sum = torch::empty({height, width}, opts);
-  auto normal_sum = torch::empty({height, width, 3}, opts);
-  auto distortion = torch::empty({height, width}, opts);
-  auto median_depth = torch::empty({height, width}, opts);
-  auto end = torch::empty({height, width}, iopts);
-  auto median_index = torch::empty({height, width}, iopts);
-  auto totals = torch::empty({height, width, splat::kTotalsSize}, opts);
+  auto color_sum = scratch_empty({height, width, 3}, opts);
+  auto transmittance = scratch_empty({height, width}, opts);
+  auto depth_sum = scratch_empty({height, width}, opts);
+  auto normal_sum = scratch_empty({height, width, 3}, opts);
+  auto distortion = scratch_empty({height, width}, opts);
+  auto median_depth = scratch_empty({height, width}, opts);
+  auto end = scratch_empty({height, width}, iopts);
+  auto median_index = scratch_empty({height, width}, iopts);
+  auto totals = scratch_empty({height, width, splat::kTotalsSize}, opts);
   const int tiles_x = tiles_along(width), tiles_y = tiles_along(height);
   std::vector<int64_t> offsets;
   torch::Tensor point_list, packed;
   const auto alloc_points = [&](int64_t count) {
-    point_list = torch::empty({count}, iopts);
+    point_list = scratch_empty({count}, iopts);
     return point_list.data_ptr<int32_t>();
   };
   AT_DISPATCH_FLOATING_TYPES(Tuvw.scalar_type(), "splat_forward_cpu", [&] {
@@ -88,7 +100,7 @@ std::vector<torch::Tensor> forward_cpu(const torch::Tensor& Tuvw, const torch::T
         end.data_ptr<int32_t>(),         median_index.data_ptr<int32_t>(),
         totals.data_ptr<scalar_t>()};
     // The SIMD kernels' packed surfel records, returned for the backward pass.
-    packed = torch::empty({splat::packed_surfel_bytes<scalar_t>(Tuvw.size(0))}, opts.dtype(torch::kUInt8));
+    packed = scratch_empty({splat::packed_surfel_bytes<scalar_t>(Tuvw.size(0))}, opts.dtype(torch::kUInt8));
     splat::forward_cpu<scalar_t>(s, bins, out, packed.numel() ? packed.data_ptr<uint8_t>() : nullptr);
   });
   auto tile_offsets = torch::from_blob(offsets.data(), {int64_t(offsets.size())},
@@ -110,7 +122,7 @@ torch::Tensor backward_cpu(const torch::Tensor& Tuvw, const torch::Tensor& cente
                            const torch::Tensor& v_depth_sum, const torch::Tensor& v_normal_sum,
                            const torch::Tensor& v_distortion,
                            const torch::Tensor& v_median_depth, const torch::Tensor& packed) {
-  auto v_surfels = torch::empty({Tuvw.size(0), splat::kGradSize}, Tuvw.options());
+  auto v_surfels = scratch_empty({Tuvw.size(0), splat::kGradSize}, Tuvw.options());
   const int tiles_x = tiles_along(width), tiles_y = tiles_along(height);
   for (const auto* t : {&v_color_sum, &v_transmittance, &v_depth_sum, &v_normal_sum,
                         &v_distortion, &v_median_depth})
@@ -189,11 +201,11 @@ std::vector<torch::Tensor> project_forward(const torch::Tensor& means, const tor
                                            double limit_finite, double limit_drawn) {
   const int64_t n = means.size(0);
   const auto opts = means.options();
-  auto Tuvw = torch::empty({n, 9}, opts), center = torch::empty({n, 2}, opts);
-  auto normal = torch::empty({n, 3}, opts), depth = torch::empty({n}, opts);
-  auto color = torch::empty({coeffs.numel() > 0 ? n : 0, 3}, opts);
-  auto rect = torch::empty({n, 4}, opts.dtype(torch::kInt32));
-  auto radii = torch::empty({n}, opts.dtype(torch::kInt32));
+  auto Tuvw = scratch_empty({n, 9}, opts), center = scratch_empty({n, 2}, opts);
+  auto normal = scratch_empty({n, 3}, opts), depth = scratch_empty({n}, opts);
+  auto color = scratch_empty({coeffs.numel() > 0 ? n : 0, 3}, opts);
+  auto rect = scratch_empty({n, 4}, opts.dtype(torch::kInt32));
+  auto radii = scratch_empty({n}, opts.dtype(torch::kInt32));
   int64_t bad = 0;
   AT_DISPATCH_FLOATING_TYPES(means.scalar_type(), "splat_project_forward", [&] {
     auto in = project_inputs<scalar_t>(means, quats, scales, opacities, coeffs, sh_degree, viewmat,
@@ -221,8 +233,8 @@ std::vector<torch::Tensor> project_backward(
   check_input(v_center, "v_center", n, 2, means.scalar_type());
   check_input(v_normal, "v_normal", n, 3, means.scalar_type());
   if (coeffs.numel() > 0) check_input(v_color, "v_color", n, 3, means.scalar_type());
-  auto v_means = torch::empty({n, 3}, opts), v_quats = torch::empty({n, 4}, opts);
-  auto v_scales = torch::empty({n, 2}, opts), v_means2d = torch::empty({n, 2}, opts);
+  auto v_means = scratch_empty({n, 3}, opts), v_quats = scratch_empty({n, 4}, opts);
+  auto v_scales = scratch_empty({n, 2}, opts), v_means2d = scratch_empty({n, 2}, opts);
   auto v_coeffs = torch::empty_like(coeffs);
   AT_DISPATCH_FLOATING_TYPES(means.scalar_type(), "splat_project_backward", [&] {
     auto in = project_inputs<scalar_t>(means, quats, scales, opacities, coeffs, sh_degree, viewmat,
@@ -365,6 +377,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     splat::set_cpu_kernel_mode(static_cast<int>(mode));
   }, "0: pixel by pixel over rectangles, 1: over exact spans, 2: 8 float32 lanes (default)");
   m.def("cpu_kernel_mode", &splat::cpu_kernel_mode);
+  m.def("release_cpu_scratch", [] { return int64_t(splat::release_scratch_cache()); },
+        "frees the CPU kernels' cached buffers (cpu/scratch.h); returns the bytes freed");
   m.def("exp_float32", &exp_float32, "core.h's float32 exp: (scalar, 8 lanes)");
 #ifdef SPLAT_WITH_CUDA
   m.def("forward_cuda", &splat::forward_cuda, "rasterize forward on the GPU");

@@ -24,7 +24,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -33,6 +32,7 @@
 #endif
 
 #include "../core.h"
+#include "scratch.h"
 #include "simd.h"
 
 namespace splat {
@@ -75,11 +75,11 @@ int max_threads() {
 // LSD radix sort, 8 bits a pass, skipping passes whose digit all keys share.
 // A stable sort's result is unique, so it does not depend on the thread count.
 template <typename Key, typename Value>
-void stable_radix_sort(std::vector<Key>& keys, std::vector<Value>& values) {
+void stable_radix_sort(ScratchArray<Key>& keys, ScratchArray<Value>& values) {
   constexpr int kBits = 8, kBuckets = 1 << kBits;
   const int64_t n = static_cast<int64_t>(keys.size());
-  std::vector<Key> keys_tmp(n);
-  std::vector<Value> values_tmp(n);
+  ScratchArray<Key> keys_tmp(n);
+  ScratchArray<Value> values_tmp(n);
   std::vector<int64_t> hist(static_cast<size_t>(max_threads()) * kBuckets);
   for (int shift = 0; shift < int(8 * sizeof(Key)); shift += kBits) {
     bool skip = false;
@@ -137,8 +137,8 @@ void bin_tiles_cpu(const SurfelArrays<T>& s, int tiles_x, int tiles_y,
   // index order, as the CUDA sort); culled ones are skipped when listing.
   // Each carries its tile range through the sort, so that the listing below
   // reads it in sorted order instead of at random addresses.
-  std::vector<decltype(depth_sort_key(T()))> keys(n);
-  std::vector<ListedSurfel> order(n);
+  ScratchArray<decltype(depth_sort_key(T()))> keys(n);
+  ScratchArray<ListedSurfel> order(n);
   int64_t pairs = 0;
 #pragma omp parallel for schedule(static) reduction(+ : pairs)
   for (int64_t i = 0; i < n; ++i) {
@@ -797,14 +797,11 @@ void forward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const ForwardOu
   const int num_tiles = static_cast<int>(order.size());
   const int mode = g_kernel_mode;
   // The packed records go to packed_out (kept for the backward pass) when given.
-  std::vector<PackedSurfel> own;
+  ScratchArray<PackedSurfel> own(kHasSimd<T> && mode == kModeSimd && !packed_out ? s.num_surfels : 0);
   PackedSurfel* packed = reinterpret_cast<PackedSurfel*>(packed_out);
   if constexpr (kHasSimd<T>) {
     if (mode == kModeSimd) {
-      if (!packed) {
-        own.resize(s.num_surfels);
-        packed = own.data();
-      }
+      if (!packed) packed = own.data();
       pack_surfels(s, packed);
     }
   }
@@ -845,16 +842,15 @@ void backward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const int32_t*
   // Left uninitialised here: each tile's thread zeroes its own records just
   // before filling them (one pass over memory that is then in cache, and the
   // pages are first touched by the thread that uses them).
-  std::unique_ptr<T[]> records(new T[static_cast<size_t>(record_offset[num_tiles]) * kGradSize]);
+  ScratchArray<T> records(static_cast<size_t>(record_offset[num_tiles]) * kGradSize);
 
   const std::vector<int> order = tiles_by_cost(bins);
   const int mode = g_kernel_mode;
   // The forward pass's packed records when it kept them, else packed here.
-  std::vector<PackedSurfel> own;
+  ScratchArray<PackedSurfel> own(kHasSimd<T> && mode == kModeSimd && !packed_in ? s.num_surfels : 0);
   const PackedSurfel* packed = reinterpret_cast<const PackedSurfel*>(packed_in);
   if constexpr (kHasSimd<T>) {
     if (mode == kModeSimd && !packed) {
-      own.resize(s.num_surfels);
       pack_surfels(s, own.data());
       packed = own.data();
     }
@@ -863,7 +859,7 @@ void backward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const int32_t*
   for (int t = 0; t < num_tiles; ++t) {
     const int tile = order[t];
     if (tile_end[tile] == 0) continue;
-    T* tile_records = records.get() + record_offset[tile] * kGradSize;
+    T* tile_records = records.data() + record_offset[tile] * kGradSize;
     std::fill(tile_records, tile_records + int64_t(tile_end[tile]) * kGradSize, T(0));
     if constexpr (kHasSimd<T>) {
       if (mode == kModeSimd) {
@@ -888,7 +884,7 @@ void backward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const int32_t*
     std::fill(v_surfels + lo * kGradSize, v_surfels + hi * kGradSize, T(0));
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int32_t* list = bins.point_list + bins.tile_offsets[tile];
-      const T* src = records.get() + record_offset[tile] * kGradSize;
+      const T* src = records.data() + record_offset[tile] * kGradSize;
       for (int32_t k = 0; k < tile_end[tile]; ++k, src += kGradSize) {
         // The surfels are at random addresses: fetch a few records ahead.
         if (k + kReducePrefetchAhead < tile_end[tile]) {

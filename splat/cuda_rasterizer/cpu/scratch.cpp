@@ -1,0 +1,92 @@
+// See scratch.h.
+#include "scratch.h"
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+
+namespace splat {
+
+namespace {
+
+constexpr size_t kAlign = 64;
+
+struct ScratchCache {
+  std::mutex mutex;
+  std::multimap<size_t, void*> free_blocks;  // by size
+  std::unordered_map<void*, size_t> sizes;   // every block from the cache, live or free
+  size_t cached_bytes = 0;
+
+  void free_block(std::multimap<size_t, void*>::iterator it) {
+    cached_bytes -= it->first;
+    sizes.erase(it->second);
+    std::free(it->second);
+    free_blocks.erase(it);
+  }
+};
+
+// Never destroyed: tensors holding scratch memory may be freed after static
+// destructors have run.
+ScratchCache& cache() {
+  static ScratchCache* c = new ScratchCache;
+  return *c;
+}
+
+}  // namespace
+
+void* scratch_acquire(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  if (bytes < kScratchMinBytes) {
+    void* p = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+  ScratchCache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  // the smallest cached block that fits, if it is at most twice the request
+  auto it = c.free_blocks.lower_bound(bytes);
+  if (it != c.free_blocks.end() && it->first / 2 <= bytes) {
+    void* p = it->second;
+    c.cached_bytes -= it->first;
+    c.free_blocks.erase(it);
+    return p;
+  }
+  // none fits: the smaller cached blocks are likely stale sizes
+  while (!c.free_blocks.empty() && c.free_blocks.begin()->first < bytes)
+    c.free_block(c.free_blocks.begin());
+  const size_t size = (bytes + kAlign - 1) / kAlign * kAlign;
+  void* p = std::aligned_alloc(kAlign, size);
+  if (!p) throw std::bad_alloc();
+  c.sizes.emplace(p, size);
+  return p;
+}
+
+void scratch_release(void* block) {
+  if (!block) return;
+  ScratchCache& c = cache();
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    const auto found = c.sizes.find(block);
+    if (found != c.sizes.end()) {
+      const size_t size = found->second;
+      c.free_blocks.emplace(size, block);
+      c.cached_bytes += size;
+      // over the cap: free the largest cached blocks first
+      while (c.cached_bytes > kScratchCacheBytes) c.free_block(std::prev(c.free_blocks.end()));
+      return;
+    }
+  }
+  std::free(block);  // a small block, never cached
+}
+
+size_t release_scratch_cache() {
+  ScratchCache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  const size_t freed = c.cached_bytes;
+  while (!c.free_blocks.empty()) c.free_block(c.free_blocks.begin());
+  return freed;
+}
+
+}  // namespace splat
