@@ -270,9 +270,9 @@ splat::SsimArgs<T> ssim_args(const torch::Tensor& x, const torch::Tensor& y,
 std::vector<torch::Tensor> ssim_forward(const torch::Tensor& x, const torch::Tensor& y,
                                         const torch::Tensor& window, double c1, double c2,
                                         bool with_grad) {
-  auto maps = torch::empty(with_grad ? std::vector<int64_t>{3, x.size(0), x.size(1), x.size(2)}
-                                     : std::vector<int64_t>{0},
-                           x.options());
+  auto maps = scratch_empty(with_grad ? std::vector<int64_t>{3, x.size(0), x.size(1), x.size(2)}
+                                      : std::vector<int64_t>{0},
+                            x.options());
   double mean = 0.0;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "splat_ssim_forward", [&] {
     mean = splat::ssim_forward_cpu(ssim_args<scalar_t>(x, y, window, c1, c2),
@@ -287,7 +287,7 @@ torch::Tensor ssim_backward(const torch::Tensor& x, const torch::Tensor& y,
   TORCH_CHECK(maps.is_contiguous() && maps.dim() == 4 && maps.size(0) == 3 &&
                   maps.sizes().slice(1) == x.sizes() && maps.scalar_type() == x.scalar_type(),
               "ssim: gradient maps must be [3, H, W, C] of x's dtype");
-  auto dx = torch::empty_like(x);
+  auto dx = scratch_empty(x.sizes(), x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "splat_ssim_backward", [&] {
     splat::ssim_backward_cpu(ssim_args<scalar_t>(x, y, window, c1, c2),
                                        maps.data_ptr<scalar_t>(), scale, dx.data_ptr<scalar_t>());
@@ -338,7 +338,8 @@ torch::Tensor normal_loss_forward(const torch::Tensor& depth, const torch::Tenso
 std::vector<torch::Tensor> normal_loss_backward(const torch::Tensor& depth, const torch::Tensor& normal,
                                                 const torch::Tensor& alpha, const torch::Tensor& K,
                                                 const torch::Tensor& viewmat, double scale) {
-  auto v_depth = torch::empty_like(depth), v_normal = torch::empty_like(normal);
+  auto v_depth = scratch_empty(depth.sizes(), depth.options());
+  auto v_normal = scratch_empty(normal.sizes(), normal.options());
   AT_DISPATCH_FLOATING_TYPES(depth.scalar_type(), "splat_normal_loss_backward", [&] {
     splat::normal_loss_backward_cpu<scalar_t>(normal_loss_args<scalar_t>(depth, normal, alpha, K, viewmat),
                                               scale, v_depth.data_ptr<scalar_t>(),
