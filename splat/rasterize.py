@@ -199,9 +199,16 @@ class _ProjectSurfels(torch.autograd.Function):
         width, height, near, far = ctx.image
         v_means, v_quats, v_scales, v_coeffs, v_means2d = ext.project_backward_cpu(
             means, quats, scales, opacities, coeffs, ctx.sh_degree, viewmat, K, width, height, near, far,
-            v_Tuvw.contiguous(), v_center.contiguous(), v_normal.contiguous(), v_color.contiguous())
+            *(_unit_column_stride(g) for g in (v_Tuvw, v_center, v_normal, v_color)))
         return (v_means, v_quats, v_scales, None, v_coeffs if ctx.sh_degree >= 0 else None, v_means2d,
                 None, None, None, None, None, None, None)
+
+
+def _unit_column_stride(g):
+    """g, or a contiguous copy where its columns are strided: the C++ op reads
+    rows in place (the rasterizer's gradients arrive as column slices of its
+    [N, 18] records, with row stride 18), needing only unit column stride."""
+    return g if g.dim() == 2 and g.stride(1) == 1 and g.stride(0) >= g.shape[1] else g.contiguous()
 
 
 def _check_magnitude(M, in_range, drawn, width, height):

@@ -183,3 +183,27 @@ def test_rasterize_uses_fused_path_only_without_camera_gradients():
     finally:
         ext.project_forward_cpu = original
     assert _close(a.rgb, b.rgb.detach(), 1e-12) and torch.equal(a.radii, b.radii)
+
+
+@pytest.mark.parametrize("deg", [None, 2])
+def test_backward_reads_strided_upstream_rows_in_place(deg):
+    """project_backward_cpu reads its upstream gradients as rows with any row
+    stride (the rasterizer hands them over as column slices of its [N, 18]
+    records): the same bits as from contiguous copies; a non-unit column
+    stride is refused with the argument's name."""
+    ext = load_extension()
+    s = _scene(20)
+    n = s["means"].shape[0]
+    coeffs = s["sh"] if deg is not None else s["sh"].new_zeros(0, 0, 3)
+    records = torch.randn(n, 18, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    slices = (records[:, 0:9], records[:, 9:11], records[:, 11:14], records[:, 14:17])
+    assert slices[0].stride() == (18, 1)
+    args = (s["means"], s["quats"], s["scales"], s["opacities"], coeffs, -1 if deg is None else deg,
+            s["viewmat"], s["K"], s["width"], s["height"], 0.2, 100.0)
+    strided = ext.project_backward_cpu(*args, *slices)
+    copied = ext.project_backward_cpu(*args, *(t.contiguous() for t in slices))
+    for a, b in zip(strided, copied):
+        assert torch.equal(a, b)
+    assert float(strided[0].abs().max()) > 0
+    with pytest.raises(RuntimeError, match="v_center must have contiguous rows"):
+        ext.project_backward_cpu(*args, slices[0], records[:, 9:13:2], *slices[2:])

@@ -17,6 +17,18 @@
 
 namespace {
 
+// An [n, cols] matrix whose rows may be strided (a column slice of a wider
+// one), with unit column stride.
+void check_rows(const torch::Tensor& t, const char* name, int64_t n, int64_t cols,
+                torch::ScalarType dtype) {
+  TORCH_CHECK(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ",
+              dtype);
+  TORCH_CHECK(t.dim() == 2 && t.size(0) == n && t.size(1) == cols, name, " must be [", n, ", ",
+              cols, "]");
+  TORCH_CHECK(t.stride(1) == 1 && t.stride(0) >= cols, name,
+              " must have contiguous rows (unit column stride)");
+}
+
 void check_input(const torch::Tensor& t, const char* name, int64_t n, int64_t cols,
                  torch::ScalarType dtype) {
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
@@ -229,10 +241,10 @@ std::vector<torch::Tensor> project_backward(
     const torch::Tensor& v_normal, const torch::Tensor& v_color) {
   const int64_t n = means.size(0);
   const auto opts = means.options();
-  check_input(v_Tuvw, "v_Tuvw", n, 9, means.scalar_type());
-  check_input(v_center, "v_center", n, 2, means.scalar_type());
-  check_input(v_normal, "v_normal", n, 3, means.scalar_type());
-  if (coeffs.numel() > 0) check_input(v_color, "v_color", n, 3, means.scalar_type());
+  check_rows(v_Tuvw, "v_Tuvw", n, 9, means.scalar_type());
+  check_rows(v_center, "v_center", n, 2, means.scalar_type());
+  check_rows(v_normal, "v_normal", n, 3, means.scalar_type());
+  if (coeffs.numel() > 0) check_rows(v_color, "v_color", n, 3, means.scalar_type());
   auto v_means = scratch_empty({n, 3}, opts), v_quats = scratch_empty({n, 4}, opts);
   auto v_scales = scratch_empty({n, 2}, opts), v_means2d = scratch_empty({n, 2}, opts);
   auto v_coeffs = torch::empty_like(coeffs);
@@ -246,6 +258,10 @@ std::vector<torch::Tensor> project_backward(
         v_means.data_ptr<scalar_t>(),  v_quats.data_ptr<scalar_t>(),
         v_scales.data_ptr<scalar_t>(), with_sh ? v_coeffs.data_ptr<scalar_t>() : nullptr,
         v_means2d.data_ptr<scalar_t>()};
+    g.v_Tuvw_row_stride = v_Tuvw.stride(0);
+    g.v_center_row_stride = v_center.stride(0);
+    g.v_normal_row_stride = v_normal.stride(0);
+    g.v_color_row_stride = with_sh ? v_color.stride(0) : 3;
     splat::project_backward_cpu<scalar_t>(in, g);
   });
   return {v_means, v_quats, v_scales, v_coeffs, v_means2d};

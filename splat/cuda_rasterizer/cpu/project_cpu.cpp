@@ -266,8 +266,8 @@ void project_backward_cpu(const ProjectInputs<T>& in, const ProjectGrads<T>& g) 
     // dL/dM: the Tuvw rows, plus the centre M[0:2, 2] / M[2, 2].
     T vM[3][3];
     for (int r = 0; r < 3; ++r)
-      for (int c = 0; c < 3; ++c) vM[r][c] = g.v_Tuvw[9 * i + 3 * r + c];
-    const T vcx = g.v_center[2 * i], vcy = g.v_center[2 * i + 1];
+      for (int c = 0; c < 3; ++c) vM[r][c] = g.v_Tuvw[g.v_Tuvw_row_stride * i + 3 * r + c];
+    const T vcx = g.v_center[g.v_center_row_stride * i], vcy = g.v_center[g.v_center_row_stride * i + 1];
     // means2d: Tu += dx Tw, Tv += dy Tw, centre += (dx, dy), at dx = dy = 0.
     g.v_means2d[2 * i] = (vM[0][0] * p.M[2][0] + vM[0][1] * p.M[2][1] + vM[0][2] * p.M[2][2]) + vcx;
     g.v_means2d[2 * i + 1] =
@@ -298,7 +298,7 @@ void project_backward_cpu(const ProjectInputs<T>& in, const ProjectGrads<T>& g) 
           v_R[k][c] = V[0 * 4 + k] * v_Rc[0] + V[1 * 4 + k] * v_Rc[1] + V[2 * 4 + k] * v_Rc[2];
       }
     }
-    for (int k = 0; k < 3; ++k) v_R[k][2] += p.sign * g.v_normal[3 * i + k];
+    for (int k = 0; k < 3; ++k) v_R[k][2] += p.sign * g.v_normal[g.v_normal_row_stride * i + k];
     // rotation matrix -> unit quaternion
     const T w = p.qn[0], x = p.qn[1], y = p.qn[2], z = p.qn[3];
     const T(&G)[3][3] = v_R;
@@ -324,7 +324,7 @@ void project_backward_cpu(const ProjectInputs<T>& in, const ProjectGrads<T>& g) 
       for (int c = 0; c < 3; ++c) {
         T v = b[0] * co[c];
         for (int j = 1; j < nb; ++j) v = v + b[j] * co[3 * j + c];
-        vc[c] = v + T(0.5) >= T(0) ? g.v_color[3 * i + c] : T(0);
+        vc[c] = v + T(0.5) >= T(0) ? g.v_color[g.v_color_row_stride * i + c] : T(0);
       }
       for (int j = 0; j < in.num_coeffs; ++j)
         for (int c = 0; c < 3; ++c) vco[3 * j + c] = j < nb ? b[j] * vc[c] : T(0);

@@ -44,7 +44,9 @@ struct ProjectOutputs {
 
 template <typename T>
 struct ProjectGrads {
-  // upstream
+  // upstream: rows of these (unit column stride), row i at i * *_row_stride;
+  // the rasterizer's backward hands them over as column slices of its [N, 18]
+  // gradient records, so they are read in place instead of copied
   const T* v_Tuvw;     // [N, 9]
   const T* v_center;   // [N, 2]
   const T* v_normal;   // [N, 3]
@@ -55,6 +57,9 @@ struct ProjectGrads {
   T* v_scales;         // [N, 2]
   T* v_coeffs;         // [N, num_coeffs, 3] (only with coeffs)
   T* v_means2d;        // [N, 2]: dL/d(screen translation of the footprint)
+  // row strides of the upstream arrays, in elements
+  int64_t v_Tuvw_row_stride = 9, v_center_row_stride = 2, v_normal_row_stride = 3,
+          v_color_row_stride = 3;
 };
 
 // Returns the number of surfels whose screen matrix the dtype cannot carry
