@@ -204,6 +204,12 @@ class _ProjectSurfels(torch.autograd.Function):
                 None, None, None, None, None, None, None)
 
 
+def _broadcast_over_pixels(g):
+    """True when g ([H, W] or [H, W, C]) holds one value, or one per channel,
+    for every pixel: zero strides over H and W."""
+    return g.stride(0) == 0 and g.stride(1) == 0 and (g.dim() == 2 or g.stride(2) <= 1)
+
+
 def _unit_column_stride(g):
     """g, or a contiguous copy where its columns are strided: the C++ op reads
     rows in place (the rasterizer's gradients arrive as column slices of its
@@ -323,7 +329,14 @@ class _RasterizeSurfels(torch.autograd.Function):
         H, W = ctx.image[1], ctx.image[0]
 
         def grad_or_zeros(g, *shape):
-            return torch.zeros(shape, dtype=Tuvw.dtype, device=Tuvw.device) if g is None else g.contiguous()
+            # The CPU kernel also reads a gradient broadcast to every pixel
+            # (stride 0: autograd's gradient of a sum or mean, or our zeros)
+            # in place; anything else is made contiguous.
+            if g is None:
+                g = Tuvw.new_zeros(()).expand(shape)
+            if Tuvw.is_cuda or not _broadcast_over_pixels(g):
+                g = g.contiguous()
+            return g
 
         upstream = (grad_or_zeros(v_color_sum, H, W, 3), grad_or_zeros(v_transmittance, H, W),
                     grad_or_zeros(v_depth_sum, H, W), grad_or_zeros(v_normal_sum, H, W, 3),

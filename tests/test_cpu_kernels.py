@@ -106,13 +106,9 @@ def test_simd_gradients_deterministic_across_threads(kernel_mode):
             assert torch.equal(results[0][k], other[k]), f"d/d{k} differs between thread counts"
 
 
-def test_backward_reuses_the_forward_packed_records(kernel_mode):
-    """forward_cpu returns the SIMD kernels' packed surfel records; backward_cpu
-    given them computes the same bits as when it packs them again (an empty
-    tensor), and a kernel mode without packed records ignores them."""
+def _forward_cpu_args(scene):
+    """The arguments splat.rasterize passes to forward_cpu for this scene."""
     RASTERIZE = sys.modules["splat.rasterize"]  # the module (splat.rasterize is the function)
-    scene = SCENES["surfaces"]
-    kernel_mode(2)
     seen = []
     real = RASTERIZE.load_extension()
 
@@ -130,7 +126,15 @@ def test_backward_reuses_the_forward_packed_records(kernel_mode):
         render(leaves(scene, torch.float32), camera(scene, torch.float32), "cpu")
     finally:
         RASTERIZE.load_extension = old
-    args = seen[0]
+    return seen[0]
+
+
+def test_backward_reuses_the_forward_packed_records(kernel_mode):
+    """forward_cpu returns the SIMD kernels' packed surfel records; backward_cpu
+    given them computes the same bits as when it packs them again (an empty
+    tensor), and a kernel mode without packed records ignores them."""
+    kernel_mode(2)
+    args = _forward_cpu_args(SCENES["surfaces"])
     f = ext.forward_cpu(*args)
     assert len(f) == 12 and f[11].dtype == torch.uint8 and f[11].numel() == 96 * args[0].shape[0]
     W, H = args[7], args[8]
@@ -187,3 +191,50 @@ def test_reused_scratch_memory_gives_the_same_results(kernel_mode):
     del first, again
     assert ext.release_cpu_scratch() > 2**20  # blocks were cached, and are freed now
     assert ext.release_cpu_scratch() == 0
+
+
+def test_backward_reads_broadcast_upstream_gradients_in_place(kernel_mode):
+    """Upstream gradients broadcast to every pixel (stride 0, as autograd
+    gives for a sum or mean; per channel for the 3-channel outputs) are read
+    in place: the same bits as their contiguous copies.  Other strided
+    gradients are refused with the argument's name (rasterize() makes them
+    contiguous first)."""
+    kernel_mode(2)
+    args = _forward_cpu_args(SCENES["surfaces"])
+    f = ext.forward_cpu(*args)
+    W, H = args[7], args[8]
+    state = [f[9], f[10], f[6], f[7], f[1], f[8]]
+    g = torch.Generator().manual_seed(3)
+    up = [torch.tensor([0.3, -0.2, 0.5]).expand(H, W, 3), torch.tensor(-0.7).expand(H, W),
+          torch.rand(H, W, generator=g), torch.tensor(0.25).expand(H, W, 3),
+          torch.tensor(1.5).expand(H, W), torch.zeros(()).expand(H, W)]
+    broadcast = ext.backward_cpu(*args, *state, *up, f[11])
+    copied = ext.backward_cpu(*args, *state, *(u.contiguous() for u in up), f[11])
+    assert float(broadcast.abs().max()) > 0 and torch.equal(broadcast, copied)
+    strided = torch.rand(W, H, generator=g).t()  # neither contiguous nor broadcast
+    with pytest.raises(RuntimeError, match="v_depth_sum must be contiguous or broadcast"):
+        ext.backward_cpu(*args, *state, up[0], up[1], strided, *up[3:], f[11])
+
+
+def test_sum_and_mean_losses_match_their_dense_form(kernel_mode):
+    """Through rasterize(): a loss of sums and means (broadcast upstream
+    gradients, read in place) gives the bits of the same loss written with
+    dense weight images (contiguous gradients)."""
+    kernel_mode(2)
+    scene = SCENES["surfaces"]
+
+    def grads(dense):
+        params = leaves(scene, torch.float32)
+        out = render(params, camera(scene, torch.float32), "cpu")
+        H, W = out.depth.shape
+        if dense:
+            loss = ((out.rgb * torch.full((H, W, 3), 1.0)).sum() + (out.depth * torch.full((H, W), 0.5)).sum()
+                    + (out.distortion * torch.full((H, W), 1.0 / (H * W))).sum())
+        else:
+            loss = out.rgb.sum() + 0.5 * out.depth.sum() + out.distortion.mean()
+        loss.backward()
+        return {k: v.grad for k, v in params.items()}
+
+    broadcast, dense = grads(False), grads(True)
+    for k in dense:
+        assert float(dense[k].abs().max()) > 0 and torch.equal(broadcast[k], dense[k]), k

@@ -136,10 +136,25 @@ torch::Tensor backward_cpu(const torch::Tensor& Tuvw, const torch::Tensor& cente
                            const torch::Tensor& v_median_depth, const torch::Tensor& packed) {
   auto v_surfels = scratch_empty({Tuvw.size(0), splat::kGradSize}, Tuvw.options());
   const int tiles_x = tiles_along(width), tiles_y = tiles_along(height);
-  for (const auto* t : {&v_color_sum, &v_transmittance, &v_depth_sum, &v_normal_sum,
-                        &v_distortion, &v_median_depth})
-    TORCH_CHECK(t->is_contiguous() && t->scalar_type() == Tuvw.scalar_type(),
-                "upstream gradients must be contiguous and of the input dtype");
+  // Each upstream gradient is contiguous, or broadcast: one value (per
+  // channel) for every pixel, as autograd hands over for a sum or mean.
+  const torch::Tensor* ups[6] = {&v_color_sum, &v_transmittance, &v_depth_sum,
+                                 &v_normal_sum, &v_distortion, &v_median_depth};
+  const char* up_names[6] = {"v_color_sum", "v_transmittance", "v_depth_sum",
+                             "v_normal_sum", "v_distortion", "v_median_depth"};
+  int64_t pixel_stride[6], channel_stride[6];
+  for (int a = 0; a < 6; ++a) {
+    const torch::Tensor& t = *ups[a];
+    const int64_t channels = (a == 0 || a == 3) ? 3 : 0;
+    TORCH_CHECK(t.scalar_type() == Tuvw.scalar_type() && t.dim() == (channels ? 3 : 2) &&
+                    t.size(0) == height && t.size(1) == width && (!channels || t.size(2) == channels),
+                up_names[a], " must be [H, W", channels ? ", 3" : "", "] of the input dtype");
+    const bool broadcast = t.stride(0) == 0 && t.stride(1) == 0 && (!channels || t.stride(2) <= 1);
+    TORCH_CHECK(t.is_contiguous() || broadcast, up_names[a],
+                " must be contiguous or broadcast to every pixel");
+    pixel_stride[a] = broadcast ? 0 : (channels ? channels : 1);
+    channel_stride[a] = channels ? t.stride(2) : 0;
+  }
   AT_DISPATCH_FLOATING_TYPES(Tuvw.scalar_type(), "splat_backward_cpu", [&] {
     // forward_cpu's packed records, if they match this kernel mode (else repacked)
     const bool reuse = packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() && packed.numel() > 0 &&
@@ -153,6 +168,9 @@ torch::Tensor backward_cpu(const torch::Tensor& Tuvw, const torch::Tensor& cente
         v_color_sum.data_ptr<scalar_t>(),  v_transmittance.data_ptr<scalar_t>(),
         v_depth_sum.data_ptr<scalar_t>(),  v_normal_sum.data_ptr<scalar_t>(),
         v_distortion.data_ptr<scalar_t>(), v_median_depth.data_ptr<scalar_t>()};
+    for (int a = 0; a < 6; ++a) up.pixel_stride[a] = pixel_stride[a];
+    up.color_channel_stride = channel_stride[0];
+    up.normal_channel_stride = channel_stride[3];
     splat::backward_cpu<scalar_t>(s, bins, end.data_ptr<int32_t>(),
                                   median_index.data_ptr<int32_t>(),
                                   transmittance.data_ptr<scalar_t>(),

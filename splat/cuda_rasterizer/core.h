@@ -405,16 +405,24 @@ SPLAT_HD void store_pixel(const PixelState<T>& p, int64_t pix, const ForwardOutp
 template <typename T>
 SPLAT_HD void load_pixel_grad(const UpstreamGrads<T>& up, const T* all_totals, int64_t pix,
                               PixelGrad<T>& g) {
-  for (int c = 0; c < kChannels; ++c) g.v_color[c] = up.v_color_sum[pix * kChannels + c];
-  g.v_depth_sum = up.v_depth_sum[pix];
-  for (int k = 0; k < 3; ++k) g.v_normal[k] = up.v_normal_sum[pix * 3 + k];
-  g.v_distortion = up.v_distortion[pix];
-  g.v_median = up.v_median_depth[pix];
+  for (int c = 0; c < kChannels; ++c)
+    g.v_color[c] = up.v_color_sum[pix * up.pixel_stride[0] + c * up.color_channel_stride];
+  g.v_depth_sum = up.v_depth_sum[pix * up.pixel_stride[2]];
+  for (int k = 0; k < 3; ++k)
+    g.v_normal[k] = up.v_normal_sum[pix * up.pixel_stride[3] + k * up.normal_channel_stride];
+  g.v_distortion = up.v_distortion[pix * up.pixel_stride[4]];
+  g.v_median = up.v_median_depth[pix * up.pixel_stride[5]];
   const T* totals = all_totals + pix * kTotalsSize;
   g.A = totals[0];
   g.D = totals[1];
   g.D2 = totals[2];
   g.m_shift = totals[3];
+}
+
+// A pixel's upstream dL/d(final transmittance).
+template <typename T>
+SPLAT_HD T upstream_transmittance_grad(const UpstreamGrads<T>& up, int64_t pix) {
+  return up.v_transmittance[pix * up.pixel_stride[1]];
 }
 
 // State of the back-to-front walk.  `transmittance` is T_{i+1}, the

@@ -43,6 +43,12 @@ struct UpstreamGrads {
   const T* v_normal_sum;    // [H, W, 3]
   const T* v_distortion;    // [H, W]
   const T* v_median_depth;  // [H, W]
+  // Elements between consecutive pixels of each array above, in that order,
+  // and between channels of v_color_sum and v_normal_sum: contiguous arrays
+  // by default; 0 for a value broadcast to every pixel (or channel), as an
+  // expanded gradient of a sum or mean is, so that it needs no copy.
+  int64_t pixel_stride[6] = {3, 1, 1, 3, 1, 1};
+  int64_t color_channel_stride = 1, normal_channel_stride = 1;
 };
 
 // Tile binning: the surfels of tile t are point_list[tile_offsets[t] .. tile_offsets[t+1]),

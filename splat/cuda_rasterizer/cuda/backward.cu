@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     const int64_t pix = int64_t(py) * s.width + px;
 load_pixel_grad(up, totals, pix, g);
     st.transmittance = transmittance[pix];
-    st.last_dL_dT = up.v_transmittance[pix];
+    st.last_dL_dT = upstream_transmittance_grad(up, pix);
     pixel_end = end[pix];
     median_k = median_index[pix];
   }
