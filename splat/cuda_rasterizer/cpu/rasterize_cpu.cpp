@@ -402,11 +402,11 @@ void backward_tile_scalar(const SurfelArrays<T>& s, const TileBins& bins, int ti
 //
 // Tile state is stored row by row with kRowStride >= kTileSize + kWindow - 1,
 // so that a window starting at any pixel of a row stays inside that row's
-// storage; the extra row kTileSize is scratch, the partner of an unpaired
+// storage; the extra row kTileSize is a spare, the partner of an unpaired
 // window (its lanes are masked off, and whatever they hold is never selected).
 constexpr int kWindow = 4;
 constexpr int kRowStride = kTileSize + kWindow;
-constexpr int kScratchRow = kTileSize;
+constexpr int kSpareRow = kTileSize;
 constexpr int kStatePixels = ((kTileSize + 1) * kRowStride + kLanes - 1) / kLanes * kLanes;
 static_assert(2 * kWindow == kLanes, "a visit is two windows");
 
@@ -452,7 +452,7 @@ struct WindowPair {
   }
 };
 
-inline Window scratch_window() { return Window{0, int8_t(kScratchRow), 0}; }
+inline Window spare_window() { return Window{0, int8_t(kSpareRow), 0}; }
 
 // A tile's pixel state as structures of arrays, so that a window of 4 pixels
 // loads as one 128-bit half of a vector.
@@ -618,7 +618,7 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void forward
     const SurfelParams<float>& sp = ps.params;
     for (int j = 0; j < n; j += 2) {
       const Window& a = windows[j];
-      const Window b = j + 1 < n ? windows[j + 1] : scratch_window();
+      const Window b = j + 1 < n ? windows[j + 1] : spare_window();
       const WindowPair w(a, b, win);
       intersect(sp, w.x, w.y, s.near, h);
       const VMask go = mask_and(w.lanes, h.contributes);
@@ -662,7 +662,7 @@ struct alignas(32) BackwardTileState {
     s.transmittance = load_halves(T + a, T + b);
     s.last_dL_dT = load_halves(dL_dT + a, dL_dT + b);
   }
-  // Loads the tile's pixels; every other state pixel (row padding, the scratch
+  // Loads the tile's pixels; every other state pixel (row padding, the spare
   // row, pixels outside the image) is neutral, so that the masked lanes of
   // windows over them compute on finite values.  Returns the largest `end`.
   int32_t load_tile(const SurfelArrays<float>& s, const TileWindow& win, const int32_t* end_in,
@@ -739,7 +739,7 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void backwar
     bool touched = false;
     for (int j = 0; j < n; j += 2) {
       const Window& wa = windows[j];
-      const Window wb = j + 1 < n ? windows[j + 1] : scratch_window();
+      const Window wb = j + 1 < n ? windows[j + 1] : spare_window();
       const WindowPair w(wa, wb, win);
       intersect(sp, w.x, w.y, s.near, h);
       const VMask go = mask_and(w.lanes, h.contributes);

@@ -99,11 +99,6 @@ inline bool any_lane(VMask a) {
   return (either[0] | either[1] | either[2] | either[3]) != 0;
 #endif
 }
-inline int count_lanes(VMask a) {
-  int n = 0;
-  for (int i = 0; i < kLanes; ++i) n += a.m[i] != 0;
-  return n;
-}
 inline VFloat select(VMask m, VFloat a, VFloat b) {
   // same-size vector casts reinterpret the bits
   const i32x8 r = ((i32x8)a.v & m.m) | ((i32x8)b.v & ~m.m);
@@ -132,12 +127,6 @@ inline VInt load8(const int32_t* p) {
   return r;
 }
 inline void store8(int32_t* p, VInt x) { std::memcpy(p, &x.v, sizeof x.v); }
-inline VMask load_mask(const int32_t* p) {
-  VMask r;
-  std::memcpy(&r.m, p, sizeof r.m);
-  return r;
-}
-inline void store_mask(int32_t* p, VMask x) { std::memcpy(p, &x.m, sizeof x.m); }
 
 // The inverse of lane_bits.
 inline VMask mask_from_bits(uint32_t bits) {
