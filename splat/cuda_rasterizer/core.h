@@ -255,16 +255,24 @@ struct Footprint {
   V q2q2;   // q2^2; the 3D rho is qq / q2q2
 };
 
+// The screen plane of pixel column px (hx, and d[0] of the centre offset)
+// and of pixel row py (hy, d[1]): each depends on one coordinate only, so a
+// sweep over a block of pixels can compute them once per column or row.
 template <typename T, typename V>
-SPLAT_HD MaskOf<V> footprint(const SurfelParams<T>& s, V px, V py, T cut, Hit<V>& h,
-                             Footprint<V>& f) {
-  for (int k = 0; k < 3; ++k) {
-    h.hx[k] = s.Tu[k] - px * s.Tw[k];
-    h.hy[k] = s.Tv[k] - py * s.Tw[k];
-  }
-  cross3(h.hx, h.hy, h.q);
+SPLAT_HD void column_plane(const SurfelParams<T>& s, V px, Hit<V>& h) {
+  for (int k = 0; k < 3; ++k) h.hx[k] = s.Tu[k] - px * s.Tw[k];
   h.d[0] = s.center[0] - px;
+}
+template <typename T, typename V>
+SPLAT_HD void row_plane(const SurfelParams<T>& s, V py, Hit<V>& h) {
+  for (int k = 0; k < 3; ++k) h.hy[k] = s.Tv[k] - py * s.Tw[k];
   h.d[1] = s.center[1] - py;
+}
+
+// footprint() of the planes already in h.
+template <typename T, typename V>
+SPLAT_HD MaskOf<V> plane_footprint(T cut, Hit<V>& h, Footprint<V>& f) {
+  cross3(h.hx, h.hy, h.q);
   f.rho2d = T(kLowpassInvVariance) * (h.d[0] * h.d[0] + h.d[1] * h.d[1]);
   // rho3d < rho2d, written without dividing by q2: an edge-on or zero-area
   // surfel (q2 == 0) falls to the fallback instead of producing inf/NaN.
@@ -272,6 +280,14 @@ SPLAT_HD MaskOf<V> footprint(const SurfelParams<T>& s, V px, V py, T cut, Hit<V>
   f.q2q2 = h.q[2] * h.q[2];
   h.lowpass = mask_not(f.qq < f.rho2d * f.q2q2);
   return select(h.lowpass, MaskOf<V>(f.rho2d < cut), MaskOf<V>(f.qq < cut * f.q2q2));
+}
+
+template <typename T, typename V>
+SPLAT_HD MaskOf<V> footprint(const SurfelParams<T>& s, V px, V py, T cut, Hit<V>& h,
+                             Footprint<V>& f) {
+  column_plane(s, px, h);
+  row_plane(s, py, h);
+  return plane_footprint(cut, h, f);
 }
 
 // Evaluates surfel `s` at pixel centres (px, py) (one per lane).

@@ -571,18 +571,32 @@ constexpr float kTinyQ2Q2 = 1e-36f;
 // surfel contributes to is a candidate, and skipping the others is exact.
 inline void candidate_rows(const PackedSurfel& ps, const PixelRect& r, const TileWindow& win,
                            uint32_t* rows) {
+  // footprint()'s planes, split: the columns' once per half-row position, the
+  // row's once per row (in scalar float, the lanes' very operations)
+  Hit<VFloat> columns[kTileSize / kLanes];
+  VMask in_rect[kTileSize / kLanes];
+  bool used[kTileSize / kLanes];
+  for (int half = 0; half < kTileSize / kLanes; ++half) {
+    const int xs = win.x0 + half * kLanes;
+    used[half] = xs < r.x1 && xs + kLanes > r.x0;
+    if (!used[half]) continue;
+    column_plane(ps.params, to_float(VInt(kLaneIndex.v + xs)) + 0.5f, columns[half]);
+    in_rect[half] = span_lanes(xs, r.x0, r.x1);
+  }
   Hit<VFloat> h;
+  Hit<float> row;
   Footprint<VFloat> f;
   for (int py = r.y0; py < r.y1; ++py) {
-    const VFloat y = VFloat(float(py) + 0.5f);
+    row_plane(ps.params, float(py) + 0.5f, row);
     uint32_t bits = 0;
-    for (int half = 0; half < kTileSize; half += kLanes) {
-      const int xs = win.x0 + half;
-      if (xs >= r.x1 || xs + kLanes <= r.x0) continue;
-      const VFloat x = to_float(VInt(kLaneIndex.v + xs)) + 0.5f;
-      VMask m = footprint(ps.params, x, y, ps.rho_cut, h, f);
+    for (int half = 0; half < kTileSize / kLanes; ++half) {
+      if (!used[half]) continue;
+      for (int k = 0; k < 3; ++k) h.hx[k] = columns[half].hx[k], h.hy[k] = VFloat(row.hy[k]);
+      h.d[0] = columns[half].d[0];
+      h.d[1] = VFloat(row.d[1]);
+      VMask m = plane_footprint(ps.rho_cut, h, f);
       m = mask_or(m, mask_and(mask_not(h.lowpass), f.q2q2 < kTinyQ2Q2));
-      bits |= lane_bits(mask_and(m, span_lanes(xs, r.x0, r.x1))) << half;
+      bits |= lane_bits(mask_and(m, in_rect[half])) << (half * kLanes);
     }
     rows[py - win.y0] = bits;
   }
