@@ -435,12 +435,6 @@ SPLAT_HD void load_pixel_grad(const UpstreamGrads<T>& up, const T* all_totals, i
   g.m_shift = totals[3];
 }
 
-// A pixel's upstream dL/d(final transmittance).
-template <typename T>
-SPLAT_HD T upstream_transmittance_grad(const UpstreamGrads<T>& up, int64_t pix) {
-  return up.v_transmittance[pix * up.pixel_stride[1]];
-}
-
 // State of the back-to-front walk.  `transmittance` is T_{i+1}, the
 // transmittance behind the surfel about to be visited; `last_dL_dT` is
 // dL/dT_{i+1}, the total derivative of the loss w.r.t. that transmittance.
@@ -453,6 +447,14 @@ struct BackwardState {
   V transmittance;
   V last_dL_dT;
 };
+
+// The walk's start at pixel `pix`: the final transmittance and the upstream
+// dL/d(final transmittance).
+template <typename T>
+SPLAT_HD BackwardState<T> initial_backward_state(const T* transmittance, const UpstreamGrads<T>& up,
+                                                 int64_t pix) {
+  return BackwardState<T>{transmittance[pix], up.v_transmittance[pix * up.pixel_stride[1]]};
+}
 
 // Differentiates the samples of the lanes in `active` (list position
 // `list_pos`) and adds their gradients to `grad` (kGradSize accumulators, one

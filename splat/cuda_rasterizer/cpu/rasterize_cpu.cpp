@@ -344,7 +344,7 @@ int32_t load_tile_grads(const SurfelArrays<T>& s, const TileWindow& win, const i
       const int i = win.local(px, py);
       const int64_t pix = int64_t(py) * s.width + px;
       load_pixel_grad(up, totals, pix, grads[i]);
-      states[i] = BackwardState<T>{transmittance[pix], upstream_transmittance_grad(up, pix)};
+      states[i] = initial_backward_state(transmittance, up, pix);
       ends[i] = end[pix];
       medians[i] = median_index[pix];
       max_end = std::max(max_end, ends[i]);
@@ -695,7 +695,7 @@ struct alignas(32) BackwardTileState {
         const int64_t pix = int64_t(py) * s.width + px;
         PixelGrad<float> g;
         load_pixel_grad(up, totals, pix, g);
-        set(i, g, BackwardState<float>{transmittance[pix], upstream_transmittance_grad(up, pix)});
+        set(i, g, initial_backward_state(transmittance, up, pix));
         end[i] = end_in[pix];
         median_index[i] = median_in[pix];
         max_end = std::max(max_end, end[i]);

@@ -112,8 +112,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   if (inside) {
     const int64_t pix = int64_t(py) * s.width + px;
 load_pixel_grad(up, totals, pix, g);
-    st.transmittance = transmittance[pix];
-    st.last_dL_dT = upstream_transmittance_grad(up, pix);
+    st = initial_backward_state(transmittance, up, pix);
     pixel_end = end[pix];
     median_k = median_index[pix];
   }
