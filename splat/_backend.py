@@ -31,8 +31,8 @@ def load_extension():
             name="splat_C_jit",
             sources=sources,
             extra_include_paths=[str(_KERNELS)],
-            # -ffp-contract=off: as setup.py (no FMA contraction, like nvcc --fmad=false).
-            extra_cflags=["-O3", "-std=c++17", "-fopenmp", "-ffp-contract=off"],
+            # As setup.py: no FMA contraction (like nvcc --fmad=false), no errno from sqrt.
+            extra_cflags=["-O3", "-std=c++17", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math"],
             extra_ldflags=["-fopenmp"],
             verbose=False,
         )

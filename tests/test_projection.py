@@ -161,6 +161,45 @@ def test_deterministic_across_threads():
         assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
 
 
+@pytest.mark.parametrize("deg", [None, 3])
+def test_vector_blocks_match_one_surfel_at_a_time(deg):
+    """The C++ projection runs blocks of surfels through loops that the
+    compiler vectorises (8 surfels per AVX2 instruction); a call with a single
+    surfel runs the scalar code.  Both must give the same bits, forward and
+    backward: this catches any contraction into FMA or reassociation in the
+    vector code (GCC 12 fuses some lane pairs into vfmaddsub in its AVX-512
+    clone despite -ffp-contract=off, hence that clone is not built)."""
+    ext = load_extension()
+    s = surface_scene(300, 160, 120, dtype=torch.float32, seed=5)
+    n = s["means"].shape[0]
+    g = torch.Generator().manual_seed(3)
+    s["means"][::37, 2] = -1.0  # some culled (behind the camera)
+    s["scales"][::41] *= 300.0  # some larger than the view
+    coeffs = (0.3 * torch.randn(n, 16, 3, generator=g)) if deg is not None else torch.zeros(0, 0, 3)
+    d = -1 if deg is None else deg
+    cam = (s["viewmat"], s["K"], s["width"], s["height"], 0.2, 100.0)
+    limits = R._magnitude_limits(torch.float32)
+    ups = [torch.randn(n, k, generator=g) for k in (9, 2, 3, 3)]
+
+    def run(i, j):
+        per = [t[i:j] for t in (s["means"], s["quats"], s["scales"], s["opacities"])]
+        c = coeffs[i:j] if deg is not None else coeffs
+        fwd = ext.project_forward_cpu(*per, c, d, *cam, *limits)
+        bwd = ext.project_backward_cpu(*per, c, d, *cam, *(u[i:j] for u in ups))
+        return list(fwd[:7]), list(bwd), int(fwd[7])
+
+    whole_f, whole_b, whole_bad = run(0, n)
+    singles = [run(i, i + 1) for i in range(n)]
+    for k, t in enumerate(whole_f):
+        if t.numel():
+            assert torch.equal(t, torch.cat([one[0][k] for one in singles])), k
+    for k, t in enumerate(whole_b):
+        if t.numel():
+            assert torch.equal(t, torch.cat([one[1][k] for one in singles])), k
+    assert whole_bad == sum(one[2] for one in singles)
+    assert int((whole_f[5][:, 2] > whole_f[5][:, 0]).sum()) > n // 2  # most are drawn
+
+
 def test_rasterize_uses_fused_path_only_without_camera_gradients():
     """viewmat/K with requires_grad take the torch projection (their gradients
     are sums over surfels); both paths render the same image."""

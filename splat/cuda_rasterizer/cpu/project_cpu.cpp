@@ -12,6 +12,15 @@ namespace splat {
 
 namespace {
 
+// The per-surfel helpers are forced inline into the block loops below, which
+// `omp simd` then vectorises across surfels (GCC does not inline them on its
+// own, and a call keeps a loop scalar).
+#define SPLAT_INLINE __attribute__((always_inline)) inline
+
+// Surfels per block: the vector loops run over a block, and the scalar parts
+// (log, SH) keep their per-surfel temporaries in block arrays.
+constexpr int kBlock = 64;
+
 constexpr double kSH_C0 = 0.28209479177387814;
 constexpr double kSH_C1 = 0.4886025119029199;
 constexpr double kSH_C2[5] = {1.0925484305920792, -1.0925484305920792, 0.31539156525252005,
@@ -29,14 +38,15 @@ struct Projected {
   T R[3][3];     // world rotation
   T Rc[3][3];    // camera rotation V R
   T cam[3];      // camera-space centre
-  bool in_range;
+  int32_t in_range;  // near < z < far (flags are 32-bit, not bool: a 1-byte
+                     // type would set the surfel loops' vector width to 32)
   T M[3][3];     // rows Tu, Tv, Tw; zero when culled
   T safe_depth;  // M[2][2], or 1 when culled
   T center[2];
   T sign;        // +1, or -1 when the normal is flipped towards the camera
   T dir[3];      // unit view direction (means - camera centre)
   T dnorm;       // clamp_min(|means - camera centre|, 1e-12)
-  bool dir_clamped;
+  int32_t dir_clamped;
 };
 
 template <typename T>
@@ -48,7 +58,7 @@ void camera_centre(const ProjectInputs<T>& in, T campos[3]) {
 }
 
 template <typename T>
-void project_one(const ProjectInputs<T>& in, const T campos[3], int64_t i, Projected<T>& p) {
+SPLAT_INLINE void project_one(const ProjectInputs<T>& in, const T campos[3], int64_t i, Projected<T>& p) {
   const T* V = in.viewmat;
   const T* K = in.K;
   const T* q = in.quats + 4 * i;
@@ -76,12 +86,15 @@ void project_one(const ProjectInputs<T>& in, const T campos[3], int64_t i, Proje
   for (int r = 0; r < 3; ++r)
     p.cam[r] = (m[0] * V[r * 4 + 0] + m[1] * V[r * 4 + 1] + m[2] * V[r * 4 + 2]) + V[r * 4 + 3];
   const double cz = double(p.cam[2]);
-  p.in_range = cz > in.near && cz < in.far;
+  p.in_range = int32_t(cz > in.near) & int32_t(cz < in.far);  // both read: no branch
   // columns [a b c] = [Rc_0 s0, Rc_1 s1, cam], zero when culled; M = K columns.
   T col[3][3];
   for (int r = 0; r < 3; ++r) {
-    col[r][0] = p.in_range ? p.Rc[r][0] * s[0] : T(0);
-    col[r][1] = p.in_range ? p.Rc[r][1] * s[1] : T(0);
+    // products first, then selects: an operation inside a conditional keeps
+    // GCC from vectorising the surfel loop (it could raise an FP exception)
+    const T a = p.Rc[r][0] * s[0], b = p.Rc[r][1] * s[1];
+    col[r][0] = p.in_range ? a : T(0);
+    col[r][1] = p.in_range ? b : T(0);
     col[r][2] = p.in_range ? p.cam[r] : T(0);
   }
   for (int r = 0; r < 3; ++r)
@@ -156,14 +169,22 @@ void sh_basis_vjp(int degree, const T dir[3], const T gb[16], T v_dir[3]) {
               gb[14] * e5 * (xx - yy);
 }
 
-// _screen_bounds for one surfel, in float64: rect (x0, y0, x1, y1) and radius.
+// rho cutoff of a surfel, 2 ln(255 opacity) (rasterize.py _screen_bounds), in
+// float64: a pixel is drawn only where opacity exp(-rho / 2) >= 1/255.  Apart
+// from screen_bounds because std::log is a library call, which keeps the loop
+// around it scalar.
+inline double cutoff_k2(double opacity) { return 2.0 * std::log(std::max(opacity * 255.0, 1e-30)); }
+
+// _screen_bounds for one surfel, in float64: rect (x0, y0, x1, y1) and radius,
+// given k2 = cutoff_k2(opacity).
 template <typename T>
-void screen_bounds(const ProjectInputs<T>& in, const Projected<T>& p, double opacity,
-                   int32_t rect[4], int32_t& radius) {
+SPLAT_INLINE void screen_bounds(const ProjectInputs<T>& in, const Projected<T>& p, double opacity,
+                                double k2, int32_t rect[4], int32_t& radius) {
+  // Flags are int32_t and every branch is a select, so that the surfel loop
+  // around this vectorises (see Projected).
   const int W = in.width, H = in.height, side = std::max(W, H);
-  double k2 = 2.0 * std::log(std::max(opacity * 255.0, 1e-30));
-  bool visible = p.in_range && opacity >= kAlphaMin && k2 > 1e-12;
-  if (!visible) k2 = 1.0;
+  int32_t visible = p.in_range & int32_t(opacity >= kAlphaMin) & int32_t(k2 > 1e-12);
+  k2 = visible ? k2 : 1.0;
   const double wt[3] = {1.0, 1.0, -1.0 / k2};
   double M[3][3];
   for (int r = 0; r < 3; ++r)
@@ -172,41 +193,41 @@ void screen_bounds(const ProjectInputs<T>& in, const Projected<T>& p, double opa
   for (int r = 0; r < 3; ++r)
     for (int c = 0; c < 3; ++c)
       dual[r][c] = M[r][0] * wt[0] * M[c][0] + M[r][1] * wt[1] * M[c][1] + M[r][2] * wt[2] * M[c][2];
-  const bool bounded = dual[2][2] < 0;
+  const int32_t bounded = int32_t(dual[2][2] < 0);
   const double c22 = bounded ? dual[2][2] : -1.0;
   const double disc = std::sqrt(k2 / kLowpassInvVariance);
   const double centre[2] = {double(p.center[0]), double(p.center[1])};
-  const double screen[2] = {double(W), double(H)};
+  const int32_t screen[2] = {W, H};
   double lo[2], hi[2];
-  int64_t first[2], last[2];
+  int32_t first[2], last[2];
+#pragma GCC unroll 2
   for (int a = 0; a < 2; ++a) {
     const double mid = dual[a][2] / c22;
     const double half = std::sqrt(std::max(mid * mid - dual[a][a] / c22, 0.0));
-    lo[a] = std::min(mid - half, centre[a] - disc);
-    hi[a] = std::max(mid + half, centre[a] + disc);
-    if (!bounded) lo[a] = 0.0, hi[a] = screen[a];
+    const double lo_a = std::min(mid - half, centre[a] - disc);
+    const double hi_a = std::max(mid + half, centre[a] + disc);
+    lo[a] = bounded ? lo_a : 0.0;
+    hi[a] = bounded ? hi_a : double(screen[a]);
+    // clamped to [-1, side + 1] first, so int32_t holds them
     const double f = std::min(std::max(std::ceil(lo[a] - 0.5 - 1.0), -1.0), double(side + 1));
     const double l = std::min(std::max(std::floor(hi[a] - 0.5 + 1.0), -1.0), double(side + 1));
-    first[a] = std::min<int64_t>(std::max<int64_t>(int64_t(f), 0), a == 0 ? W : H);
-    last[a] = std::min<int64_t>(std::max<int64_t>(int64_t(l) + 1, 0), a == 0 ? W : H);
-    visible = visible && last[a] > first[a];
+    first[a] = std::min(std::max(int32_t(f), 0), screen[a]);
+    last[a] = std::min(std::max(int32_t(l) + 1, 0), screen[a]);
+    visible &= int32_t(last[a] > first[a]);
   }
-  if (visible) {
-    rect[0] = int32_t(first[0]), rect[1] = int32_t(first[1]);
-    rect[2] = int32_t(last[0]), rect[3] = int32_t(last[1]);
-  } else {
-    rect[0] = rect[1] = rect[2] = rect[3] = 0;
-  }
+  rect[0] = visible ? first[0] : 0;
+  rect[1] = visible ? first[1] : 0;
+  rect[2] = visible ? last[0] : 0;
+  rect[3] = visible ? last[1] : 0;
   const double extent = std::max(std::max(hi[0] - centre[0], centre[0] - lo[0]),
                                  std::max(hi[1] - centre[1], centre[1] - lo[1]));
-  double r = visible ? std::ceil(std::max(extent, 0.0)) : 0.0;
-  if (!(bounded || !visible)) r = double(side);
-  radius = int32_t(r);
+  const double r = visible ? std::ceil(std::max(extent, 0.0)) : 0.0;
+  radius = int32_t((bounded | !visible) ? r : double(side));
 }
 
 // h = max(|Tu|, |Tv|) + max(W, H) |Tw| (rasterize.py _check_magnitude), in float64.
 template <typename T>
-double magnitude(const Projected<T>& p, int side) {
+SPLAT_INLINE double magnitude(const Projected<T>& p, int side) {
   double a = 0.0, b = 0.0;
   for (int c = 0; c < 3; ++c) {
     a = std::max(a, std::max(std::abs(double(p.M[0][c])), std::abs(double(p.M[1][c]))));
@@ -215,16 +236,26 @@ double magnitude(const Projected<T>& p, int side) {
   return a + double(side) * b;
 }
 
-}  // namespace
-
+// One block of surfels [b0, b0 + len): the geometry and bounds vectorised
+// across surfels, then the SH colours (a loop over a degree-dependent number
+// of coefficients) surfel by surfel.  Returns the number of surfels over the
+// magnitude limits.
 template <typename T>
-int64_t project_forward_cpu(const ProjectInputs<T>& in, const ProjectOutputs<T>& out) {
-  T campos[3];
-  camera_centre(in, campos);
+SPLAT_INLINE int64_t project_forward_block(const ProjectInputs<T>& in_ref, const ProjectOutputs<T>& out_ref,
+                                           const T campos_ref[3], int64_t b0, int len) {
+  // Local copies: the output stores cannot alias them, so their fields load
+  // once rather than in every iteration (which would keep the loop scalar).
+  const ProjectInputs<T> in = in_ref;
+  const ProjectOutputs<T> out = out_ref;
+  const T campos[3] = {campos_ref[0], campos_ref[1], campos_ref[2]};
   const int side = std::max(in.width, in.height);
-  int64_t bad = 0;
-#pragma omp parallel for schedule(static) reduction(+ : bad)
-  for (int64_t i = 0; i < in.n; ++i) {
+  double k2[kBlock];
+  for (int l = 0; l < len; ++l) k2[l] = cutoff_k2(double(in.opacities[b0 + l]));
+  T dir[3][kBlock];
+  int32_t over_limit[kBlock];  // per surfel, summed after the loop (no simd reduction)
+#pragma omp simd
+  for (int l = 0; l < len; ++l) {
+    const int64_t i = b0 + l;
     Projected<T> p;
     project_one(in, campos, i, p);
     for (int r = 0; r < 3; ++r)
@@ -233,9 +264,21 @@ int64_t project_forward_cpu(const ProjectInputs<T>& in, const ProjectOutputs<T>&
     out.center[2 * i + 1] = p.center[1];
     for (int k = 0; k < 3; ++k) out.normal[3 * i + k] = p.sign * p.R[k][2];
     out.depth[i] = p.cam[2];
-    if (in.coeffs) {
+    for (int k = 0; k < 3; ++k) dir[k][l] = p.dir[k];
+    int32_t* rect = out.pixel_rect + 4 * i;
+    screen_bounds(in, p, double(in.opacities[i]), k2[l], rect, out.radii[i]);
+    const int32_t drawn = int32_t(rect[2] > rect[0]) & int32_t(rect[3] > rect[1]);
+    const double h = magnitude(p, side);
+    over_limit[l] = (p.in_range & int32_t(!(h <= in.limit_finite))) | (drawn & int32_t(!(h <= in.limit_drawn)));
+  }
+  int64_t bad = 0;
+  for (int l = 0; l < len; ++l) bad += over_limit[l];
+  if (in.coeffs) {
+    for (int l = 0; l < len; ++l) {
+      const int64_t i = b0 + l;
       T b[16];
-      const int nb = sh_basis(in.sh_degree, p.dir, b);
+      const T d[3] = {dir[0][l], dir[1][l], dir[2][l]};
+      const int nb = sh_basis(in.sh_degree, d, b);
       const T* co = in.coeffs + in.num_coeffs * 3 * i;
       for (int c = 0; c < 3; ++c) {
         T v = b[0] * co[c];
@@ -243,25 +286,32 @@ int64_t project_forward_cpu(const ProjectInputs<T>& in, const ProjectOutputs<T>&
         out.color[3 * i + c] = std::max(v + T(0.5), T(0));
       }
     }
-    screen_bounds(in, p, double(in.opacities[i]), out.pixel_rect + 4 * i, out.radii[i]);
-    const int32_t* rc = out.pixel_rect + 4 * i;
-    const bool drawn = rc[2] > rc[0] && rc[3] > rc[1];
-    const double h = magnitude(p, side);
-    if ((p.in_range && !(h <= in.limit_finite)) || (drawn && !(h <= in.limit_drawn))) ++bad;
   }
   return bad;
 }
 
+// The geometry's gradients for one block, vectorised across surfels; the SH
+// part (colour coefficients, and its share of dL/dmeans) follows surfel by
+// surfel, adding to the means gradient in the order of the scalar expression.
 template <typename T>
-void project_backward_cpu(const ProjectInputs<T>& in, const ProjectGrads<T>& g) {
-  T campos[3];
-  camera_centre(in, campos);
+SPLAT_INLINE void project_backward_block(const ProjectInputs<T>& in_ref, const ProjectGrads<T>& g_ref,
+                                         const T campos_ref[3], int64_t b0, int len) {
+  // Local copies, as in project_forward_block.
+  const ProjectInputs<T> in = in_ref;
+  const ProjectGrads<T> g = g_ref;
+  const T campos[3] = {campos_ref[0], campos_ref[1], campos_ref[2]};
   const T* V = in.viewmat;
   const T* K = in.K;
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < in.n; ++i) {
+  T dir[3][kBlock], dnorm[kBlock];
+  int32_t dir_clamped[kBlock];
+#pragma omp simd
+  for (int l = 0; l < len; ++l) {
+    const int64_t i = b0 + l;
     Projected<T> p;
     project_one(in, campos, i, p);
+    for (int k = 0; k < 3; ++k) dir[k][l] = p.dir[k];
+    dnorm[l] = p.dnorm;
+    dir_clamped[l] = p.dir_clamped;
     const T* s = in.scales + 2 * i;
     // dL/dM: the Tuvw rows, plus the centre M[0:2, 2] / M[2, 2].
     T vM[3][3];
@@ -272,33 +322,39 @@ void project_backward_cpu(const ProjectInputs<T>& in, const ProjectGrads<T>& g) 
     g.v_means2d[2 * i] = (vM[0][0] * p.M[2][0] + vM[0][1] * p.M[2][1] + vM[0][2] * p.M[2][2]) + vcx;
     g.v_means2d[2 * i + 1] =
         (vM[1][0] * p.M[2][0] + vM[1][1] * p.M[2][1] + vM[1][2] * p.M[2][2]) + vcy;
-    T v_R[3][3] = {};
-    T v_m[3] = {0, 0, 0};
-    T v_s[2] = {0, 0};
-    if (p.in_range) {
-      vM[0][2] += vcx / p.safe_depth;
-      vM[1][2] += vcy / p.safe_depth;
-      vM[2][2] -= (vcx * p.center[0] + vcy * p.center[1]) / p.safe_depth;
-      // columns = K^T vM
-      T vcol[3][3];
-      for (int r = 0; r < 3; ++r)
-        for (int c = 0; c < 3; ++c)
-          vcol[r][c] = K[0 * 3 + r] * vM[0][c] + K[1 * 3 + r] * vM[1][c] + K[2 * 3 + r] * vM[2][c];
-      // c = V m + t
-      for (int k = 0; k < 3; ++k)
-        v_m[k] = V[0 * 4 + k] * vcol[0][2] + V[1 * 4 + k] * vcol[1][2] + V[2 * 4 + k] * vcol[2][2];
-      // a = Rc_0 s0, b = Rc_1 s1
-      v_s[0] = vcol[0][0] * p.Rc[0][0] + vcol[1][0] * p.Rc[1][0] + vcol[2][0] * p.Rc[2][0];
-      v_s[1] = vcol[0][1] * p.Rc[0][1] + vcol[1][1] * p.Rc[1][1] + vcol[2][1] * p.Rc[2][1];
-      // Rc = V R: v_R = V^T v_Rc (columns 0 and 1)
-      for (int c = 0; c < 2; ++c) {
-        T v_Rc[3];
-        for (int r = 0; r < 3; ++r) v_Rc[r] = vcol[r][c] * s[c];
-        for (int k = 0; k < 3; ++k)
-          v_R[k][c] = V[0 * 4 + k] * v_Rc[0] + V[1 * 4 + k] * v_Rc[1] + V[2 * 4 + k] * v_Rc[2];
+    // Culled surfels (not in range) get zero geometry gradients: selects
+    // below rather than a branch, so that the loop stays one vector path
+    // (their safe_depth is 1, so the discarded values are finite).
+    vM[0][2] += vcx / p.safe_depth;
+    vM[1][2] += vcy / p.safe_depth;
+    vM[2][2] -= (vcx * p.center[0] + vcy * p.center[1]) / p.safe_depth;
+    // columns = K^T vM
+    T vcol[3][3];
+    for (int r = 0; r < 3; ++r)
+      for (int c = 0; c < 3; ++c)
+        vcol[r][c] = K[0 * 3 + r] * vM[0][c] + K[1 * 3 + r] * vM[1][c] + K[2 * 3 + r] * vM[2][c];
+    T v_m[3], v_s[2], v_R[3][3];
+    // c = V m + t
+    for (int k = 0; k < 3; ++k) {
+      const T v = V[0 * 4 + k] * vcol[0][2] + V[1 * 4 + k] * vcol[1][2] + V[2 * 4 + k] * vcol[2][2];
+      v_m[k] = p.in_range ? v : T(0);
+    }
+    // a = Rc_0 s0, b = Rc_1 s1
+    for (int c = 0; c < 2; ++c) {
+      const T v = vcol[0][c] * p.Rc[0][c] + vcol[1][c] * p.Rc[1][c] + vcol[2][c] * p.Rc[2][c];
+      v_s[c] = p.in_range ? v : T(0);
+    }
+    // Rc = V R: v_R = V^T v_Rc (columns 0 and 1)
+    for (int c = 0; c < 2; ++c) {
+      T v_Rc[3];
+      for (int r = 0; r < 3; ++r) v_Rc[r] = vcol[r][c] * s[c];
+      for (int k = 0; k < 3; ++k) {
+        const T v = V[0 * 4 + k] * v_Rc[0] + V[1 * 4 + k] * v_Rc[1] + V[2 * 4 + k] * v_Rc[2];
+        v_R[k][c] = p.in_range ? v : T(0);
       }
     }
-    for (int k = 0; k < 3; ++k) v_R[k][2] += p.sign * g.v_normal[g.v_normal_row_stride * i + k];
+    // the normal's column, as the scalar 0 + sign n (so -0 becomes +0 alike)
+    for (int k = 0; k < 3; ++k) v_R[k][2] = T(0) + p.sign * g.v_normal[g.v_normal_row_stride * i + k];
     // rotation matrix -> unit quaternion
     const T w = p.qn[0], x = p.qn[1], y = p.qn[2], z = p.qn[3];
     const T(&G)[3][3] = v_R;
@@ -314,34 +370,98 @@ void project_backward_cpu(const ProjectInputs<T>& in, const ProjectGrads<T>& g) 
     const T dot = vq[0] * w + vq[1] * x + vq[2] * y + vq[3] * z;
     for (int k = 0; k < 4; ++k)
       g.v_quats[4 * i + k] = (vq[k] - p.qn[k] * dot) / p.qnorm / p.qmax;
-    if (in.coeffs) {
-      T b[16], gb[16];
-      const int nb = sh_basis(in.sh_degree, p.dir, b);
-      const T* co = in.coeffs + in.num_coeffs * 3 * i;
-      T* vco = g.v_coeffs + in.num_coeffs * 3 * i;
-      // colour = max(sum_j b_j co_j + 0.5, 0): gradient passes where the argument >= 0.
-      T vc[3];
-      for (int c = 0; c < 3; ++c) {
-        T v = b[0] * co[c];
-        for (int j = 1; j < nb; ++j) v = v + b[j] * co[3 * j + c];
-        vc[c] = v + T(0.5) >= T(0) ? g.v_color[g.v_color_row_stride * i + c] : T(0);
-      }
-      for (int j = 0; j < in.num_coeffs; ++j)
-        for (int c = 0; c < 3; ++c) vco[3 * j + c] = j < nb ? b[j] * vc[c] : T(0);
-      for (int j = 0; j < nb; ++j) gb[j] = co[3 * j] * vc[0] + co[3 * j + 1] * vc[1] + co[3 * j + 2] * vc[2];
-      T v_dir[3] = {0, 0, 0};
-      sh_basis_vjp(in.sh_degree, p.dir, gb, v_dir);
-      if (p.dir_clamped) {
-        for (int k = 0; k < 3; ++k) v_m[k] += v_dir[k] / p.dnorm;
-      } else {
-        const T dd = v_dir[0] * p.dir[0] + v_dir[1] * p.dir[1] + v_dir[2] * p.dir[2];
-        for (int k = 0; k < 3; ++k) v_m[k] += (v_dir[k] - p.dir[k] * dd) / p.dnorm;
-      }
-    }
     for (int k = 0; k < 3; ++k) g.v_means[3 * i + k] = v_m[k];
     g.v_scales[2 * i] = v_s[0];
     g.v_scales[2 * i + 1] = v_s[1];
   }
+  if (!in.coeffs) return;
+  for (int l = 0; l < len; ++l) {
+    const int64_t i = b0 + l;
+    const T d[3] = {dir[0][l], dir[1][l], dir[2][l]};
+    T b[16], gb[16];
+    const int nb = sh_basis(in.sh_degree, d, b);
+    const T* co = in.coeffs + in.num_coeffs * 3 * i;
+    T* vco = g.v_coeffs + in.num_coeffs * 3 * i;
+    // colour = max(sum_j b_j co_j + 0.5, 0): gradient passes where the argument >= 0.
+    T vc[3];
+    for (int c = 0; c < 3; ++c) {
+      T v = b[0] * co[c];
+      for (int j = 1; j < nb; ++j) v = v + b[j] * co[3 * j + c];
+      vc[c] = v + T(0.5) >= T(0) ? g.v_color[g.v_color_row_stride * i + c] : T(0);
+    }
+    for (int j = 0; j < in.num_coeffs; ++j)
+      for (int c = 0; c < 3; ++c) vco[3 * j + c] = j < nb ? b[j] * vc[c] : T(0);
+    for (int j = 0; j < nb; ++j) gb[j] = co[3 * j] * vc[0] + co[3 * j + 1] * vc[1] + co[3 * j + 2] * vc[2];
+    T v_dir[3] = {0, 0, 0};
+    sh_basis_vjp(in.sh_degree, d, gb, v_dir);
+    T* v_m = g.v_means + 3 * i;
+    if (dir_clamped[l]) {
+      for (int k = 0; k < 3; ++k) v_m[k] += v_dir[k] / dnorm[l];
+    } else {
+      const T dd = v_dir[0] * d[0] + v_dir[1] * d[1] + v_dir[2] * d[2];
+      for (int k = 0; k < 3; ++k) v_m[k] += (v_dir[k] - d[k] * dd) / dnorm[l];
+    }
+  }
+}
+
+}  // namespace
+
+// Vector-ISA clones of the float32 blocks, chosen at load time like the
+// raster tile loops (rasterize_cpu.cpp); float64 runs the baseline build.
+// No AVX-512 clone: there GCC 12's vectoriser fuses a*b+c / a*b-c lane pairs
+// into vfmaddsub despite -ffp-contract=off, which changes the rounding
+// (test_projection.py's vector-against-scalar test catches it).
+// Not in the anonymous namespace: target_clones needs external linkage.
+__attribute__((target_clones("avx2", "default"))) int64_t project_forward_block_f32(
+    const ProjectInputs<float>& in, const ProjectOutputs<float>& out, const float campos[3], int64_t b0,
+    int len) {
+  return project_forward_block(in, out, campos, b0, len);
+}
+__attribute__((target_clones("avx2", "default"))) void project_backward_block_f32(
+    const ProjectInputs<float>& in, const ProjectGrads<float>& g, const float campos[3], int64_t b0,
+    int len) {
+  project_backward_block(in, g, campos, b0, len);
+}
+
+namespace {
+
+int64_t run_forward_block(const ProjectInputs<float>& in, const ProjectOutputs<float>& out,
+                          const float campos[3], int64_t b0, int len) {
+  return project_forward_block_f32(in, out, campos, b0, len);
+}
+int64_t run_forward_block(const ProjectInputs<double>& in, const ProjectOutputs<double>& out,
+                          const double campos[3], int64_t b0, int len) {
+  return project_forward_block(in, out, campos, b0, len);
+}
+void run_backward_block(const ProjectInputs<float>& in, const ProjectGrads<float>& g, const float campos[3],
+                        int64_t b0, int len) {
+  project_backward_block_f32(in, g, campos, b0, len);
+}
+void run_backward_block(const ProjectInputs<double>& in, const ProjectGrads<double>& g,
+                        const double campos[3], int64_t b0, int len) {
+  project_backward_block(in, g, campos, b0, len);
+}
+
+}  // namespace
+
+template <typename T>
+int64_t project_forward_cpu(const ProjectInputs<T>& in, const ProjectOutputs<T>& out) {
+  T campos[3];
+  camera_centre(in, campos);
+  int64_t bad = 0;
+#pragma omp parallel for schedule(static) reduction(+ : bad)
+  for (int64_t b0 = 0; b0 < in.n; b0 += kBlock)
+    bad += run_forward_block(in, out, campos, b0, int(std::min<int64_t>(kBlock, in.n - b0)));
+  return bad;
+}
+
+template <typename T>
+void project_backward_cpu(const ProjectInputs<T>& in, const ProjectGrads<T>& g) {
+  T campos[3];
+  camera_centre(in, campos);
+#pragma omp parallel for schedule(static)
+  for (int64_t b0 = 0; b0 < in.n; b0 += kBlock)
+    run_backward_block(in, g, campos, b0, int(std::min<int64_t>(kBlock, in.n - b0)));
 }
 
 template int64_t project_forward_cpu<float>(const ProjectInputs<float>&, const ProjectOutputs<float>&);
