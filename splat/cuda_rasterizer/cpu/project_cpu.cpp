@@ -115,58 +115,59 @@ SPLAT_INLINE void project_one(const ProjectInputs<T>& in, const T campos[3], int
   for (int k = 0; k < 3; ++k) p.dir[k] = d[k] / p.dnorm;
 }
 
-template <typename T>
-int sh_basis(int degree, const T dir[3], T b[16]) {
-  const T x = dir[0], y = dir[1], z = dir[2];
-  b[0] = T(kSH_C0);
-  if (degree < 1) return 1;
-  b[1] = T(-kSH_C1) * y;
-  b[2] = T(kSH_C1) * z;
-  b[3] = T(-kSH_C1) * x;
-  if (degree < 2) return 4;
+// The degree is a template argument, so that the SH loops below are
+// straight-line code that vectorises across surfels; b[j] is written to
+// b[j * stride] (a column of a block's [16][kBlock] array).
+template <int degree, typename T>
+SPLAT_INLINE int sh_basis(T x, T y, T z, T* b, int stride) {
+  b[0 * stride] = T(kSH_C0);
+  if constexpr (degree < 1) return 1;
+  b[1 * stride] = T(-kSH_C1) * y;
+  b[2 * stride] = T(kSH_C1) * z;
+  b[3 * stride] = T(-kSH_C1) * x;
+  if constexpr (degree < 2) return 4;
   const T xx = x * x, yy = y * y, zz = z * z, xy = x * y, yz = y * z, xz = x * z;
-  b[4] = T(kSH_C2[0]) * xy;
-  b[5] = T(kSH_C2[1]) * yz;
-  b[6] = T(kSH_C2[2]) * (2 * zz - xx - yy);
-  b[7] = T(kSH_C2[3]) * xz;
-  b[8] = T(kSH_C2[4]) * (xx - yy);
-  if (degree < 3) return 9;
-  b[9] = T(kSH_C3[0]) * y * (3 * xx - yy);
-  b[10] = T(kSH_C3[1]) * xy * z;
-  b[11] = T(kSH_C3[2]) * y * (4 * zz - xx - yy);
-  b[12] = T(kSH_C3[3]) * z * (2 * zz - 3 * xx - 3 * yy);
-  b[13] = T(kSH_C3[4]) * x * (4 * zz - xx - yy);
-  b[14] = T(kSH_C3[5]) * z * (xx - yy);
-  b[15] = T(kSH_C3[6]) * x * (xx - 3 * yy);
+  b[4 * stride] = T(kSH_C2[0]) * xy;
+  b[5 * stride] = T(kSH_C2[1]) * yz;
+  b[6 * stride] = T(kSH_C2[2]) * (2 * zz - xx - yy);
+  b[7 * stride] = T(kSH_C2[3]) * xz;
+  b[8 * stride] = T(kSH_C2[4]) * (xx - yy);
+  if constexpr (degree < 3) return 9;
+  b[9 * stride] = T(kSH_C3[0]) * y * (3 * xx - yy);
+  b[10 * stride] = T(kSH_C3[1]) * xy * z;
+  b[11 * stride] = T(kSH_C3[2]) * y * (4 * zz - xx - yy);
+  b[12 * stride] = T(kSH_C3[3]) * z * (2 * zz - 3 * xx - 3 * yy);
+  b[13 * stride] = T(kSH_C3[4]) * x * (4 * zz - xx - yy);
+  b[14 * stride] = T(kSH_C3[5]) * z * (xx - yy);
+  b[15 * stride] = T(kSH_C3[6]) * x * (xx - 3 * yy);
   return 16;
 }
 
-// d(basis)/d(dir) contracted with gb (dL/d basis): adds to v_dir.
-template <typename T>
-void sh_basis_vjp(int degree, const T dir[3], const T gb[16], T v_dir[3]) {
-  const T x = dir[0], y = dir[1], z = dir[2];
-  if (degree < 1) return;
-  v_dir[1] += T(-kSH_C1) * gb[1];
-  v_dir[2] += T(kSH_C1) * gb[2];
-  v_dir[0] += T(-kSH_C1) * gb[3];
-  if (degree < 2) return;
+// d(basis)/d(dir) contracted with gb (dL/d basis, gb[j * stride]): adds to (vx, vy, vz).
+template <int degree, typename T>
+SPLAT_INLINE void sh_basis_vjp(T x, T y, T z, const T* gb, int stride, T& vx, T& vy, T& vz) {
+  if constexpr (degree < 1) return;
+  vy += T(-kSH_C1) * gb[1 * stride];
+  vz += T(kSH_C1) * gb[2 * stride];
+  vx += T(-kSH_C1) * gb[3 * stride];
+  if constexpr (degree < 2) return;
   const T xx = x * x, yy = y * y, zz = z * z;
   const T c0 = T(kSH_C2[0]), c1 = T(kSH_C2[1]), c2 = T(kSH_C2[2]), c3 = T(kSH_C2[3]), c4 = T(kSH_C2[4]);
-  v_dir[0] += gb[4] * c0 * y + gb[6] * c2 * (-2 * x) + gb[7] * c3 * z + gb[8] * c4 * (2 * x);
-  v_dir[1] += gb[4] * c0 * x + gb[5] * c1 * z + gb[6] * c2 * (-2 * y) + gb[8] * c4 * (-2 * y);
-  v_dir[2] += gb[5] * c1 * y + gb[6] * c2 * (4 * z) + gb[7] * c3 * x;
-  if (degree < 3) return;
+  vx += gb[4 * stride] * c0 * y + gb[6 * stride] * c2 * (-2 * x) + gb[7 * stride] * c3 * z + gb[8 * stride] * c4 * (2 * x);
+  vy += gb[4 * stride] * c0 * x + gb[5 * stride] * c1 * z + gb[6 * stride] * c2 * (-2 * y) + gb[8 * stride] * c4 * (-2 * y);
+  vz += gb[5 * stride] * c1 * y + gb[6 * stride] * c2 * (4 * z) + gb[7 * stride] * c3 * x;
+  if constexpr (degree < 3) return;
   const T e0 = T(kSH_C3[0]), e1 = T(kSH_C3[1]), e2 = T(kSH_C3[2]), e3 = T(kSH_C3[3]),
           e4 = T(kSH_C3[4]), e5 = T(kSH_C3[5]), e6 = T(kSH_C3[6]);
-  v_dir[0] += gb[9] * e0 * (6 * x * y) + gb[10] * e1 * (y * z) + gb[11] * e2 * (-2 * x * y) +
-              gb[12] * e3 * (-6 * x * z) + gb[13] * e4 * (4 * zz - 3 * xx - yy) +
-              gb[14] * e5 * (2 * x * z) + gb[15] * e6 * (3 * xx - 3 * yy);
-  v_dir[1] += gb[9] * e0 * (3 * xx - 3 * yy) + gb[10] * e1 * (x * z) +
-              gb[11] * e2 * (4 * zz - xx - 3 * yy) + gb[12] * e3 * (-6 * y * z) +
-              gb[13] * e4 * (-2 * x * y) + gb[14] * e5 * (-2 * y * z) + gb[15] * e6 * (-6 * x * y);
-  v_dir[2] += gb[10] * e1 * (x * y) + gb[11] * e2 * (8 * y * z) +
-              gb[12] * e3 * (6 * zz - 3 * xx - 3 * yy) + gb[13] * e4 * (8 * x * z) +
-              gb[14] * e5 * (xx - yy);
+  vx += gb[9 * stride] * e0 * (6 * x * y) + gb[10 * stride] * e1 * (y * z) + gb[11 * stride] * e2 * (-2 * x * y) +
+              gb[12 * stride] * e3 * (-6 * x * z) + gb[13 * stride] * e4 * (4 * zz - 3 * xx - yy) +
+              gb[14 * stride] * e5 * (2 * x * z) + gb[15 * stride] * e6 * (3 * xx - 3 * yy);
+  vy += gb[9 * stride] * e0 * (3 * xx - 3 * yy) + gb[10 * stride] * e1 * (x * z) +
+              gb[11 * stride] * e2 * (4 * zz - xx - 3 * yy) + gb[12 * stride] * e3 * (-6 * y * z) +
+              gb[13 * stride] * e4 * (-2 * x * y) + gb[14 * stride] * e5 * (-2 * y * z) + gb[15 * stride] * e6 * (-6 * x * y);
+  vz += gb[10 * stride] * e1 * (x * y) + gb[11 * stride] * e2 * (8 * y * z) +
+              gb[12 * stride] * e3 * (6 * zz - 3 * xx - 3 * yy) + gb[13 * stride] * e4 * (8 * x * z) +
+              gb[14 * stride] * e5 * (xx - yy);
 }
 
 // rho cutoff of a surfel, 2 ln(255 opacity) (rasterize.py _screen_bounds), in
@@ -236,6 +237,94 @@ SPLAT_INLINE double magnitude(const Projected<T>& p, int side) {
   return a + double(side) * b;
 }
 
+// The SH basis of one block's view directions, and per channel the sum
+// sum_j b_j(dir) co_j that the colour max(sum + 0.5, 0) clamps.
+template <int degree, typename T>
+SPLAT_INLINE void sh_sums_block(const ProjectInputs<T>& in, const T (&dir)[3][kBlock], int64_t b0, int len,
+                                T (&basis)[(degree + 1) * (degree + 1)][kBlock], T (&sums)[3][kBlock]) {
+  const T* coeffs = in.coeffs;
+  const int64_t stride = in.num_coeffs * 3;
+  constexpr int nb = (degree + 1) * (degree + 1);
+  // basis is a structure of arrays: every access below is a unit-stride column
+#pragma omp simd
+  for (int l = 0; l < len; ++l) sh_basis<degree>(dir[0][l], dir[1][l], dir[2][l], &basis[0][l], kBlock);
+  for (int c = 0; c < 3; ++c) {
+#pragma omp simd
+    for (int l = 0; l < len; ++l) {
+      const T* co = coeffs + stride * (b0 + l);
+      T v = basis[0][l] * co[c];
+#pragma GCC unroll 16  // straight-line code, or the surfel loop stays scalar
+      for (int j = 1; j < nb; ++j) v = v + basis[j][l] * co[3 * j + c];
+      sums[c][l] = v;
+    }
+  }
+}
+
+// Colours of one block: max(sum_j b_j(dir) co_j + 0.5, 0).
+template <int degree, typename T>
+SPLAT_INLINE void sh_colors_block(const ProjectInputs<T>& in, T* color, const T (&dir)[3][kBlock], int64_t b0,
+                                  int len) {
+  T basis[(degree + 1) * (degree + 1)][kBlock], sums[3][kBlock];
+  sh_sums_block<degree>(in, dir, b0, len, basis, sums);
+  for (int c = 0; c < 3; ++c) {
+#pragma omp simd
+    for (int l = 0; l < len; ++l) color[3 * (b0 + l) + c] = std::max(sums[c][l] + T(0.5), T(0));
+  }
+}
+
+// The SH part of the backward for one block: dL/dcoeffs, and the view
+// direction's share of dL/dmeans, added to g.v_means (which holds the
+// geometry's share) in the order of the scalar expression m + d.
+template <int degree, typename T>
+SPLAT_INLINE void sh_backward_block(const ProjectInputs<T>& in, const ProjectGrads<T>& g,
+                                    const T (&dir)[3][kBlock], const T (&dnorm)[kBlock],
+                                    const int32_t (&dir_clamped)[kBlock], int64_t b0, int len) {
+  const T* coeffs = in.coeffs;
+  const int64_t num_coeffs = in.num_coeffs, stride = in.num_coeffs * 3;
+  const T* v_color = g.v_color;
+  const int64_t v_color_row_stride = g.v_color_row_stride;
+  T* v_coeffs = g.v_coeffs;
+  T* v_means = g.v_means;
+  constexpr int nb = (degree + 1) * (degree + 1);
+  T basis[nb][kBlock], gb[nb][kBlock], vc[3][kBlock];
+  sh_sums_block<degree>(in, dir, b0, len, basis, vc);
+  // colour = max(sum + 0.5, 0): gradient passes where the argument >= 0.
+  for (int c = 0; c < 3; ++c) {
+#pragma omp simd
+    for (int l = 0; l < len; ++l) {
+      const T up = v_color[v_color_row_stride * (b0 + l) + c];
+      vc[c][l] = vc[c][l] + T(0.5) >= T(0) ? up : T(0);
+    }
+  }
+#pragma omp simd
+  for (int l = 0; l < len; ++l) {
+    const T* co = coeffs + stride * (b0 + l);
+    T* vco = v_coeffs + stride * (b0 + l);
+#pragma GCC unroll 16
+    for (int j = 0; j < nb; ++j) {
+      for (int c = 0; c < 3; ++c) vco[3 * j + c] = basis[j][l] * vc[c][l];
+      gb[j][l] = co[3 * j] * vc[0][l] + co[3 * j + 1] * vc[1][l] + co[3 * j + 2] * vc[2][l];
+    }
+  }
+#pragma omp simd
+  for (int l = 0; l < len; ++l) {
+    const T x = dir[0][l], y = dir[1][l], z = dir[2][l];
+    T vx = 0, vy = 0, vz = 0;  // dL/d(dir); scalars, not an array, so the loop vectorises
+    sh_basis_vjp<degree>(x, y, z, &gb[0][l], kBlock, vx, vy, vz);
+    const T dd = vx * x + vy * y + vz * z;
+    // clamped (|means - camera| < 1e-12): no projection onto the tangent plane
+    const bool clamped = dir_clamped[l];
+    T* vm = v_means + 3 * (b0 + l);
+    vm[0] += clamped ? vx / dnorm[l] : (vx - x * dd) / dnorm[l];
+    vm[1] += clamped ? vy / dnorm[l] : (vy - y * dd) / dnorm[l];
+    vm[2] += clamped ? vz / dnorm[l] : (vz - z * dd) / dnorm[l];
+  }
+  // coefficients beyond the degree get no gradient
+  for (int l = 0; l < len; ++l)
+    for (int64_t j = nb; j < num_coeffs; ++j)
+      for (int c = 0; c < 3; ++c) v_coeffs[stride * (b0 + l) + 3 * j + c] = T(0);
+}
+
 // One block of surfels [b0, b0 + len): the geometry and bounds vectorised
 // across surfels, then the SH colours (a loop over a degree-dependent number
 // of coefficients) surfel by surfel.  Returns the number of surfels over the
@@ -274,17 +363,11 @@ SPLAT_INLINE int64_t project_forward_block(const ProjectInputs<T>& in_ref, const
   int64_t bad = 0;
   for (int l = 0; l < len; ++l) bad += over_limit[l];
   if (in.coeffs) {
-    for (int l = 0; l < len; ++l) {
-      const int64_t i = b0 + l;
-      T b[16];
-      const T d[3] = {dir[0][l], dir[1][l], dir[2][l]};
-      const int nb = sh_basis(in.sh_degree, d, b);
-      const T* co = in.coeffs + in.num_coeffs * 3 * i;
-      for (int c = 0; c < 3; ++c) {
-        T v = b[0] * co[c];
-        for (int j = 1; j < nb; ++j) v = v + b[j] * co[3 * j + c];
-        out.color[3 * i + c] = std::max(v + T(0.5), T(0));
-      }
+    switch (in.sh_degree) {
+      case 0: sh_colors_block<0>(in, out.color, dir, b0, len); break;
+      case 1: sh_colors_block<1>(in, out.color, dir, b0, len); break;
+      case 2: sh_colors_block<2>(in, out.color, dir, b0, len); break;
+      default: sh_colors_block<3>(in, out.color, dir, b0, len); break;
     }
   }
   return bad;
@@ -375,32 +458,11 @@ SPLAT_INLINE void project_backward_block(const ProjectInputs<T>& in_ref, const P
     g.v_scales[2 * i + 1] = v_s[1];
   }
   if (!in.coeffs) return;
-  for (int l = 0; l < len; ++l) {
-    const int64_t i = b0 + l;
-    const T d[3] = {dir[0][l], dir[1][l], dir[2][l]};
-    T b[16], gb[16];
-    const int nb = sh_basis(in.sh_degree, d, b);
-    const T* co = in.coeffs + in.num_coeffs * 3 * i;
-    T* vco = g.v_coeffs + in.num_coeffs * 3 * i;
-    // colour = max(sum_j b_j co_j + 0.5, 0): gradient passes where the argument >= 0.
-    T vc[3];
-    for (int c = 0; c < 3; ++c) {
-      T v = b[0] * co[c];
-      for (int j = 1; j < nb; ++j) v = v + b[j] * co[3 * j + c];
-      vc[c] = v + T(0.5) >= T(0) ? g.v_color[g.v_color_row_stride * i + c] : T(0);
-    }
-    for (int j = 0; j < in.num_coeffs; ++j)
-      for (int c = 0; c < 3; ++c) vco[3 * j + c] = j < nb ? b[j] * vc[c] : T(0);
-    for (int j = 0; j < nb; ++j) gb[j] = co[3 * j] * vc[0] + co[3 * j + 1] * vc[1] + co[3 * j + 2] * vc[2];
-    T v_dir[3] = {0, 0, 0};
-    sh_basis_vjp(in.sh_degree, d, gb, v_dir);
-    T* v_m = g.v_means + 3 * i;
-    if (dir_clamped[l]) {
-      for (int k = 0; k < 3; ++k) v_m[k] += v_dir[k] / dnorm[l];
-    } else {
-      const T dd = v_dir[0] * d[0] + v_dir[1] * d[1] + v_dir[2] * d[2];
-      for (int k = 0; k < 3; ++k) v_m[k] += (v_dir[k] - d[k] * dd) / dnorm[l];
-    }
+  switch (in.sh_degree) {
+    case 0: sh_backward_block<0>(in, g, dir, dnorm, dir_clamped, b0, len); break;
+    case 1: sh_backward_block<1>(in, g, dir, dnorm, dir_clamped, b0, len); break;
+    case 2: sh_backward_block<2>(in, g, dir, dnorm, dir_clamped, b0, len); break;
+    default: sh_backward_block<3>(in, g, dir, dnorm, dir_clamped, b0, len); break;
   }
 }
 
