@@ -12,6 +12,7 @@ does not fetch a different torch into a temporary build environment:
 """
 import glob
 import os
+import runpy
 import shutil
 
 from setuptools import find_packages, setup
@@ -35,13 +36,10 @@ def _extensions():
 
     # Every CPU source (splat/_backend.py's JIT build globs the same).
     sources = [os.path.join(KERNELS, "bindings.cpp")] + sorted(glob.glob(os.path.join(KERNELS, "cpu", "*.cpp")))
-    # -ffp-contract=off: no fused multiply-adds (GCC contracts by default on
-    # ARM, and other compilers may on x86), so the CPU kernels round like the
-    # GPU build (nvcc --fmad=false) and the CUDA emulation tests.
-    # -fno-math-errno: sqrt never sets errno, so it compiles to one instruction
-    # with no library fallback, and loops over it vectorise (the fused
-    # projection); results are the same correctly rounded values.
-    cxx = ["-O3", "-std=c++17", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math"]
+    # The flags (and why) live in splat/_compile_flags.py, shared with the JIT
+    # build; read without importing splat, which needs the built extension.
+    flags = runpy.run_path(os.path.join(HERE, "splat", "_compile_flags.py"))
+    cxx, link = flags["CXX_FLAGS"], flags["LINK_FLAGS"]
     include_dirs = [os.path.join(HERE, KERNELS)]
     if _want_cuda():
         sources += sorted(glob.glob(os.path.join(KERNELS, "cuda", "*.cu")))
@@ -56,7 +54,7 @@ def _extensions():
                 sources,
                 include_dirs=include_dirs,
                 extra_compile_args={"cxx": cxx + ["-DSPLAT_WITH_CUDA"], "nvcc": nvcc},
-                extra_link_args=["-fopenmp"],
+                extra_link_args=link,
             )
         ]
     return [
@@ -65,7 +63,7 @@ def _extensions():
             sources,
             include_dirs=include_dirs,
             extra_compile_args={"cxx": cxx},
-            extra_link_args=["-fopenmp"],
+            extra_link_args=link,
         )
     ]
 

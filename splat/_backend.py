@@ -6,6 +6,8 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
+from splat._compile_flags import CXX_FLAGS, LINK_FLAGS
+
 _KERNELS = Path(__file__).resolve().parent / "cuda_rasterizer"
 
 
@@ -31,9 +33,8 @@ def load_extension():
             name="splat_C_jit",
             sources=sources,
             extra_include_paths=[str(_KERNELS)],
-            # As setup.py: no FMA contraction (like nvcc --fmad=false), no errno from sqrt.
-            extra_cflags=["-O3", "-std=c++17", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math"],
-            extra_ldflags=["-fopenmp"],
+            extra_cflags=CXX_FLAGS,
+            extra_ldflags=LINK_FLAGS,
             verbose=False,
         )
     except Exception as error:  # compiler missing, ninja missing, ...
