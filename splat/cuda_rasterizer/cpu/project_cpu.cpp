@@ -17,8 +17,9 @@ namespace {
 // own, and a call keeps a loop scalar).
 #define SPLAT_INLINE __attribute__((always_inline)) inline
 
-// Surfels per block: the vector loops run over a block, and the scalar parts
-// (log, SH) keep their per-surfel temporaries in block arrays.
+// Surfels per block: the vector loops run over a block, and what passes
+// between loops (the log's cutoffs, view directions, the SH basis) is kept in
+// block arrays.
 constexpr int kBlock = 64;
 
 constexpr double kSH_C0 = 0.28209479177387814;
@@ -325,10 +326,9 @@ SPLAT_INLINE void sh_backward_block(const ProjectInputs<T>& in, const ProjectGra
       for (int c = 0; c < 3; ++c) v_coeffs[stride * (b0 + l) + 3 * j + c] = T(0);
 }
 
-// One block of surfels [b0, b0 + len): the geometry and bounds vectorised
-// across surfels, then the SH colours (a loop over a degree-dependent number
-// of coefficients) surfel by surfel.  Returns the number of surfels over the
-// magnitude limits.
+// One block of surfels [b0, b0 + len): the geometry and bounds, then the SH
+// colours, each a loop vectorised across surfels.  Returns the number of
+// surfels over the magnitude limits.
 template <typename T>
 SPLAT_INLINE int64_t project_forward_block(const ProjectInputs<T>& in_ref, const ProjectOutputs<T>& out_ref,
                                            const T campos_ref[3], int64_t b0, int len) {
@@ -373,9 +373,9 @@ SPLAT_INLINE int64_t project_forward_block(const ProjectInputs<T>& in_ref, const
   return bad;
 }
 
-// The geometry's gradients for one block, vectorised across surfels; the SH
-// part (colour coefficients, and its share of dL/dmeans) follows surfel by
-// surfel, adding to the means gradient in the order of the scalar expression.
+// The gradients of one block, vectorised across surfels: the geometry's,
+// then the SH part (colour coefficients, and its share of dL/dmeans, added to
+// the means gradient in the order of the scalar expression).
 template <typename T>
 SPLAT_INLINE void project_backward_block(const ProjectInputs<T>& in_ref, const ProjectGrads<T>& g_ref,
                                          const T campos_ref[3], int64_t b0, int len) {
