@@ -15,6 +15,10 @@ spans and candidate tests only skip pixels the kernel rejects, so:
     these scenes; we require 1e-5 (a wrong term is O(1)).
 """
 import math
+import platform
+import re
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -238,3 +242,26 @@ def test_sum_and_mean_losses_match_their_dense_form(kernel_mode):
     broadcast, dense = grads(False), grads(True)
     for k in dense:
         assert float(dense[k].abs().max()) > 0 and torch.equal(broadcast[k], dense[k]), k
+
+
+def fused_multiply_adds(library):
+    """The fused multiply-add instructions (x86 FMA3: vfmadd, vfmsub, vfnmadd,
+    vfnmsub, vfmaddsub, vfmsubadd) in a shared library's disassembly."""
+    text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(library)], capture_output=True,
+                          text=True, check=True).stdout
+    return [line.strip() for line in text.splitlines() if re.search(r"\svfn?m(add|sub)", line)]
+
+
+@pytest.mark.skipif(shutil.which("objdump") is None or platform.machine() not in ("x86_64", "AMD64"),
+                    reason="needs objdump and an x86-64 build")
+def test_build_has_no_fused_multiply_add():
+    """The CPU kernels round like the CUDA build (nvcc --fmad=false) and the
+    emulation tests only without FMA contraction: -ffp-contract=off
+    (splat/_compile_flags.py).  GCC 12's vectoriser still fused lane pairs
+    into vfmaddsub in an AVX-512 clone of the projection, so the built
+    extension itself is checked: bitwise tests compare forward outputs, but a
+    contraction in a backward pass would hide inside gradient tolerances."""
+    library = load_extension().__file__
+    found = fused_multiply_adds(library)
+    assert not found, f"{len(found)} fused multiply-adds in {library}, e.g. {found[:3]}"
+
