@@ -472,7 +472,8 @@ SPLAT_INLINE void project_backward_block(const ProjectInputs<T>& in_ref, const P
 // raster tile loops (rasterize_cpu.cpp); float64 runs the baseline build.
 // No AVX-512 clone: there GCC 12's vectoriser fuses a*b+c / a*b-c lane pairs
 // into vfmaddsub despite -ffp-contract=off, which changes the rounding
-// (test_projection.py's vector-against-scalar test catches it).
+// (caught by test_projection.py's vector-against-scalar test and by
+// test_cpu_kernels.py's scan of the built extension for FMA instructions).
 // Not in the anonymous namespace: target_clones needs external linkage.
 __attribute__((target_clones("avx2", "default"))) int64_t project_forward_block_f32(
     const ProjectInputs<float>& in, const ProjectOutputs<float>& out, const float campos[3], int64_t b0,
