@@ -264,4 +264,3 @@ def test_build_has_no_fused_multiply_add():
     library = load_extension().__file__
     found = fused_multiply_adds(library)
     assert not found, f"{len(found)} fused multiply-adds in {library}, e.g. {found[:3]}"
-
