@@ -33,7 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", help="continue this run from OUT's newest checkpoint")
     mode.add_argument("--overwrite", action="store_true", help="delete the outputs of any run in OUT first")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="force the progress bar on (--progress) or plain log lines (--no-progress); "
+                        "default: log.progress, 'auto' in the configs: a bar only when stderr is a terminal")
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     p.add_argument("--viewer", action="store_true", help="serve the live viewer while training (pip install -e \".[viewer]\")")
     p.add_argument("--viewer-port", type=int, default=8080, help="viewer port (default 8080; a free one if taken)")
@@ -57,8 +59,8 @@ def run(args) -> int:
         overrides.append(f"data.path={args.data}")
     if args.iterations is not None:
         overrides.append(f"train.iterations={args.iterations}")
-    if args.no_progress:
-        overrides.append("log.progress=false")
+    if args.progress is not None:
+        overrides.append(f"log.progress={'true' if args.progress else 'false'}")
     cfg = load_config(config, overrides)
     data = Path(cfg["data"]["path"])
     if not data.is_absolute() and not data.exists() and (ROOT / data).exists():

@@ -141,10 +141,11 @@ class CheckpointConfig:
 
 @dataclass
 class LogConfig:
-    progress: bool = _f(True, "tqdm bar")
+    progress: Literal["auto", True, False] = _f(
+        "auto", "auto: a tqdm bar when stderr is a terminal, else plain log lines (logs, nohup, CI, pipes); "
+        "true: always the bar; false: always the log lines")
     every: int = _f(10, "progress-bar postfix refresh period (steps)", ge=1)
-    interval_s: float = _f(30.0, "without the bar (progress=false): a log line at most this often (seconds)",
-                           ge=0.0)
+    interval_s: float = _f(30.0, "without the bar: a log line at most this often (seconds)", ge=0.0)
 
 
 @dataclass
@@ -168,17 +169,23 @@ DEFAULT_CONFIG: Dict = dataclasses.asdict(SplatConfig())
 # ------------------------------------------------------------- checking
 def _type_name(tp) -> str:
     if typing.get_origin(tp) is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+        return "one of " + ", ".join(_literal_text(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) in (list, List):
         return f"a list of {typing.get_args(tp)[0].__name__}"
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
+
+
+def _literal_text(value) -> str:
+    """A Literal choice as YAML spells it: 'auto', true, false."""
+    return ("true" if value else "false") if isinstance(value, bool) else repr(value)
 
 
 def _check_scalar(value, tp, key: str):
     """``value`` converted to ``tp`` (int -> float, '1e-4' -> float), or ConfigError."""
     bad = ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
     if typing.get_origin(tp) is Literal:
-        if isinstance(value, str) and value in typing.get_args(tp):
+        # Same type and value (True == 1 in Python, but 1 is not a choice of true).
+        if any(type(value) is type(a) and value == a for a in typing.get_args(tp)):
             return value
         raise bad
     if tp is bool:
