@@ -259,3 +259,77 @@ def test_cache_reused_and_invalidated(tmp_path):
     finally:
         del os.environ["SPLAT_CACHE_DIR"]
     assert len(list((tmp_path / "env_cache" / "undistorted").iterdir())) == 1
+
+
+# ------------------------------------------------- implausible distortion
+# Real lenses, which must stay accepted (blank_pixels 0 and 1):
+REAL_CAMERAS = {
+    # instant-ngp's fox (transforms.json, OPENCV): mild pincushion, portrait
+    "fox": LensCamera("OPENCV", 1080, 1920, (1375.52, 1374.49, 554.558, 965.268,
+                                              0.0578421, -0.0805099, -0.000980296, 0.00015575)),
+    # GoPro wide mode calibrated as OPENCV: strong barrel
+    "gopro_opencv": LensCamera("OPENCV", 1920, 1080, (880.0, 880.0, 960.0, 540.0, -0.26, 0.07, 0.0, 0.0)),
+    # GoPro as a fisheye
+    "gopro_fisheye": LensCamera("OPENCV_FISHEYE", 1920, 1080, (890.0, 890.0, 960.0, 540.0, 0.04, 0.01, 0.0, 0.0)),
+    # an equidistant 180-degree (across the width) fisheye
+    "fisheye_180": LensCamera("OPENCV_FISHEYE", 1000, 800, (1000 / np.pi, 1000 / np.pi, 500.0, 400.0, 0, 0, 0, 0)),
+    # telephoto pincushion
+    "pincushion": LensCamera("RADIAL", 1000, 800, (1000.0, 500.0, 400.0, 0.3, 0.0)),
+}
+
+
+@pytest.mark.parametrize("name", list(REAL_CAMERAS))
+@pytest.mark.parametrize("blank", [0.0, 1.0])
+def test_real_distortions_are_accepted(name, blank):
+    from splat.data.undistort import MIN_VALID_AREA, valid_area
+
+    cam = REAL_CAMERAS[name]
+    new = undistorted_camera(cam, blank)
+    assert valid_area(cam, new) > 10 * MIN_VALID_AREA  # far from the threshold
+
+
+def test_valid_area_measures_the_valid_pixels():
+    cam = LensCamera("OPENCV", W, H, CAMERAS["OPENCV"])
+    from splat.data.undistort import undistortion_maps, valid_area
+
+    for blank in (0.0, 1.0):
+        new = undistorted_camera(cam, blank)
+        mx, my = undistortion_maps(cam, new)  # OpenCV convention: the source spans [-0.5, W - 0.5]
+        inside = (mx >= -0.5) & (mx <= W - 0.5) & (my >= -0.5) & (my <= H - 0.5)
+        assert valid_area(cam, new) == pytest.approx(inside.sum() / (W * H), abs=0.01)
+        # blank_pixels=1 makes blank pixels (barrel distortion), which do not count
+        assert inside.all() == (blank == 0.0)
+
+
+@pytest.mark.parametrize("k1", [1e30, 1e3])
+def test_absurd_distortion_is_refused(tmp_path, k1):
+    """OPENCV k1 = 1e30 undistorts to a 12x12 frame with no valid pixel (k1 =
+    1000: 2% of the source's area); training would fit a blank frame."""
+    size, p = 60, (60.0, 60.0, 30.0, 30.0, k1, 0.0, 0.0, 0.0)
+    img = np.full((size, size, 3), 128, np.uint8)
+    with pytest.raises(ValueError, match="valid pixels"):
+        undistorted_camera(LensCamera("OPENCV", size, size, p), 1.0)
+    from splat.data.types import DataError
+    from fixtures_data import rotmat_to_qvec
+
+    root = tmp_path / "colmap"
+    (root / "images").mkdir(parents=True)
+    (root / "sparse" / "0").mkdir(parents=True)
+    Image.fromarray(img).save(root / "images" / "a.png")
+    V = VIEWMAT.double().numpy()
+    (root / "sparse/0/cameras.txt").write_text(f"3 OPENCV {size} {size} " + " ".join(map(repr, p)) + "\n")
+    (root / "sparse/0/images.txt").write_text(
+        "1 " + " ".join(repr(float(x)) for x in [*rotmat_to_qvec(V[:3, :3]), *V[:3, 3]]) + " 3 a.png\n\n")
+    (root / "sparse/0/points3D.txt").write_text("")
+    with pytest.raises(DataError, match=r"images/a\.png: cannot undistort: camera .*OPENCV.*valid pixels"):
+        load_scene(root, test_every=0, cache_dir=tmp_path / "c")
+
+    root = tmp_path / "transforms"
+    (root / "images").mkdir(parents=True)
+    Image.fromarray(img).save(root / "images" / "a.png")
+    c2w_gl = (np.linalg.inv(VIEWMAT.double().numpy()) @ np.diag([1.0, -1, -1, 1])).tolist()
+    meta = {"fl_x": p[0], "fl_y": p[1], "cx": p[2], "cy": p[3], "w": size, "h": size, "k1": k1,
+            "frames": [{"file_path": "images/a.png", "transform_matrix": c2w_gl}]}
+    (root / "transforms.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match=r"images/a\.png: cannot undistort: .*valid pixels"):
+        load_scene(root, test_every=0, cache_dir=tmp_path / "c")

@@ -25,6 +25,10 @@ Steps (COLMAP's "reconstruct sparse model from known camera poses"):
 The points are cached as ``<cache>/triangulated/<key>.npz`` (``<cache>`` as
 for undistortion, :func:`splat.data.undistort.default_cache_dir`), ``key`` a
 digest of the pixels, intrinsics and poses, so a scene is triangulated once.
+Entries are written atomically (a killed run leaves no partial file); one
+that cannot be read back as two finite ``[M, 3]`` arrays (truncated, not a
+zip, missing keys, wrong shapes, NaN, colours outside [0, 1]) is
+recomputed with a one-line warning.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
@@ -169,6 +174,21 @@ def _triangulate(pycolmap, frames: Sequence, work: Path, verbose: bool) -> Tuple
     return xyz, rgb
 
 
+def _read_cache(path: Path) -> Tuple[np.ndarray, np.ndarray]:
+    """``(xyz, rgb)`` of a cache entry; raises on anything but two finite
+    float ``[M, 3]`` arrays with colours in [0, 1]."""
+    with np.load(path, allow_pickle=False) as z:
+        xyz, rgb = z["xyz"], z["rgb"]
+    for name, a in (("xyz", xyz), ("rgb", rgb)):
+        if a.dtype.kind != "f" or a.ndim != 2 or a.shape != (len(xyz), 3):
+            raise ValueError(f"{name} is {a.dtype} {a.shape}, expected float [{len(xyz)}, 3]")
+        if not np.all(np.isfinite(a)):
+            raise ValueError(f"{name} has non-finite values")
+    if rgb.size and (rgb.min() < 0 or rgb.max() > 1):
+        raise ValueError("rgb outside [0, 1]")
+    return xyz, rgb
+
+
 def triangulate_scene(frames: Sequence, cache_dir: Optional[os.PathLike] = None,
                       verbose: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     """Triangulated points of ``frames`` (see the module doc), cached on disk.
@@ -178,21 +198,24 @@ def triangulate_scene(frames: Sequence, cache_dir: Optional[os.PathLike] = None,
     DataError when the cache folder cannot be written."""
     import pycolmap  # noqa: F401  (ImportError before any work)
 
+    from ..checkpoint import atomic_write
+
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     out = cache / "triangulated" / f"{_cache_key(frames)}.npz"
     if out.is_file():
-        with np.load(out) as z:
-            return torch.from_numpy(z["xyz"]).float(), torch.from_numpy(z["rgb"]).float()
+        try:
+            xyz, rgb = _read_cache(out)
+            return torch.from_numpy(xyz).float(), torch.from_numpy(rgb).float()
+        except Exception as e:  # any failure to read back a disposable entry: recompute it
+            print(f"warning: corrupt triangulation cache entry {out} ({type(e).__name__}: {e}): recomputing it",
+                  file=sys.stderr)
     work = Path(tempfile.mkdtemp(prefix="splat_triangulate_"))
     try:
         xyz, rgb = triangulate_frames(frames, work, verbose=verbose)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.stem}.tmp{os.getpid()}.npz")
-        np.savez(tmp, xyz=xyz.astype(np.float32), rgb=rgb.astype(np.float32))
-        os.replace(tmp, out)
+        atomic_write(out, lambda f: np.savez(f, xyz=xyz.astype(np.float32), rgb=rgb.astype(np.float32)))
     except OSError as e:
         raise DataError(f"{out}: cannot write the triangulation cache ({e}); set SPLAT_CACHE_DIR "
                         "or data.cache_dir to a writable folder") from e

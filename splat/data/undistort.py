@@ -41,13 +41,23 @@ model) + ``cv2.remap`` with bilinear interpolation (COLMAP's undistorter also
 interpolates bilinearly).  Colour is remapped premultiplied by alpha so
 transparent source pixels do not bleed into their neighbours.
 
+Refused cameras (a :class:`DataError` naming the image, from
+:func:`load_camera_image`): an image border whose undistortion is not
+finite (e.g. OPENCV ``p1 = 2``), no positive crop scale (fisheye
+``k1 = -5``), or valid pixels covering less than :data:`MIN_VALID_AREA` of the
+source image (OPENCV ``k1 = 1e30``), which would train on a blank frame.
+
 Cache: each undistorted image is written once as a PNG (8-bit for 8-bit
 sources, else 16-bit; RGBA when it has any transparent pixel) under
 ``<cache>/undistorted/<key>.png``, where ``<cache>`` is ``$SPLAT_CACHE_DIR``,
 else ``$XDG_CACHE_HOME/splat``, else ``~/.cache/splat``, and ``<key>`` is a
-SHA-256 of the source file (absolute path, size, modification time), both
-cameras, and this module's format version.  Editing an image or its camera
-therefore recomputes it; deleting the folder is always safe.
+SHA-256 of the source file's bytes, both cameras, and this module's format
+version.  The key is the content, not the path and modification time, which
+a reproducible tarball, ``cp -p`` or ``touch -r`` keep across an edit;
+hashing the file costs about 1 ms per MB, far less than decoding and
+remapping it.  Entries are written atomically; one that cannot be read
+back (or has the wrong size) is recomputed with a warning.  Deleting the
+folder is always safe.
 """
 
 from __future__ import annotations
@@ -55,6 +65,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
@@ -71,6 +82,8 @@ __all__ = [
     "distort_points",
     "undistorted_camera",
     "undistortion_maps",
+    "valid_area",
+    "MIN_VALID_AREA",
     "undistort_array",
     "undistort_file",
     "default_cache_dir",
@@ -78,8 +91,17 @@ __all__ = [
 
 PINHOLE_MODELS = ("SIMPLE_PINHOLE", "PINHOLE")
 DISTORTED_MODELS = ("SIMPLE_RADIAL", "RADIAL", "OPENCV", "FULL_OPENCV", "OPENCV_FISHEYE")
+#: Smallest accepted area of an undistorted image's valid pixels, as a fraction
+#: of the source image's area (:func:`valid_area`).  0.04 is a
+#: ``0.2 W x 0.2 H`` rectangle, the smallest image COLMAP's undistorter makes
+#: (its default ``min_scale = 0.2``).  Real lenses are far above it: barrel
+#: and fisheye distortion enlarge the image (GoPro, fisheye: 110-400%),
+#: telephoto pincushion (k1 <= ~0.3) keeps 80-90%; an OPENCV k1 of 100 still
+#: keeps 6.5%.  Below it the coefficients are corrupt (k1 = 1e30 keeps 0%)
+#: and training would fit the background of a blank frame.
+MIN_VALID_AREA = 0.04
 #: Bump when the cached files' content or format changes.
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
 
 
 def _cv2():
@@ -215,7 +237,30 @@ def undistorted_camera(
     sy = float(np.clip(sy, min_scale, max_scale))
     W2 = max(1, int(sx * W))
     H2 = max(1, int(sy * H))
-    return LensCamera("PINHOLE", W2, H2, (fx, fy, cx * W2 / W, cy * H2 / H))
+    new = LensCamera("PINHOLE", W2, H2, (fx, fy, cx * W2 / W, cy * H2 / H))
+    area = valid_area(cam, new)
+    if area < MIN_VALID_AREA:
+        raise ValueError(f"camera {cam}: undistortion leaves valid pixels over {100 * area:.2g}% of the source "
+                         f"image's area (at least {100 * MIN_VALID_AREA:g}% needed): implausible distortion "
+                         "coefficients")
+    return new
+
+
+def valid_area(cam: LensCamera, new_cam: LensCamera, samples: int = 128) -> float:
+    """Area of the valid pixels of ``new_cam`` (those sampling inside the
+    source image of ``cam``), as a fraction of the source image's area.
+
+    Measured with the forward model (exact, unlike the iterative inverse the
+    crop is chosen with) on at most ``samples`` x ``samples`` pixel centres."""
+    fx, fy, cx, cy = new_cam.fxfycxcy()
+    nx, ny = min(new_cam.width, samples), min(new_cam.height, samples)
+    xs = (np.arange(nx) + 0.5) * (new_cam.width / nx)
+    ys = (np.arange(ny) + 0.5) * (new_cam.height / ny)
+    x, y = np.meshgrid((xs - cx) / fx, (ys - cy) / fy)
+    with np.errstate(all="ignore"):
+        uv = distort_points(cam, np.stack([x.ravel(), y.ravel()], 1))
+        inside = (uv[:, 0] >= 0) & (uv[:, 0] <= cam.width) & (uv[:, 1] >= 0) & (uv[:, 1] <= cam.height)
+    return float(inside.mean()) * new_cam.width * new_cam.height / (cam.width * cam.height)
 
 
 def undistortion_maps(cam: LensCamera, new_cam: LensCamera) -> tuple[np.ndarray, np.ndarray]:
@@ -259,9 +304,15 @@ def default_cache_dir() -> Path:
 
 
 def _cache_key(src: Path, cam: LensCamera, new_cam: LensCamera, kind: str) -> str:
-    st = src.stat()
+    content = hashlib.sha256()
+    try:
+        with open(src, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                content.update(block)
+    except OSError as e:
+        raise DataError(f"{src}: cannot read image ({e})") from None
     ident = {
-        "v": _CACHE_VERSION, "src": str(src.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+        "v": _CACHE_VERSION, "content": content.hexdigest(),
         "cam": [cam.model, cam.width, cam.height, [float(v) for v in cam.params]],
         "new": [new_cam.width, new_cam.height, [float(v) for v in new_cam.params]], "kind": kind,
     }
@@ -270,6 +321,8 @@ def _cache_key(src: Path, cam: LensCamera, new_cam: LensCamera, kind: str) -> st
 
 def _write_png(path: Path, rgb: np.ndarray, alpha: np.ndarray, bits: int) -> None:
     """Atomic PNG write of float ``rgb [H, W, C]`` (+ alpha when any is < 1)."""
+    from ..checkpoint import atomic_write_bytes
+
     cv2 = _cv2()
     img = rgb if rgb.ndim == 3 else rgb[..., None]
     if bool((alpha < 1.0).any()):
@@ -282,15 +335,10 @@ def _write_png(path: Path, rgb: np.ndarray, alpha: np.ndarray, bits: int) -> Non
         q = q[..., ::-1]  # RGB -> OpenCV's BGR
     else:
         q = q[..., [2, 1, 0, 3]]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        if not cv2.imwrite(str(tmp) + ".png", np.ascontiguousarray(q)):
-            raise OSError("cv2.imwrite failed")
-        os.replace(str(tmp) + ".png", path)
-    finally:
-        if os.path.exists(str(tmp) + ".png"):
-            os.unlink(str(tmp) + ".png")
+    ok, png = cv2.imencode(".png", np.ascontiguousarray(q))
+    if not ok:
+        raise OSError("cv2.imencode failed")
+    atomic_write_bytes(path, png.tobytes())
 
 
 def _is_8bit(x: np.ndarray) -> bool:
@@ -306,8 +354,10 @@ def undistort_file(
     new_cam: LensCamera,
     cache_dir: Optional[Union[str, Path]] = None,
     kind: str = "image",
+    refresh: bool = False,
 ) -> Path:
-    """The cached undistorted copy of image file ``src`` (computed on a miss).
+    """The cached undistorted copy of image file ``src`` (computed on a miss,
+    or always with ``refresh``).
 
     ``kind="image"`` keeps colour and alpha; ``kind="mask"`` stores one grey
     channel (the mean of the source's channels, times its alpha).  Returns the
@@ -318,7 +368,7 @@ def undistort_file(
     src = Path(src)
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     out = cache / "undistorted" / f"{_cache_key(src, cam, new_cam, kind)}.png"
-    if out.is_file():
+    if out.is_file() and not refresh:
         return out
     img, mask = load_image(src, 1, torch.zeros(3))  # composited over black = premultiplied
     rgb = img.numpy()
@@ -372,8 +422,21 @@ def load_camera_image(
         new_cam = _new_camera(cam, blank_pixels)
     except ValueError as e:
         raise DataError(f"{path}: cannot undistort: {e}") from None
+    s = int(downscale)
+    if new_cam.width < s or new_cam.height < s:  # else load_image would blame the cache file
+        raise DataError(f"{path}: undistorted image of {new_cam.width}x{new_cam.height} pixels is smaller than "
+                        f"downscale factor {s}")
     cached = undistort_file(path, cam, new_cam, cache_dir, kind=kind)
-    img, mask = load_image(cached, downscale, background)
+    try:
+        img, mask = load_image(cached, downscale, background)
+        problem = None if img.shape[:2] == (new_cam.height // s, new_cam.width // s) else "wrong size"
+    except DataError as e:  # a truncated or overwritten entry: the cache is disposable
+        problem = str(e).removeprefix(f"{cached}: ")
+    if problem is not None:
+        print(f"warning: corrupt undistortion cache entry {cached} ({problem}) for {path}: recomputed it",
+              file=sys.stderr)
+        cached = undistort_file(path, cam, new_cam, cache_dir, kind=kind, refresh=True)
+        img, mask = load_image(cached, downscale, background)
     return img, mask, new_cam.fxfycxcy()
 
 
