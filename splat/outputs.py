@@ -8,7 +8,19 @@ import torch
 
 @dataclass
 class RasterOutput:
-    """What :func:`splat.rasterize` returns.  H, W are the image size, N the number of surfels."""
+    """What :func:`splat.rasterize` returns.  H, W are the image size, N the number of surfels.
+
+    Attributes:
+        rgb: [H, W, 3] colour composited over the background: sum w c + T bg.
+        alpha: [H, W] 1 - final transmittance T.
+        depth: [H, W] expected depth sum w z / alpha (camera z); 0 where alpha == 0.
+        median_depth: [H, W] z of the last surfel entered with T > 0.5; 0 if none.
+        normal: [H, W, 3] sum w n, world space, each n flipped to face the camera.
+        distortion: [H, W] sum_i sum_{j<i} w_i w_j (m_i - m_j)^2, m(z) = far / (far - near) (1 - near / z).
+        radii: [N] int32 screen radius in pixels of the bounding box; 0 = not drawn.
+        means2d: [N, 2] projected centres in pixels; after ``backward()`` its ``.grad`` is
+            dL/d(screen translation of each footprint), the densification signal.
+    """
 
     rgb: torch.Tensor  # [H, W, 3] colour composited over the background
     alpha: torch.Tensor  # [H, W] 1 - final transmittance
