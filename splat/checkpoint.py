@@ -114,7 +114,8 @@ def _sha256_tensor(h, t) -> None:
         return
     a = np.ascontiguousarray(t.detach().cpu().numpy())
     h.update(f"{a.dtype.str}{a.shape}".encode())
-    h.update(memoryview(a).cast("B"))
+    if a.size:  # memoryview cannot cast an empty array; the shape above already tells it apart
+        h.update(memoryview(a).cast("B"))
 
 
 def scene_fingerprint(scene) -> str:

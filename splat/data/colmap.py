@@ -26,11 +26,15 @@ Train/test split: images sorted by name; index ``% test_every == 0`` goes to
 test, the rest to train (the "LLFF hold-out" of 3DGS).  This is applied to the
 images present in the model whatever their names, so a scene whose model
 holds only ``train_*`` views (e.g. the shared dev scene) gets a test split
-carved out of those.  ``test_every <= 0`` puts everything in train.
+carved out of those.  ``test_every <= 0`` puts everything in train; zero
+training images (one image, ``test_every=8``) is refused with the hint
+``data.test_every=0``.  Two images of the same name (two poses for one
+file) are refused, naming the file and the name.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +43,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .types import (DataError, Frame, SceneData, check_intrinsics, check_points, check_pose, image_size,
-                    parse_background, scaled_K)
+from .types import (DataError, Frame, SceneData, check_intrinsics, check_points, check_pose, first_repeat,
+                    holdout_split, image_size, parse_background, scaled_K)
 from .undistort import DISTORTED_MODELS, PINHOLE_MODELS, LensCamera, load_camera_image
 
 __all__ = [
@@ -469,6 +473,13 @@ def load_colmap(
 
     if not images:
         raise DataError(f"{files['images']}: the model has zero images, so zero usable cameras")
+    # Two views of one image file (different poses: a merged or corrupt model)
+    # would be trained on twice, or be both a train and a test view.
+    twice = first_repeat(os.path.normpath(im.name) for im in sorted(images.values(), key=lambda x: x.id))
+    if twice is not None:
+        ids = [im.id for im in images.values() if os.path.normpath(im.name) == twice]
+        raise DataError(f"{files['images']}: image ids {' and '.join(map(str, sorted(ids)))} are both named "
+                        f"{twice!r} (two poses for one image); remove the duplicate")
 
     image_dir = root / "images"
     frames: list[Frame] = []
@@ -510,16 +521,8 @@ def load_colmap(
             )
         )
 
-    if test_every and test_every > 0:
-        test = [f for i, f in enumerate(frames) if i % test_every == 0]
-        train = [f for i, f in enumerate(frames) if i % test_every != 0]
-    else:
-        test, train = [], frames
-    if not train:
-        raise DataError(
-            f"{files['images']}: zero usable training cameras ({len(frames)} image(s), "
-            f"test_every={test_every} puts them all in the test split)"
-        )
+    train_idx, test_idx = holdout_split(str(files["images"]), len(frames), test_every)
+    train, test = [frames[i] for i in train_idx], [frames[i] for i in test_idx]
 
     points = colors = None
     if len(xyz) > 0:

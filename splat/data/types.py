@@ -20,8 +20,8 @@ import torch.nn.functional as F
 
 from ..errors import SplatInputError
 
-__all__ = ["DataError", "Frame", "SceneData", "check_intrinsics", "check_points", "check_pose", "image_size",
-           "load_image", "parse_background", "read_image"]
+__all__ = ["DataError", "Frame", "SceneData", "area_downscale", "check_intrinsics", "check_points", "check_pose",
+           "first_repeat", "holdout_split", "image_size", "load_image", "parse_background", "read_image", "read_mask"]
 
 
 class DataError(SplatInputError):
@@ -204,13 +204,21 @@ def read_image(path: Path) -> np.ndarray:
     Raises :class:`DataError` naming ``path`` for a missing, unreadable,
     truncated, too large or out-of-range image.
     """
-    path = Path(path)
+    samples, full = _decode(Path(path))
+    return samples / np.float32(full)
+
+
+def _decode(path: Path) -> tuple[np.ndarray, float]:
+    """``(samples [H, W, 3|4] float32, full scale)``: the stored sample values
+    (0..255 for 8-bit files, 0..65535 for 16-bit ones, [0, 1] for float
+    images; exact in float32) and the value that means 1.0.  Kept apart so
+    that :func:`read_mask` can tell a 0/1 mask from a 0/255 one."""
     if not path.is_file():
         raise DataError(f"{path}: image file not found")
     with _open_image(path) as im:
         try:
             if im.mode in ("RGB", "RGBA", "LA") and _has_16bit_samples(im):
-                return _read_16bit_color(path)
+                return _read_16bit_color(path), 65535.0
             im.load()  # decode now: a truncated file raises here, not later
             if im.mode in _GREY16_MODES or im.mode in ("I", "F"):
                 return _grey_to_rgb(path, im)
@@ -218,7 +226,7 @@ def read_image(path: Path) -> np.ndarray:
             arr = np.asarray(im.convert("RGBA" if has_alpha else "RGB"), dtype=np.uint8)  # [H, W, 3|4]
         except (OSError, ValueError, SyntaxError) as e:
             raise DataError(f"{path}: cannot read image ({type(e).__name__}: {e})") from e
-    return arr.astype(np.float32) / np.float32(255.0)
+    return arr.astype(np.float32), 255.0
 
 
 def _has_16bit_samples(im) -> bool:
@@ -235,28 +243,93 @@ def _read_16bit_color(path: Path) -> np.ndarray:
         got = None if arr is None else (arr.dtype, arr.shape)
         raise DataError(f"{path}: cannot read 16-bit colour image (OpenCV returned {got})")
     arr = cv2.cvtColor(arr, cv2.COLOR_BGRA2RGBA if arr.shape[2] == 4 else cv2.COLOR_BGR2RGB)
-    return arr.astype(np.float32) / np.float32(65535.0)
+    return arr.astype(np.float32)
 
 
-def _grey_to_rgb(path: Path, im) -> np.ndarray:
-    """16-bit, 32-bit integer or float greyscale -> [H, W, 3|4] float32 in [0, 1]."""
+def _grey_to_rgb(path: Path, im) -> tuple[np.ndarray, float]:
+    """16-bit, 32-bit integer or float greyscale -> ``(samples [H, W, 3|4], full scale)``."""
     raw = np.asarray(im)
     if im.mode == "F":
-        grey = raw.astype(np.float32)
-        if not np.all(np.isfinite(grey)) or grey.min(initial=0.0) < 0 or grey.max(initial=0.0) > 1:
+        full = 1.0
+        if not np.all(np.isfinite(raw)) or raw.min(initial=0.0) < 0 or raw.max(initial=0.0) > 1:
             raise DataError(f"{path}: float (mode F) image has values outside [0, 1] or non-finite values; "
                             "only [0, 1] float images are supported")
     else:
+        full = 65535.0
         if im.mode == "I" and (raw.min(initial=0) < 0 or raw.max(initial=0) > 65535):
             raise DataError(f"{path}: 32-bit integer image with values outside 0..65535; only 8- and 16-bit "
                             "integer images are supported")
-        grey = raw.astype(np.float32) / np.float32(65535.0)
+    grey = raw.astype(np.float32)
     rgb = np.repeat(grey[..., None], 3, axis=-1)  # [H, W, 3]
     key = im.info.get("transparency")
     if isinstance(key, int) and im.mode != "F":
-        alpha = (raw != key).astype(np.float32)[..., None]
-        return np.concatenate([rgb, alpha], axis=-1)
-    return rgb
+        alpha = (raw != key).astype(np.float32)[..., None] * np.float32(full)
+        return np.concatenate([rgb, alpha], axis=-1), full
+    return rgb, full
+
+
+#: A mask whose largest value is at most this masks out the whole image.
+MASK_EMPTY_BELOW = 1.0 / 255.0
+
+
+def read_mask(path: Path) -> np.ndarray:
+    """Decode a mask file into ``[H, W]`` float32 weights in [0, 1] (1 = keep).
+
+    The one place masks are interpreted; the rule, first match wins:
+
+    1. an alpha channel (RGBA, LA, PA, or a transparency key) that is not the
+       same everywhere is the mask, whatever the colour channels hold (a
+       background remover's cut-out, an object in alpha over black RGB);
+    2. a palette (``P``) image is a label map: index 0 is background (0),
+       every other index is foreground (1), whatever its colour (DAVIS /
+       VOC-style masks, index 1 drawn red);
+    3. otherwise the largest of the colour channels (grey for a greyscale
+       mask; any colour on black counts as kept) scaled by the bit depth's
+       full value: 255 (8-bit), 65535 (16-bit), 1 (float).
+
+    In cases 1 and 3 an integer mask whose largest stored value is 1 holds
+    0/1 labels (a segmentation output) and is read as 0 -> 0, 1 -> 1, not
+    as 1/255.  A mask that nowhere exceeds :data:`MASK_EMPTY_BELOW` (1/255)
+    would mask out the whole image: :class:`DataError` naming ``path``.
+    """
+    path = Path(path)
+    samples, full = _decode(path)  # [H, W, 3|4]
+    alpha = samples[..., 3] if samples.shape[2] == 4 else None
+    if alpha is not None and alpha.min() != alpha.max():
+        m = alpha
+    elif (index := _palette_indices(path)) is not None:
+        m, full = (index != 0).astype(np.float32), 1.0
+    else:
+        m = samples[..., :3].max(axis=2)
+    if full > 1.0 and m.max() == 1.0:
+        full = 1.0  # stored as 0/1 labels
+    m = (m / np.float32(full)).astype(np.float32)
+    if not m.max() > MASK_EMPTY_BELOW:
+        raise DataError(f"{path}: mask is empty (no pixel above 1/255: it would mask out the whole image); "
+                        "masks are white (or any nonzero label) where the image is kept")
+    return m
+
+
+def _palette_indices(path: Path) -> Optional[np.ndarray]:
+    """``[H, W]`` palette indices of a ``P``/``PA`` image, else None."""
+    with _open_image(path) as im:
+        if im.mode not in ("P", "PA"):
+            return None
+        try:
+            im.load()
+            idx = np.asarray(im)
+        except (OSError, ValueError, SyntaxError) as e:
+            raise DataError(f"{path}: cannot read image ({type(e).__name__}: {e})") from e
+    return idx if idx.ndim == 2 else idx[..., 0]
+
+
+def area_downscale(x: torch.Tensor, s: int) -> torch.Tensor:
+    """``[H, W, C]`` -> ``[H // s, W // s, C]``, the mean of each ``s x s``
+    block (a size that is not a multiple of ``s`` loses its right/bottom
+    edge, so ``K / s`` stays exact)."""
+    if s == 1:
+        return x
+    return F.avg_pool2d(x.permute(2, 0, 1)[None], kernel_size=s, stride=s)[0].permute(1, 2, 0)
 
 
 def load_image(
@@ -296,13 +369,9 @@ def load_image(
         img = img[..., :3] * alpha + background.view(1, 1, 3) * (1.0 - alpha)  # [H, W, 3]
         mask = alpha[..., 0].contiguous()  # [H, W]
 
-    if s > 1:
-        def pool(x: torch.Tensor) -> torch.Tensor:  # [H, W, C] -> [H//s, W//s, C]
-            return F.avg_pool2d(x.permute(2, 0, 1)[None], kernel_size=s, stride=s)[0].permute(1, 2, 0)
-
-        img = pool(img)
-        if mask is not None:
-            mask = pool(mask[..., None])[..., 0]
+    img = area_downscale(img, s)
+    if mask is not None:
+        mask = area_downscale(mask[..., None], s)[..., 0]
 
     return img.contiguous(), (mask.contiguous() if mask is not None else None)
 
@@ -368,3 +437,26 @@ def scaled_K(fx: float, fy: float, cx: float, cy: float, downscale: int) -> torc
         [[fx / s, 0.0, cx / s], [0.0, fy / s, cy / s], [0.0, 0.0, 1.0]], dtype=torch.float64
     )
     return K.float()
+
+
+def holdout_split(source: str, n: int, test_every: int) -> tuple[list[int], list[int]]:
+    """Indices ``(train, test)`` of ``n`` name-sorted views: every
+    ``test_every``-th (0, k, 2k, ...) is held out for test, none when
+    ``test_every <= 0``.  Zero training views is a :class:`DataError`
+    naming ``source`` that says how to train on every view."""
+    k = int(test_every) if test_every and test_every > 0 else 0
+    train = [i for i in range(n) if not k or i % k]
+    if not train:
+        raise DataError(f"{source}: zero training frames ({n} frame(s), test_every={test_every} puts them all in "
+                        "the test split); set data.test_every=0 to train on every frame with no test split")
+    return train, [i for i in range(n) if k and i % k == 0]
+
+
+def first_repeat(names) -> Optional[str]:
+    """The first item of ``names`` seen before, or None when all differ."""
+    seen = set()
+    for x in names:
+        if x in seen:
+            return x
+        seen.add(x)
+    return None
