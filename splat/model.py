@@ -191,14 +191,20 @@ def create_from_points(
     init_opacity: float = 0.1,
     init_scale: float = 1.0,
     generator: Optional[torch.Generator] = None,
+    max_scales: Optional[torch.Tensor] = None,  # [M]
 ) -> GaussianModel:
     """Surfels centred on ``points``: colour -> SH DC, random orientation, and
     isotropic tangent scale = ``init_scale`` x mean distance to the 3 nearest
-    neighbours (the 3DGS rule, so neighbouring discs just touch)."""
+    neighbours (the 3DGS rule, so neighbouring discs just touch), at most
+    ``max_scales`` (world units, per point; see
+    :func:`splat.data.initial_points.pixel_footprint`): an isolated point
+    of a sparse cloud would otherwise start as a disc over much of the image."""
     points = points.float()
     n = points.shape[0]
-    dist = knn_mean_distance(points, k=3).clamp_min(1e-7)  # [N]
-    log_s = torch.log(dist * init_scale)[:, None].repeat(1, 2)  # [N, 2]
+    dist = knn_mean_distance(points, k=3).clamp_min(1e-7) * init_scale  # [N]
+    if max_scales is not None:
+        dist = torch.minimum(dist, max_scales.to(dist)).clamp_min(1e-7)
+    log_s = torch.log(dist)[:, None].repeat(1, 2)  # [N, 2]
     sh0 = rgb_to_sh(colors.float().clamp(0, 1))[:, None, :]  # [N, 1, 3]
     shN = torch.zeros(n, num_sh_bases(sh_degree) - 1, 3)  # [N, K-1, 3]
     params = {

@@ -287,83 +287,21 @@ class Trainer:
 
     # ------------------------------------------------------------ init
     def _init_model(self) -> GaussianModel:
-        """Surfels from, in order of preference (``model.init=auto``): the
-        scene's own points; points triangulated from the training images with
-        the known poses (pycolmap); plane-sweep stereo points (no pycolmap
-        needed); random points where the images agree.  Prints which one it
-        used."""
+        """Surfels on the start :func:`splat.data.initial_points.initial_points`
+        picks for ``model.init`` (``auto``: the scene's or triangulated
+        points, filled where they leave the views uncovered by stereo, then
+        random points), sized by the 3DGS neighbour rule bounded by a few
+        pixels at the point's depth.  Prints what it combined."""
+        from .data.initial_points import initial_points
+
         mcfg = self.cfg["model"]
-        init = mcfg["init"]
-        path = self.cfg["data"]["path"]
-        has_points = self.scene.points is not None and len(self.scene.points) > 0
-        if init == "points" and not has_points:
-            raise SplatInputError(f"model.init=points but the scene {path} has no point cloud")
-        pts = cols = None
-        if init == "points" or (init == "auto" and has_points):
-            pts, cols = self.scene.points, self.scene.point_colors
-            source = f"the scene's {len(pts)} points"
-        elif init in ("auto", "triangulate"):
-            pts, cols, source = self._triangulated_points(required=init == "triangulate")
-        if pts is None and init in ("auto", "stereo"):
-            pts, cols, source = self._stereo_points(mcfg["init_num_stereo"])
-        if pts is None:
-            pts, cols = self._random_points(mcfg["init_num_random"], mcfg["init_random_min_views"])
-            if len(pts) == 0:
-                raise SplatInputError(
-                    f"model.init_num_random={mcfg['init_num_random']}: no surfels to train "
-                    f"(the scene has no point cloud, so training starts from random points)")
-            source = f"{len(pts)} random points where the cameras look"
-        print(f"init: {source}", file=sys.stderr)
-        return create_from_points(pts, cols, mcfg["sh_degree"], mcfg["init_opacity"], mcfg["init_scale"])
-
-    #: Fewer triangulated or stereo points than this: not enough to start from, fall back.
-    MIN_INIT_POINTS = 100
-
-    def _triangulated_points(self, required: bool):
-        """(points, colours, description), or (None, None, None) to fall back
-        to stereo points: pycolmap is absent or too few points were found.
-        ``required`` (``model.init=triangulate``) turns a missing pycolmap
-        into an error."""
-        from .data.triangulate import pycolmap_available, triangulate_scene
-
-        if not pycolmap_available():
-            if required:
-                raise ConfigError("model.init=triangulate needs pycolmap: pip install pycolmap "
-                                  "(or pip install -e '.[sfm]')")
-            print("init: no point cloud and pycolmap is not installed (pip install pycolmap): "
-                  "falling back to plane-sweep stereo", file=sys.stderr)
-            return None, None, None
-        t0 = time.perf_counter()
-        print(f"init: triangulating the {len(self.scene.train)} training images with their known poses "
-              "(pycolmap; cached)", file=sys.stderr)
-        pts, cols = triangulate_scene(self.scene.train, cache_dir=self.cfg["data"]["cache_dir"] or None)
-        if len(pts) < self.MIN_INIT_POINTS:
-            print(f"init: triangulation found only {len(pts)} points: falling back to plane-sweep stereo",
-                  file=sys.stderr)
-            return None, None, None
-        return pts, cols, f"{len(pts)} triangulated points ({time.perf_counter() - t0:.0f} s)"
-
-    def _stereo_points(self, n: int):
-        """(points, colours, description) from plane-sweep stereo
-        (:func:`splat.data.stereo_points.stereo_points`), or (None, None,
-        None) to fall back to random points when it finds too few."""
-        from .data.stereo_points import stereo_points
-
-        t0 = time.perf_counter()
-        pts, cols = stereo_points(self.scene.train, n)
-        if len(pts) < self.MIN_INIT_POINTS:
-            print(f"init: plane-sweep stereo found only {len(pts)} points: falling back to random points",
-                  file=sys.stderr)
-            return None, None, None
-        return pts, cols, f"{len(pts)} plane-sweep stereo points ({time.perf_counter() - t0:.0f} s)"
-
-    def _random_points(self, n: int, min_views: float):
-        """(points, colours): ``n`` random points where at least ``min_views``
-        of the training cameras look, kept where the images agree in colour
-        (:func:`splat.data.random_points.photo_consistent_points`)."""
-        from .data.random_points import photo_consistent_points
-
-        return photo_consistent_points(self.scene.train, n, min_views=min_views)
+        start = initial_points(self.scene, mcfg["init"], num_stereo=mcfg["init_num_stereo"],
+                               num_random=mcfg["init_num_random"], random_min_views=mcfg["init_random_min_views"],
+                               cache_dir=self.cfg["data"]["cache_dir"] or None, scene_name=self.cfg["data"]["path"],
+                               background=self.background)
+        print(f"init: {start.description}", file=sys.stderr)
+        return create_from_points(start.points, start.colors, mcfg["sh_degree"], mcfg["init_opacity"],
+                                  mcfg["init_scale"], max_scales=start.max_scales)
 
     # ------------------------------------------------------------ loop
     def render(self, frame, background=None, sh_degree=None):

@@ -206,7 +206,7 @@ def test_training_from_the_random_fallback_reaches_psnr(scene_64, tmp_path, capf
     with the same schedule)."""
     m = _train(scene_64, tmp_path, "random", 300)
     err = capfd.readouterr().err
-    assert "init: 2000 random points where the cameras look" in err
+    assert "init: 2,000 random points" in err
     assert m["test.psnr"] >= 16.5, m["test.psnr"]
     # log.interval_s=0: a line every step, with the step, loss, surfels, rate and eta.
     lines = [ln for ln in err.splitlines() if ln.startswith("step ")]
@@ -221,35 +221,35 @@ def test_training_from_the_stereo_fallback_reaches_psnr(scene_64, tmp_path, capf
     15.9 dB).  The margin covers rounding differences across thread counts
     amplified by densification."""
     m = _train(scene_64, tmp_path, "stereo", 300)
-    assert "plane-sweep stereo points" in capfd.readouterr().err
+    assert " stereo points (coverage" in capfd.readouterr().err
     assert m["test.psnr"] >= 22.0, m["test.psnr"]
 
 
-def test_auto_prefers_points_then_triangulation_then_stereo_then_random(scene_192, scene_64, cache, tmp_path, capfd,
-                                                                        monkeypatch):
-    with_points = SceneData(train=scene_64.train, test=[], points=torch.zeros(10, 3), point_colors=torch.zeros(10, 3),
-                            layout="colmap")
-    _train(with_points, tmp_path / "p", "auto", 1)
-    assert "init: the scene's 10 points" in capfd.readouterr().err
+def test_init_sources_and_their_fallbacks(scene_192, scene_64, cache, tmp_path, capfd, monkeypatch):
+    """``auto`` starts from the scene's points, else triangulated ones, and
+    fills what they leave uncovered (tests/test_init_coverage.py checks the
+    filling); the forced modes fall back to the next source when theirs finds
+    too little."""
     _train(scene_192, tmp_path / "a", "auto", 1, cache_dir=cache)
-    assert "triangulated points" in capfd.readouterr().err
-    # Too few triangulated points (64x48 images): stereo points.
-    _train(scene_64, tmp_path / "f", "auto", 1)
     err = capfd.readouterr().err
-    assert "triangulation found only" in err and "plane-sweep stereo points" in err
-    # Without pycolmap: one line saying so, then stereo points.
+    assert "triangulated" in err and "coverage" in err
+    # Forced triangulation that finds too few points (64x48 images): stereo points.
+    _train(scene_64, tmp_path / "f", "triangulate", 1)
+    err = capfd.readouterr().err
+    assert "triangulation found only" in err and "stereo points" in err
+    # Without pycolmap: one line saying so, then stereo points fill the views.
     import splat.data.stereo_points as sp
     import splat.data.triangulate as tri
 
     monkeypatch.setattr(tri, "pycolmap_available", lambda: False)
     _train(scene_64, tmp_path / "b", "auto", 1)
     err = capfd.readouterr().err
-    assert "pycolmap is not installed" in err and "plane-sweep stereo points" in err
+    assert "pycolmap is not installed" in err and " stereo" in err
     # Stereo finds nothing (no patch is textured enough): random points.
     monkeypatch.setattr(sp, "MIN_TEXTURE_STD", 2.0)
-    _train(scene_64, tmp_path / "s", "auto", 1)
+    _train(scene_64, tmp_path / "s", "stereo", 1)
     err = capfd.readouterr().err
-    assert "plane-sweep stereo found only 0 points" in err and "random points where the cameras look" in err
+    assert "plane-sweep stereo found only 0 points" in err and " random points" in err
     from splat.errors import ConfigError
 
     with pytest.raises(ConfigError, match="needs pycolmap"):

@@ -25,7 +25,7 @@ pycolmap to triangulate one), placed where the images agree.
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -91,9 +91,13 @@ def photo_consistent_points(
     min_views: float = 0.5,
     generator: Optional[torch.Generator] = None,
     oversample: int = OVERSAMPLE,
+    allowed: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """``n`` points where the training ``frames`` look and agree in colour
-    (see the module doc).  Returns (points [n, 3], colours [n, 3] in [0, 1])."""
+    (see the module doc).  ``allowed`` (points [K, 3] -> [K] bool), if given,
+    restricts the candidates to the points it accepts (filling the holes
+    another source left, :mod:`splat.data.initial_points`); fewer than ``n``
+    may then be found.  Returns (points [<= n, 3], colours [<= n, 3] in [0, 1])."""
     if n <= 0 or not frames:
         return torch.zeros(0, 3), torch.zeros(0, 3)
     V = torch.stack([f.viewmat for f in frames]).float()  # [C, 4, 4]
@@ -120,6 +124,8 @@ def photo_consistent_points(
     for _ in range(50):
         p = uniform_in_ball(max(2 * want, 4096), center, radius, generator)
         keep = seen_by(p, V, Ks, W, H).sum(0) >= need
+        if allowed is not None:
+            keep &= allowed(p)
         cands.append(p[keep])
         total += int(keep.sum())
         if total >= want:
@@ -163,6 +169,8 @@ def photo_consistent_points(
     spacing = float(knn_mean_distance(best, k=3).median()) if len(best) > 3 else 0.0
     jitter = best.repeat(REFINE_COPIES, 1)
     jitter = jitter + 0.5 * spacing * torch.randn(jitter.shape, generator=generator)
+    if allowed is not None:
+        jitter = jitter[allowed(jitter)]
     p = torch.cat([best, jitter])
     score, med = score_points(p)
     order = torch.argsort(-score, stable=True)[:n]

@@ -34,7 +34,7 @@ down to a first guess of the surfaces (DTU scan 24, 42 views of 800x600:
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -67,11 +67,11 @@ COVISIBILITY_SAMPLES = 200000
 COVISIBILITY_CAMERAS = 64
 
 
-def _stereo_level(frame) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _stereo_level(frame, width: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(RGB image [1, 3, h, w], grey image [1, 1, h, w], intrinsics [3, 3]) at
-    most STEREO_WIDTH wide.  Area averaging by s scales K exactly (pixel
+    most ``width`` wide.  Area averaging by s scales K exactly (pixel
     (i, j) covers [j, j+1) x [i, i+1))."""
-    s = max(1, int(math.ceil(frame.width / STEREO_WIDTH)))
+    s = max(1, int(math.ceil(frame.width / width)))
     img = frame.image.permute(2, 0, 1)[None].float()
     h, w = frame.height // s, frame.width // s
     if s > 1:
@@ -147,20 +147,33 @@ def stereo_points(
     frames: Sequence,
     n: int,
     generator: Optional[torch.Generator] = None,
+    allowed: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+    width: Optional[int] = None,
+    max_references: Optional[int] = None,
+    num_depths: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """At most ``n`` points on the surfaces the training ``frames`` agree on
-    (see the module doc).  Returns (points [M, 3], colours [M, 3] in [0, 1])."""
+    (see the module doc).  ``width``, ``max_references`` and ``num_depths``
+    (default :data:`STEREO_WIDTH`, :data:`MAX_REFERENCES`, :data:`NUM_DEPTHS`)
+    trade detail for time: the cost is about proportional to
+    ``width**2 * max_references * num_depths``.  ``allowed`` (points [K, 3] -> [K] bool), if given,
+    keeps only the points it accepts, before the ``n`` are drawn (filling the
+    holes another source left, :mod:`splat.data.initial_points`).
+    Returns (points [M, 3], colours [M, 3] in [0, 1])."""
     empty = (torch.zeros(0, 3), torch.zeros(0, 3))
     if n <= 0 or len(frames) < 2:
         return empty
     V = torch.stack([f.viewmat for f in frames]).float()  # [C, 4, 4]
     centers = torch.stack([f.camera_center for f in frames]).float()  # [C, 3]
     C = len(frames)
+    width = width or STEREO_WIDTH
+    max_references = max_references or MAX_REFERENCES
+    num_depths = num_depths or NUM_DEPTHS
     levels = {}  # only references and their neighbours are needed: computed on first use
 
     def level(c):
         if c not in levels:
-            levels[c] = _stereo_level(frames[c])
+            levels[c] = _stereo_level(frames[c], width)
         return levels[c]
 
     # Neighbours: the nearest cameras that look the same way (optical axes
@@ -174,7 +187,7 @@ def stereo_points(
     axes = axes / axes.norm(dim=1, keepdim=True).clamp_min(1e-12)
     usable = (baseline >= MIN_BASELINE * typical) & (axes @ axes.T >= math.cos(math.radians(MAX_AXIS_ANGLE_DEG)))
     baseline = torch.where(usable, baseline, torch.full_like(baseline, float("inf")))
-    refs = torch.linspace(0, C - 1, min(C, MAX_REFERENCES)).round().long().unique().tolist()
+    refs = torch.linspace(0, C - 1, min(C, max_references)).round().long().unique().tolist()
     # The region seen by at least half the cameras (samples of the look ball)
     # bounds each reference's depth range much tighter than the ball itself
     # does when the cameras surround the scene.  At most COVISIBILITY_CAMERAS
@@ -211,7 +224,7 @@ def stereo_points(
         else:
             near = 2.0 * max(float(baseline[r, order].min()), 1e-6)
             far = 1000.0 * near
-        depths = 1.0 / torch.linspace(1.0 / near, 1.0 / far, NUM_DEPTHS)
+        depths = 1.0 / torch.linspace(1.0 / near, 1.0 / far, num_depths)
         _, g0, K0 = level(r)
         depth_maps[r] = (_depth_map((g0, K0, V[r]), [(*level(o)[1:], V[o]) for o in order],
                                     depths), K0)
@@ -252,6 +265,9 @@ def stereo_points(
         return empty
     pts = torch.cat(pts_all)
     cols = torch.cat(cols_all)
+    if allowed is not None:
+        keep = allowed(pts)
+        pts, cols = pts[keep], cols[keep]
     if len(pts) > n:
         pick = torch.randperm(len(pts), generator=generator)[:n]
         pts, cols = pts[pick], cols[pick]

@@ -1,0 +1,332 @@
+"""Initial points for training, from the best sources a scene offers,
+judged by how much of the training views they cover, and combined.
+
+::
+
+    from splat.data.initial_points import initial_points
+    start = initial_points(scene, "auto", num_stereo=20000, num_random=10000)
+    start.points, start.colors      # [M, 3], [M, 3] in [0, 1]
+    start.description               # "526 triangulated + 9,100 stereo points (coverage 31 % -> 94 %)"
+    start.max_scales                # [M] per-point bound on the initial surfel size (world units)
+
+Sources (``model.init``):
+
+``points``       the scene's own point cloud (COLMAP ``points3D``, a
+                 ``transforms.json`` ``ply_file_path``);
+``triangulate``  SIFT matches triangulated with the known poses (pycolmap,
+                 :mod:`splat.data.triangulate`);
+``stereo``       plane-sweep stereo (:mod:`splat.data.stereo_points`);
+``random``       photo-consistent random points (:mod:`splat.data.random_points`).
+
+``auto`` starts from the scene's points, else the triangulated ones, and
+measures their **coverage**.  A few hundred SIFT points cover a textured
+object and leave an untextured floor, the walls and the sky empty; a start
+like that trains floaters and streaks there (issue 26).  While the
+coverage is below :data:`FILL_BELOW`, the next source -- stereo, then
+random -- adds its points **only where the current set leaves the views
+uncovered**, so a good source is never thrown away for a worse one.
+
+Coverage of a point set: each training view is cut into square cells,
+:data:`COVERAGE_CELLS` across the width.  A cell is covered when some point
+in front of the camera projects into it or into one of its 8 neighbours
+(occlusion is ignored: cheap, and an upper bound).  Only cells that hold
+content count: not those the render's background colour already
+reproduces (every pixel within :data:`BACKGROUND_TOLERANCE`), and where the
+image has alpha or a loss mask, only those whose mean is at least 0.5.  The coverage is the mean over views of the covered
+fraction of counted cells.
+
+Initial size: the 3DGS rule (a surfel's scale is the mean distance to its 3
+nearest points) makes huge surfels from a sparse cloud, which are slow to
+rasterize and smear the first steps.  Each scale is bounded by
+:data:`MAX_INIT_SCALE_PX` pixels at the point's depth: the median over the
+views that see it of ``MAX_INIT_SCALE_PX * z / f`` (:func:`pixel_footprint`).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConfigError, SplatInputError
+from ..model import project_points
+
+__all__ = ["InitialPoints", "initial_points", "coverage", "uncovered_filter", "pixel_footprint",
+           "COVERAGE_CELLS", "FILL_BELOW", "MAX_INIT_SCALE_PX", "MIN_INIT_POINTS", "INIT_MODES"]
+
+INIT_MODES = ("auto", "points", "triangulate", "stereo", "random")
+#: Cells across the width of a view when measuring coverage (~5 px at 256 px,
+#: 17 px at 800 px); with the 3x3 neighbourhood a point covers ~1/16 of the width.
+COVERAGE_CELLS = 48
+#: A pixel within this of the background colour (in [0, 1], every channel) is background.
+BACKGROUND_TOLERANCE = 2.0 / 255.0
+#: ``auto`` adds the next source while the coverage is below this.  Not 1:
+#: a view's thin strips (silhouettes, the far edge of a floor) are left to
+#: densification, which grows into them within a few hundred steps.
+FILL_BELOW = 0.9
+#: Initial surfels are at most this many pixels (standard deviation) at their
+#: depth.  Dense starts have 3-NN distances of ~5 px (median) to ~9 px (99th
+#: percentile) on the shared scenes at 256 px; isolated points of a sparse
+#: triangulation reach 50 px, i.e. discs over half the image.
+MAX_INIT_SCALE_PX = 10.0
+#: Plane-sweep stereo when it only fills holes: half the resolution, half
+#: the reference views and half the depth planes of a full run (~16x
+#: cheaper; 41 s against 864 s on still_life's 60 views under load, coverage
+#: 63 % against 66 %), since densification refines a start anyway.
+FILL_STEREO = dict(width=128, max_references=12, num_depths=64)
+#: Fewer points than this from a forced source (``triangulate``, ``stereo``)
+#: is not a start: fall back to the next source.
+MIN_INIT_POINTS = 100
+
+
+@dataclass
+class InitialPoints:
+    """A start: ``points`` [M, 3], ``colors`` [M, 3] in [0, 1], ``max_scales``
+    [M] (world units, see :func:`pixel_footprint`), a one-line
+    ``description`` and the ``coverage`` after each source that was used."""
+
+    points: torch.Tensor
+    colors: torch.Tensor
+    max_scales: torch.Tensor
+    description: str
+    coverage: List[float]
+
+
+# ---------------------------------------------------------------- coverage
+def _grid(frame) -> Tuple[int, int, float]:
+    """(rows, columns, cell size in pixels) of a frame's coverage grid."""
+    cell = frame.width / COVERAGE_CELLS
+    return max(1, int(math.ceil(frame.height / cell))), COVERAGE_CELLS, cell
+
+
+def _counted_cells(frame, background: Optional[torch.Tensor]) -> torch.Tensor:
+    """[rows, cols] bool: the cells with content: alpha / loss-mask mean
+    >= 0.5 where the frame has them, and some pixel off the ``background``
+    colour [3] by more than :data:`BACKGROUND_TOLERANCE` (a cell the render's
+    background already reproduces needs no surfel)."""
+    rows, cols, _ = _grid(frame)
+    counted = torch.ones(rows, cols, dtype=torch.bool)
+    for m in (frame.mask, frame.loss_mask):
+        if m is not None:
+            counted &= F.adaptive_avg_pool2d(m.float()[None, None], (rows, cols))[0, 0] >= 0.5
+    if background is not None:
+        off = (frame.image.float() - background.float().view(1, 1, 3)).abs().amax(-1)  # [H, W]
+        counted &= F.adaptive_max_pool2d(off[None, None], (rows, cols))[0, 0] > BACKGROUND_TOLERANCE
+    return counted
+
+
+def _cell_index(points: torch.Tensor, frames: Sequence):
+    """Per view: (rows, cols, in-view mask [M], row [M], col [M]) of each point's cell."""
+    V = torch.stack([f.viewmat for f in frames]).float()  # [C, 4, 4]
+    Ks = torch.stack([f.K for f in frames]).float()  # [C, 3, 3]
+    uv, z = project_points(points.float(), V, Ks)  # [C, M, 2], [C, M]
+    out = []
+    for c, f in enumerate(frames):
+        rows, cols, cell = _grid(f)
+        u, v = uv[c, :, 0], uv[c, :, 1]
+        inside = (z[c] > 1e-6) & (u >= 0) & (u < f.width) & (v >= 0) & (v < f.height)
+        i = (v / cell).floor().clamp(0, rows - 1).long()
+        j = (u / cell).floor().clamp(0, cols - 1).long()
+        out.append((rows, cols, inside, i, j))
+    return out
+
+
+def covered_cells(points: torch.Tensor, frames: Sequence) -> List[torch.Tensor]:
+    """Per view, [rows, cols] bool: cells within one cell of a projected point."""
+    grids = []
+    for rows, cols, inside, i, j in _cell_index(points, frames):
+        g = torch.zeros(rows, cols)
+        g[i[inside], j[inside]] = 1.0
+        grids.append(F.max_pool2d(g[None, None], 3, stride=1, padding=1)[0, 0] > 0)
+    return grids
+
+
+def coverage(points: torch.Tensor, frames: Sequence, background: Optional[torch.Tensor] = None) -> float:
+    """Mean over ``frames`` of the fraction of content cells that ``points``
+    [M, 3] cover (see the module doc; ``background`` [3]: the render's
+    background colour, whose cells count as covered).  In [0, 1]."""
+    if len(frames) == 0:
+        return 0.0
+    fractions = []
+    for f, cov in zip(frames, covered_cells(points, frames)):
+        counted = _counted_cells(f, background)
+        n = int(counted.sum())
+        fractions.append(float((cov & counted).sum()) / n if n else 1.0)
+    return sum(fractions) / len(fractions)
+
+
+def uncovered_filter(points: torch.Tensor, frames: Sequence,
+                     background: Optional[torch.Tensor] = None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A predicate on candidate points [K, 3] -> [K] bool: True where a
+    candidate projects into a content cell that ``points`` leave uncovered,
+    in at least one view."""
+    holes = [~cov & _counted_cells(f, background) for f, cov in zip(frames, covered_cells(points, frames))]
+
+    def in_a_hole(cands: torch.Tensor) -> torch.Tensor:
+        hit = torch.zeros(len(cands), dtype=torch.bool)
+        for hole, (rows, cols, inside, i, j) in zip(holes, _cell_index(cands, frames)):
+            hit |= inside & hole[i, j]
+        return hit
+
+    return in_a_hole
+
+
+def pixel_footprint(points: torch.Tensor, frames: Sequence) -> torch.Tensor:
+    """World size of one pixel at each point, ``z / f``: the median over the
+    views that see it (``f`` = geometric mean of fx, fy); over every view
+    in front of it for points no view sees, and +inf for points behind all.  [M]"""
+    V = torch.stack([f.viewmat for f in frames]).float()
+    Ks = torch.stack([f.K for f in frames]).float()
+    uv, z = project_points(points.float(), V, Ks)  # [C, M, 2], [C, M]
+    W = torch.tensor([f.width for f in frames], dtype=torch.float32)[:, None]
+    H = torch.tensor([f.height for f in frames], dtype=torch.float32)[:, None]
+    focal = torch.sqrt(Ks[:, 0, 0] * Ks[:, 1, 1])[:, None]  # [C, 1]
+    ahead = z > 1e-6
+    seen = ahead & (uv[..., 0] >= 0) & (uv[..., 0] < W) & (uv[..., 1] >= 0) & (uv[..., 1] < H)
+    use = torch.where(seen.any(0, keepdim=True), seen, ahead)
+    size = torch.where(use, z / focal, torch.full_like(z, float("nan")))
+    med = size.nanmedian(dim=0).values
+    return torch.nan_to_num(med, nan=float("inf"))
+
+
+# ---------------------------------------------------------------- sources
+def _log(msg: str) -> None:
+    print(f"init: {msg}", file=sys.stderr, flush=True)
+
+
+def _triangulated(frames, cache_dir, required: bool):
+    """(points, colours) or None: pycolmap is absent (an error when ``required``)."""
+    from .triangulate import pycolmap_available, triangulate_scene
+
+    if not pycolmap_available():
+        if required:
+            raise ConfigError("model.init=triangulate needs pycolmap: pip install pycolmap "
+                              "(or pip install -e '.[sfm]')")
+        _log("no point cloud and pycolmap is not installed (pip install pycolmap): "
+             "using plane-sweep stereo")
+        return None
+    _log(f"triangulating the {len(frames)} training images with their known poses (pycolmap; cached)")
+    return triangulate_scene(frames, cache_dir=cache_dir)
+
+
+def _stereo(frames, n: int, allowed=None, **settings):
+    from .stereo_points import stereo_points
+
+    return stereo_points(frames, n, allowed=allowed, **settings)
+
+
+def _random(frames, n: int, min_views: float, allowed=None):
+    from .random_points import photo_consistent_points
+
+    return photo_consistent_points(frames, n, min_views=min_views, allowed=allowed)
+
+
+def _no_shared_view_error(frames, min_views: float) -> SplatInputError:
+    """Why no source found a point: the cameras' geometry, named."""
+    centers = torch.stack([f.camera_center for f in frames]).double()
+    spread = float((centers - centers.mean(0)).norm(dim=1).max())
+    if spread <= 1e-9 * max(1.0, float(centers.norm(dim=1).max())):
+        return SplatInputError(
+            f"initialisation found no points: all {len(frames)} training cameras sit at one point, so "
+            "nothing can be triangulated; check the poses (a panorama cannot be trained)")
+    return SplatInputError(
+        f"initialisation found no points: no region is seen by {math.ceil(min_views * len(frames))} "
+        f"of the {len(frames)} training cameras (model.init_random_min_views={min_views}); the cameras "
+        "share no view: check the poses (facing apart? a wrong axis convention?)")
+
+
+def _fmt(n: int) -> str:
+    return f"{n:,}"
+
+
+def initial_points(scene, init: str, num_stereo: int, num_random: int, random_min_views: float = 0.5,
+                   cache_dir=None, scene_name: str = "the scene",
+                   background: Optional[torch.Tensor] = None) -> InitialPoints:
+    """The start for ``model.init=init`` (see the module doc).
+
+    Args:
+        scene: a :class:`splat.data.SceneData`; its ``train`` frames are used.
+        init: one of :data:`INIT_MODES`.
+        num_stereo: at most this many plane-sweep stereo points.
+        num_random: random points (``auto`` adds this many times the
+            uncovered fraction).
+        random_min_views: random candidates must be in view of this fraction of the cameras.
+        cache_dir: triangulation cache (None: the default).
+        scene_name: how errors name the scene (its folder).
+        background: [3] the render's background colour: cells of that colour
+            need no points (see :func:`coverage`).
+
+    Raises:
+        SplatInputError: ``points`` without a point cloud; nothing found
+            (naming the cameras' geometry as the cause).
+        ConfigError: ``triangulate`` without pycolmap.
+    """
+    if init not in INIT_MODES:
+        raise ValueError(f"init must be one of {INIT_MODES}, got {init!r}")
+    frames = scene.train
+    has_points = scene.points is not None and len(scene.points) > 0
+    if init == "points" and not has_points:
+        raise SplatInputError(f"model.init=points but {scene_name} has no point cloud")
+    empty = torch.zeros(0, 3)
+    t0 = time.perf_counter()
+    parts = []  # (points, colours, label)
+
+    if init in ("points", "auto") and has_points:
+        parts.append((scene.points.float(), scene.point_colors.float(), "scene"))
+    elif init in ("triangulate", "auto"):
+        found = _triangulated(frames, cache_dir, required=init == "triangulate")
+        if found is not None and len(found[0]) >= (1 if init == "auto" else MIN_INIT_POINTS):
+            parts.append((found[0], found[1], "triangulated"))
+        elif found is not None:
+            _log(f"triangulation found only {len(found[0])} points: using plane-sweep stereo")
+            init = "stereo"
+    if init == "stereo":
+        pts, cols = _stereo(frames, num_stereo)
+        if len(pts) >= MIN_INIT_POINTS:
+            parts.append((pts, cols, "stereo"))
+        else:
+            _log(f"plane-sweep stereo found only {len(pts)} points: using random points")
+            init = "random"
+    if init == "random":
+        pts, cols = _random(frames, num_random, random_min_views)
+        if len(pts):
+            parts.append((pts, cols, "random"))
+
+    def current():
+        if not parts:
+            return empty, empty
+        return torch.cat([p for p, _, _ in parts]), torch.cat([c for _, c, _ in parts])
+
+    covs = [coverage(current()[0], frames, background)]
+    if init == "auto":
+        for source in ("stereo", "random"):
+            if covs[-1] >= FILL_BELOW:
+                break
+            have = current()[0]
+            allowed = uncovered_filter(have, frames, background) if len(have) else None
+            if source == "stereo":
+                pts, cols = _stereo(frames, num_stereo, allowed=allowed, **FILL_STEREO)
+            else:
+                n = int(math.ceil(num_random * (1.0 - covs[-1])))
+                pts, cols = _random(frames, n, random_min_views, allowed=allowed)
+            if len(pts) == 0:
+                continue
+            parts.append((pts, cols, source))
+            covs.append(coverage(current()[0], frames, background))
+
+    pts, cols = current()
+    if len(pts) == 0:
+        raise _no_shared_view_error(frames, random_min_views)
+    counts = " + ".join(f"{_fmt(len(p))} {label}" for p, _, label in parts)
+    if len(parts) == 1 and parts[0][2] == "scene":
+        counts = f"the scene's {_fmt(len(pts))}"
+    cov_text = " -> ".join(f"{100 * c:.0f} %" for c in covs)
+    desc = (f"{counts} points (coverage {cov_text}; {time.perf_counter() - t0:.0f} s)")
+    return InitialPoints(points=pts.contiguous(), colors=cols.clamp(0, 1).contiguous(),
+                         max_scales=MAX_INIT_SCALE_PX * pixel_footprint(pts, frames),
+                         description=desc, coverage=covs)
