@@ -111,7 +111,8 @@ def load_run(model_dir, data: Optional[str] = None, overrides=()):
 
     The model comes from ``point_cloud.ply`` (written at the end of training)
     or, for an unfinished run, from the newest checkpoint.  ``data`` replaces
-    the data folder recorded in ``config.yaml``.
+    the data folder recorded in ``config.yaml``.  A model with no surfels is
+    a SplatInputError naming its file.
     """
     from .data import load_scene_from_config
     from .model import GaussianModel, load_ply
@@ -127,13 +128,17 @@ def load_run(model_dir, data: Optional[str] = None, overrides=()):
         cfg["data"]["path"] = str(data)
     ply = model_dir / "point_cloud.ply"
     if ply.is_file():
-        model = load_ply(ply)
+        model, source = load_ply(ply), ply
     else:
         run = read_run_file(model_dir)
         ckpt = load_latest_checkpoint(model_dir, run["run_id"] if run else None)
         if ckpt is None:
             raise SplatInputError(f"{model_dir}: neither point_cloud.ply nor a readable checkpoint of this run")
-        model = GaussianModel(ckpt["params"], ckpt["sh_degree"])
+        model, source = GaussianModel(ckpt["params"], ckpt["sh_degree"]), ckpt["path"]
+    if model.num_gaussians == 0:
+        # An error, not a warning: every image would be the background alone
+        # and a mesh empty, which is no use and easy to mistake for a result.
+        raise SplatInputError(f"{source}: the model has no surfels: nothing to render")
     scene = load_scene_from_config(cfg["data"])
     return model, cfg, scene
 

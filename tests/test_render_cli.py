@@ -4,6 +4,7 @@ the --mesh path (exit code 2 with an install hint when open3d is missing)."""
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -86,3 +87,23 @@ def test_render_bad_model_dir(tmp_path, capsys):
 
     assert main(["--model", str(tmp_path / "nope")]) == 1
     assert "config.yaml" in capsys.readouterr().err
+
+
+def test_render_a_model_without_surfels_is_an_error(trained, tmp_path, capsys):
+    """Every image would be the background alone: one line naming the model file, nothing written."""
+    from plyfile import PlyData, PlyElement
+
+    from splat.render import main
+
+    _, out, _ = trained
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(out / "config.yaml", run / "config.yaml")
+    names = ["x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2", "opacity", "scale_0", "scale_1",
+             "rot_0", "rot_1", "rot_2", "rot_3"]
+    empty = np.zeros(0, dtype=[(n, "f4") for n in names])
+    PlyData([PlyElement.describe(empty, "vertex")]).write(str(run / "point_cloud.ply"))
+    assert main(["--model", str(run), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert err == f"error: {run / 'point_cloud.ply'}: the model has no surfels: nothing to render\n", err
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "point_cloud.ply"]
