@@ -12,8 +12,13 @@ centres; the test checks the residuals of centres and rotations.
 from __future__ import annotations
 
 import math
+import shutil
+import signal
+import struct
+import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -162,21 +167,73 @@ ROT_TOL_DEG = 2.0
 REL_TOL_DEG = 2.0
 
 
+def write_unusable_files(folder: Path) -> dict:
+    """Files with image extensions that are not usable photos: {name: words of the reason}."""
+    (folder / "notes.jpg").write_text("not a photo")
+    (folder / "empty.png").write_bytes(b"")
+    Image.fromarray(np.full((40, 60, 3), 128, np.uint8)).save(folder / "grey.png")
+    data = (folder / "grey.png").read_bytes()
+    (folder / "grey.png").unlink()
+    (folder / "cut.png").write_bytes(data[: len(data) // 2])
+    jpeg = next(folder.glob("view_*.jpg")).read_bytes()
+    (folder / "cut.jpg").write_bytes(jpeg[: len(jpeg) // 3])
+
+    def chunk(kind, payload):
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+    # a valid PNG header announcing 100000 x 100000 pixels (30 GB decoded)
+    (folder / "huge.png").write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 100000, 100000,
+                                                                                          8, 2, 0, 0, 0))
+                                     + chunk(b"IDAT", zlib.compress(b"\0" * 16)) + chunk(b"IEND", b""))
+    return {"notes.jpg": "not an image", "empty.png": "empty file", "cut.png": "truncated",
+            "cut.jpg": "truncated", "huge.png": "absurd size: 10,000,000,000 pixels"}
+
+
+def write_previous_scene(out: Path) -> dict:
+    """A stand-in for an earlier conversion in ``out``: {relative path: bytes}."""
+    files = {"images/old.jpg": b"old image", "sparse/0/cameras.bin": b"old cameras",
+             "distorted/database.db": b"old database"}
+    for rel, data in files.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(data)
+    return files
+
+
+def hidden_entries(out: Path) -> list:
+    return sorted(p.name for p in out.iterdir() if p.name.startswith("."))
+
+
 @pytest.mark.parametrize("matcher", ["exhaustive", "sequential"])
 def test_convert_recovers_poses_and_the_scene_loads(photos, tmp_path, capsys, matcher):
+    """exhaustive: into a new folder; sequential: as a user's second try, with
+    junk among the photos and --overwrite over the previous scene."""
     from splat.data import load_scene
 
     folder, true = photos
     out = tmp_path / "scene"
+    extra, junk = [], {}
+    if matcher == "sequential":
+        mixed = tmp_path / "photos"
+        shutil.copytree(folder, mixed)
+        folder, junk = mixed, write_unusable_files(mixed)
+        old = write_previous_scene(out)
+        extra = ["--overwrite"]
     t0 = time.perf_counter()
     code = convert_cli.main(["--images", str(folder), "--out", str(out), "--matcher", matcher,
-                             "--single-camera", "--threads", "2"])
+                             "--single-camera", "--threads", "2", *extra])
     err = capsys.readouterr().err
     assert code == 0, err
+    skipped = f" ({len(junk)} other files skipped, see above)" if junk else ""
     for words in ("feature extraction", f"{matcher} matching", "incremental mapping", "undistortion",
-                  f"registered {N_VIEWS} of {N_VIEWS} images"):
+                  f"registered {N_VIEWS} of {N_VIEWS} images{skipped}; scene written"):
         assert words in err, (words, err)
+    for name, why in junk.items():  # each one named, with the reason, on a line of its own
+        assert sum(line.startswith(f"skipped {folder / name}: {why}") for line in err.splitlines()) == 1, (name, err)
+    if junk:
+        assert not any((out / rel).is_file() and (out / rel).read_bytes() == data for rel, data in old.items())
+    assert hidden_entries(out) == []  # no work folder left
     assert (out / "sparse" / "0" / "cameras.bin").is_file() and (out / "images" / "view_00.jpg").is_file()
+    assert (out / "distorted" / "database.db").is_file()
     scene = load_scene(out, test_every=0)
     assert len(scene.train) == N_VIEWS and scene.points is not None and len(scene.points) > 100
     for f in scene.train:
@@ -250,6 +307,21 @@ def test_previous_conversion_needs_overwrite(capsys, tmp_path, photos):
     _one_error(err, "already holds sparse", "--overwrite")
 
 
+def test_a_foreign_distorted_folder_is_kept_without_overwrite(capsys, tmp_path, photos):
+    """The 3DGS convert.py layout: input/, distorted/database.db, distorted/sparse/.
+    convert cannot tell it wrote distorted/, so it refuses instead of replacing the database."""
+    folder, _ = photos
+    out = tmp_path / "scene"
+    shutil.copytree(folder, out / "input")
+    (out / "distorted" / "sparse" / "0").mkdir(parents=True)
+    (out / "distorted" / "database.db").write_bytes(b"the user's database")
+    code, err = _convert(capsys, "--images", out / "input", "--out", out, "--threads", "2")
+    assert code == 1
+    _one_error(err, str(out), "already holds distorted", "--overwrite")
+    assert (out / "distorted" / "database.db").read_bytes() == b"the user's database"
+    assert sorted(p.name for p in out.iterdir()) == ["distorted", "input"]
+
+
 def test_unmatchable_photos_fail_with_one_line(capsys, tmp_path):
     folder = tmp_path / "noise"
     folder.mkdir()
@@ -259,10 +331,59 @@ def test_unmatchable_photos_fail_with_one_line(capsys, tmp_path):
     code, err = _convert(capsys, "--images", folder, "--out", tmp_path / "o", "--threads", "2")
     assert code == 1
     _one_error(err, "reconstruction failed")
-    assert not (tmp_path / "o" / "sparse").exists()  # nothing half-written for train.py to pick up
-    assert (tmp_path / "o" / "distorted").is_dir()
-    code, err = _convert(capsys, "--images", folder, "--out", tmp_path / "o", "--threads", "2")
-    _one_error(err, "reconstruction failed")  # a failed run's leftovers need no --overwrite
+    assert not (tmp_path / "o").exists()  # a failed run leaves no output folder behind
+    # over a previous scene, with --overwrite: the failure leaves it as it was
+    out = tmp_path / "scene"
+    old = write_previous_scene(out)
+    from splat.sfm.colmap_pipeline import MARKER
+    (out / ".convert-new-killed").mkdir()  # a work folder of a killed run: convert's, so removed
+    (out / ".convert-new-killed" / MARKER).write_text("")
+    (out / ".convert-new-mine").mkdir()  # no marker: not convert's, so left alone
+    code, err = _convert(capsys, "--images", folder, "--out", out, "--threads", "2", "--overwrite")
+    assert code == 1
+    _one_error(err, "reconstruction failed")
+    assert f"removed {out / '.convert-new-killed'} (left by an interrupted conversion)" in err
+    assert {rel: (out / rel).read_bytes() for rel in old} == old
+    assert sorted(p.name for p in out.iterdir()) == [".convert-new-mine", "distorted", "images", "sparse"]
+
+
+def test_unusable_files_are_named_and_too_few_photos_refused(capsys, tmp_path, photos):
+    folder, _ = photos
+    mixed = tmp_path / "photos"
+    mixed.mkdir()
+    for name in ("view_00.jpg", "view_01.jpg"):
+        shutil.copy(folder / name, mixed / name)
+    junk = write_unusable_files(mixed)
+    code, err = _convert(capsys, "--images", mixed, "--out", tmp_path / "o")
+    assert code == 1
+    _one_error(err, str(mixed), f"only 2 usable images ({len(junk)} skipped, see above); at least 3 are needed")
+    lines = err.splitlines()
+    for name, why in junk.items():
+        assert sum(line.startswith(f"skipped {mixed / name}: {why}") for line in lines) == 1, (name, err)
+    assert len(lines) == len(junk) + 1 and not (tmp_path / "o").exists()
+
+
+def test_sigterm_stops_convert_cleanly(tmp_path, photos):
+    """SIGTERM during the reconstruction: one line and exit code 143, no native
+    stack dump from the failure-signal handler pycolmap installs on import, and
+    no output folder (it did not exist before)."""
+    folder, _ = photos
+    out = tmp_path / "scene"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "convert.py"), "--images", str(folder), "--out", str(out),
+                             "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()  # pycolmap is imported by now; the reconstruction takes seconds
+        assert line.startswith("[1/4] feature extraction"), line
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=120) == 143, rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rest.splitlines()[-1] == "error: terminated (SIGTERM)", rest
+    assert "SIGTERM received" not in rest and "Aborted at" not in rest and "Traceback" not in rest, rest
+    assert not out.exists()
 
 
 def test_missing_pycolmap_is_one_line(capsys, tmp_path, photos, monkeypatch):
@@ -281,6 +402,8 @@ def test_too_few_registered_images_is_an_error(tmp_path, photos):
     few.mkdir()
     for k in range(4):
         (few / f"view_{k:02d}.jpg").write_bytes((folder / f"view_{k:02d}.jpg").read_bytes())
-    with pytest.raises(SfmError, match=r"only \d of 4 images were registered \(at least 5 needed\)"):
+    # a fifth usable photo that matches none of them (fewer than 5 usable photos is refused up front)
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (150, 200, 3), dtype=np.uint8)).save(few / "noise.png")
+    with pytest.raises(SfmError, match=r"only \d of 5 images were registered \(at least 5 needed\)"):
         convert(few, tmp_path / "o", single_camera=True, num_threads=2, min_registered=5, log=lambda s: None)
     assert not (tmp_path / "o" / "sparse").exists()
