@@ -224,6 +224,95 @@ def test_view_command_prints_the_address_and_serves(run_dir):
                 proc.wait()
 
 
+def _hold_connections(port: int) -> list:
+    """Connections that never finish by themselves, each accepted and answered
+    by the server before this returns: a plain HTTP keep-alive connection (what
+    a browser leaves after loading the page), a connection that sends half a
+    request, and a websocket client that will not answer the closing handshake."""
+    import viser
+
+    def connect():
+        return socket.create_connection(("127.0.0.1", port), timeout=60)
+
+    def read_head(s):
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(65536)
+            assert chunk, data
+            data += chunk
+        return data
+
+    http = connect()
+    http.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: keep-alive\r\n\r\n")
+    assert read_head(http).startswith(b"HTTP/1.1 200")
+    half = connect()
+    half.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n")
+    ws = connect()
+    ws.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+               b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+               + f"Sec-WebSocket-Protocol: viser-v{viser.__version__}\r\n\r\n".encode())
+    assert read_head(ws).startswith(b"HTTP/1.1 101")
+    return [http, half, ws]
+
+
+#: The server must be gone this soon after close() / the signal.  Closing waits
+#: for no peer (a few milliseconds of work); before the fix it waited 6 s for
+#: viser's stop() and then left its thread running.
+PROMPT_S = 3.0
+
+
+def test_close_ends_lingering_connections_at_once(run_dir):
+    from splat.viewer.load import load_for_viewer
+    from splat.viewer.server import ViewerServer
+
+    inp = load_for_viewer(run_dir)
+    view = ViewerServer(inp.model, inp.start, port=0)
+    held = []
+    try:
+        held = _hold_connections(view.port)
+    finally:
+        t0 = time.perf_counter()
+        view.close()
+        seconds = time.perf_counter() - t0
+        for s in held:
+            s.close()
+    print(f"close() with {len(held)} lingering connections: {seconds:.2f} s")
+    assert not view.server._websock_server._server_thread.is_alive()  # the server's thread finished
+    assert seconds < PROMPT_S
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_view_command_stops_promptly_with_connections_open(run_dir, sig):
+    """Ctrl+C (or SIGTERM) with a browser's keep-alive connection open: the
+    server stops at once and cleanly (its "Server stopped"), exit code 0; a
+    connection closed before sending a request leaves no traceback."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")  # lines arrive as printed
+    proc = subprocess.Popen([sys.executable, str(ROOT / "view.py"), "--model", str(run_dir), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    held = []
+    try:
+        line = _readline(proc.stdout, 120)
+        port = int(line.split(" at ")[1].split()[0].rsplit(":", 1)[1])
+        socket.create_connection(("127.0.0.1", port), timeout=60).close()  # a port check, a browser's unused socket
+        held = _hold_connections(port)
+        t0 = time.perf_counter()
+        proc.send_signal(sig)
+        stopped = _readline(proc.stdout, 60)
+        seconds = time.perf_counter() - t0
+        assert proc.wait(timeout=60) == 0
+        err = proc.stderr.read()
+    finally:
+        for s in held:
+            s.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    print(f"{signal.Signals(sig).name} with {len(held)} connections open: server stopped after {seconds:.2f} s")
+    assert stopped == "(viser) Server stopped\n"
+    assert seconds < PROMPT_S
+    assert "Traceback" not in err, err
+
+
 def test_training_hook_pauses_and_publishes(run_dir):
     from splat.viewer.load import load_for_viewer
     from splat.viewer.server import TrainingView

@@ -19,9 +19,13 @@ connected the callback only stores a few numbers.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import io
+import logging
 import math
+import signal
 import socket
 import sys
 import threading
@@ -41,6 +45,9 @@ from .colormap import COLORMAPS, MODES, colorbar, describe_range, to_tensor_bg, 
 SETTLE_S = 0.25
 #: Lowest resolution scale used while moving.
 MIN_SCALE = 0.1
+#: Seconds websocket clients get for the closing handshake when the server
+#: stops, before their connections are aborted (see ViewerServer._end_connections).
+CLOSE_GRACE_S = 0.5
 
 
 def check_port(port: int) -> int:
@@ -66,6 +73,24 @@ def pick_port(host: str, port: int) -> int:
                 continue
             return int(s.getsockname()[1])
     raise SplatInputError(f"cannot serve on {host}: {last.strerror or last}")
+
+
+class _NoHandshakeErrors(logging.Filter):
+    """Drops websockets' "opening handshake failed" error, a traceback on
+    stderr for every connection that closes before sending a whole HTTP
+    request (a browser's unused pre-connected socket, a port check): the
+    client's doing, nothing for the viewer's user to act on.  viser adds the
+    same filter itself, but only once a first page request has arrived."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "opening handshake failed"
+
+
+def quiet_handshake_errors() -> None:
+    """Install :class:`_NoHandshakeErrors` on websockets' server logger (once)."""
+    log = logging.getLogger("websockets.server")
+    if not any(isinstance(f, _NoHandshakeErrors) for f in log.filters):
+        log.addFilter(_NoHandshakeErrors())
 
 
 def url_of(host: str, port: int) -> str:
@@ -106,6 +131,7 @@ class ViewerServer:
         radius = scene_radius or float(np.linalg.norm(start.look_at - start.position)) or 1.0
 
         chosen = pick_port(host, port)
+        quiet_handshake_errors()
         with contextlib.redirect_stdout(io.StringIO()):  # viser prints its own address box; we print one line
             self.server = viser.ViserServer(host=host, port=chosen, label=title, verbose=False)
         try:
@@ -189,19 +215,84 @@ class ViewerServer:
             self._wake.notify_all()
 
     def close(self) -> None:
+        """Stop rendering and serving; returns within about :data:`CLOSE_GRACE_S`."""
         with self._wake:
             self._stopped = True
             self._wake.notify_all()
         self._thread.join(timeout=10)
+        self._end_connections(CLOSE_GRACE_S)
         self.server.stop()
 
+    def _end_connections(self, grace: float) -> None:
+        """End the connections that are not websockets now, and every
+        connection still open ``grace`` seconds from now.
+
+        Stopping the websockets server waits for every connection handler to
+        end, and a connection that never became a websocket -- a browser's
+        idle keep-alive or pre-connected socket, any plain HTTP client -- ends
+        only at websockets' 10 s ``open_timeout``; a websocket client that
+        does not answer the closing handshake (a frozen tab, a bare socket)
+        holds it for the 10 s ``close_timeout``.  viser's ``stop()`` gives its
+        server thread 1 s + 5 s and then abandons it, so Ctrl+C took 6-7 s
+        and the process exited with that thread still running ("Server
+        stopped" never printed).  Here the handshake-stage handlers are
+        cancelled (websockets' own path for a cancelled handshake: it aborts
+        the connection, silently), and after ``grace`` -- the closing
+        handshake of a live browser takes milliseconds -- the remaining
+        connections are aborted, which ends their closing handshake and
+        viser's handler (it runs its disconnect teardown), so the server
+        thread finishes."""
+        loop = getattr(getattr(self.server, "_websock_server", None), "_background_event_loop", None)
+        if loop is None:  # another viser layout: its own stop() decides how long it takes
+            return
+        from websockets.protocol import State
+
+        def connections():  # (handler task, connection) of every connection; on the server's loop
+            for task in asyncio.all_tasks(loop):
+                coro = task.get_coro()
+                if getattr(coro, "__qualname__", "") == "Server.conn_handler":
+                    yield task, inspect.getcoroutinelocals(coro).get("connection")
+
+        def cancel_handshakes() -> None:
+            for task, connection in connections():
+                if getattr(getattr(connection, "protocol", None), "state", None) is not State.OPEN:
+                    task.cancel()
+
+        def abort_all() -> None:
+            for task, connection in connections():
+                transport = getattr(connection, "transport", None)
+                if transport is not None:
+                    transport.abort()
+                else:
+                    task.cancel()
+
+        try:  # both run before the stop request that server.stop() queues after them
+            loop.call_soon_threadsafe(cancel_handshakes)
+            loop.call_soon_threadsafe(loop.call_later, grace, abort_all)
+        except RuntimeError:  # the loop is closed already: nothing left to end
+            pass
+
     def serve_until_interrupted(self) -> None:
-        """Block until Ctrl+C (SIGINT); the caller closes the server."""
+        """Block until Ctrl+C (SIGINT) or SIGTERM; the caller closes the server.
+
+        Both signals get Python's KeyboardInterrupt handler here, in the main
+        thread: a process started with SIGINT ignored (a background job of a
+        non-interactive shell, as some test and CI runners start commands)
+        gets no KeyboardInterrupt handler from Python at all, and the viewer,
+        whose only way to stop is a signal, would then ignore Ctrl+C and
+        ``kill -INT`` for ever.  The previous handlers are restored on return."""
+        previous = {}
         try:
+            if threading.current_thread() is threading.main_thread():  # signal.signal works only there
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    previous[sig] = signal.signal(sig, signal.default_int_handler)
             while not self._stopped:
-                time.sleep(0.5)
+                time.sleep(0.5)  # a signal cuts it short
         except KeyboardInterrupt:
             pass
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
     def last_frame(self, client_id: Optional[int] = None) -> Dict:
         """Info on the last frame sent to a browser (camera, size, scale, ms, range); for tests and stats."""
