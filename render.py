@@ -9,6 +9,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run from a checkout without installing
 
 if __name__ == "__main__":
-    from splat.render import main
+    try:
+        from splat.render import main
 
-    sys.exit(main())
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl+C during the imports (torch: seconds), before run_cli's handler is in place
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)

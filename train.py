@@ -11,8 +11,9 @@ sections, values parsed as YAML; they may stand anywhere among the flags);
 see splat/config.py for every field, its type and range.  OUT must be empty
 or hold this same run (``--resume``); ``--overwrite`` deletes another run's
 outputs there first.  Mistakes print one line ``error: ...`` (exit code 1;
-2 for bad flags); ``--debug`` shows the traceback instead.  The work is done
-by splat.trainer.
+2 for bad flags); Ctrl+C and SIGTERM stop it with one line too (exit codes
+130 and 143), keeping the checkpoints written so far for ``--resume``;
+``--debug`` shows the traceback instead.  The work is done by splat.trainer.
 """
 
 import argparse
@@ -79,9 +80,14 @@ def main(argv=None) -> int:
     args = build_parser().parse_intermixed_args(argv)  # key=value may stand between flags
     from splat.data import DataError
     from splat.errors import run_cli
+    from splat.sfm.sigterm import sigterm_as_interrupt
 
-    return run_cli(lambda: run(args), debug=args.debug, extra=(DataError,))
+    return run_cli(sigterm_as_interrupt(lambda: run(args), args.debug), debug=args.debug, extra=(DataError,))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl+C during the imports (torch: seconds), before run_cli's handler is in place
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -167,3 +169,101 @@ def test_render_errors(tmp_path, scene):
     assert "has no model parameters" in res.stderr  # the warning says why it was skipped
     res = _render("--model", out, "--no-progress", "render.near=-1")
     _one_error_line(res.stderr, "render.near", "-1")
+
+
+# ------------------------------------------------------------ interrupts
+#: Runs the script argv[1] as ``python script args...`` would, but holds the
+#: first ``import torch`` (seconds of a real start-up) and says so on stdout,
+#: so that the test interrupts exactly then.  SIGINT is set to Python's
+#: default as a terminal would have it: a test runner started as a background
+#: job of a non-interactive shell passes SIGINT on ignored.
+_HOLD_TORCH_IMPORT = """
+import importlib.abc, runpy, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
+class Hold(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            print("importing torch", flush=True)
+            time.sleep(120)
+sys.meta_path.insert(0, Hold())
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def _signal_after_line(cmd, line: str, sig, **popen) -> tuple:
+    """(exit code, stderr) of ``cmd``, sent ``sig`` once it has printed ``line`` on stdout."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    try:
+        assert proc.stdout.readline() == line
+        proc.send_signal(sig)
+        err = proc.communicate(timeout=60)[1]  # a safety net: it ends at once
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("script, args", [
+    ("view.py", ["--model", "m"]),
+    ("convert.py", ["--images", "i", "--out", "o"]),
+    ("train.py", ["--data", "d", "--out", "o"]),
+    ("render.py", ["--model", "m"]),
+])
+def test_ctrl_c_during_start_up_is_one_line(script, args, tmp_path):
+    code, err = _signal_after_line([sys.executable, "-c", _HOLD_TORCH_IMPORT, str(ROOT / script), *args],
+                                   "importing torch\n", signal.SIGINT, cwd=tmp_path)
+    assert (code, err) == (130, "error: interrupted\n"), err
+
+
+def _native_dump(err: str) -> bool:
+    """Whether ``err`` holds glog's failure-signal report (pycolmap installs it on import)."""
+    return "SIGTERM received" in err or "*** Aborted at" in err
+
+
+def test_sigterm_after_importing_pycolmap_is_one_line():
+    """The handler comes back after pycolmap's import replaced it (import after the handler is set)."""
+    pytest.importorskip("pycolmap")
+    code = ("import sys, time\n"
+            f"sys.path.insert(0, {str(ROOT)!r})\n"
+            "from splat.sfm.sigterm import sigterm_as_interrupt\n"
+            "def work():\n"
+            "    import pycolmap  # installs glog's failure-signal handler, SIGTERM included\n"
+            "    print('imported', flush=True)\n"
+            "    time.sleep(120)\n"
+            "sys.exit(sigterm_as_interrupt(work)())\n")
+    code, err = _signal_after_line([sys.executable, "-c", code], "imported\n", signal.SIGTERM)
+    assert not _native_dump(err), err
+    assert (code, err) == (143, "error: terminated (SIGTERM)\n"), err
+
+
+def test_train_sigterm_is_one_line_and_keeps_checkpoints(scene, tmp_path):
+    """SIGTERM to train.py (with pycolmap imported, as when it triangulates) ends
+    it like Ctrl+C: one line, exit code 143, the checkpoints kept for --resume."""
+    pytest.importorskip("pycolmap")
+    from splat.checkpoint import list_checkpoints
+
+    out = tmp_path / "out"
+    code = ("import runpy, sys\n"
+            "import pycolmap  # installs glog's failure-signal handler, SIGTERM included\n"
+            "sys.argv = sys.argv[1:]\n"
+            "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    args = [str(a) for a in _base(scene, out, "--iterations", 100000, "checkpoint.every=5")]
+    proc = subprocess.Popen([sys.executable, "-c", code, str(ROOT / "train.py"), *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300  # a safety net: the first checkpoint takes seconds
+        while not list_checkpoints(out) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read()
+        proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=120)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not _native_dump(err) and "Traceback" not in err, err
+    assert proc.returncode == 143, err
+    assert err.splitlines()[-1] == "error: terminated (SIGTERM)", err
+    assert list_checkpoints(out)
