@@ -320,6 +320,9 @@ def initial_points(scene, init: str, num_stereo: int, num_random: int, random_mi
             covs.append(coverage(current()[0], frames, background))
 
     pts, cols = current()
+    if len(pts) == 0 and num_random <= 0:
+        raise SplatInputError(f"model.init_num_random={num_random}: no surfels to train ({scene_name} has "
+                              "no point cloud and no other source found points)")
     if len(pts) == 0:
         raise _no_shared_view_error(frames, random_min_views)
     counts = " + ".join(f"{_fmt(len(p))} {label}" for p, _, label in parts)

@@ -1,0 +1,178 @@
+"""Training quality guard: every config x every init mode on the shared
+scenes, compared with the last stored run.  Run it before changing any
+training default (init, losses, strategy, configs); see CONTRIBUTING.md.
+
+::
+
+    python bench/quality.py --shared ../shared                       # everything (hours on 2 CPU cores)
+    python bench/quality.py --scenes still_life --configs fast default --inits auto points
+    python bench/quality.py ... --baseline bench/results/quality_cpu.json --out bench/results/quality_cpu.json
+
+Each run trains in a child process (so that its time and peak memory are
+its own) and records test PSNR / SSIM, depth and normal error against the
+scene's ground truth where it has one, surfels, training and wall seconds,
+peak memory and the ``init:`` line.  Then each (scene, config, init) that
+the baseline also holds is compared: a PSNR drop of more than
+:data:`MAX_PSNR_DROP_DB` or a depth error higher by more than
+:data:`MAX_DEPTH_RISE` (1 percentage point) is flagged, and the exit code is
+1 when anything is flagged.  The baseline is ``--baseline``, else the
+newest ``bench/results/quality*.json``.
+
+Scenes (folders under ``--shared``/scenes):
+
+``still_life``  NeRF layout (15 test views with ground-truth depth and
+                normals); ``points`` mode uses the 4,000 points of its
+                COLMAP model ``sparse/0`` (the same world frame).
+``dtu_scan24``  COLMAP layout (34k SfM points), every 8th view held out.
+``fox``         ``transforms.json``, no point cloud (``points`` is skipped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from report import commit, emit, machine  # noqa: E402
+
+SCENES = {
+    "still_life": dict(layout="nerf", points_from="sparse/0"),
+    "dtu_scan24": dict(layout="colmap", points_from=None),
+    "fox": dict(layout="transforms", points_from=None),
+}
+CONFIGS = {"fast": "configs/fast.yaml", "default": "configs/default.yaml"}
+INITS = ("points", "triangulate", "stereo", "random", "auto")
+#: Flag a run whose test PSNR is this much below the baseline's (dB).
+MAX_PSNR_DROP_DB = 0.5
+#: Flag a run whose relative depth error is this much above the baseline's (1 percentage point).
+MAX_DEPTH_RISE = 0.01
+METRICS = ("test.psnr", "test.ssim", "test.depth_rel_err", "test.normal_deg_err", "n_gaussians",
+           "train_seconds", "peak_memory_mb")
+
+
+def run_one(scene_dir: Path, layout: str, points_from, config: str, init: str, out: Path, overrides) -> dict:
+    """Child process: train one run and return its record."""
+    import torch
+
+    from splat.config import load_config
+    from splat.data import load_scene_from_config
+    from splat.data.colmap import read_model
+    from splat.trainer import Trainer
+
+    cfg = load_config(str(ROOT / config), [f"data.path={scene_dir}", f"data.layout={layout}",
+                                           f"model.init={init}", "log.progress=false", *overrides])
+    scene = load_scene_from_config(cfg["data"])
+    if points_from and scene.points is None:
+        _, _, xyz, rgb, _ = read_model(scene_dir / points_from)
+        scene.points = torch.from_numpy(xyz).float()
+        scene.point_colors = torch.from_numpy(rgb).float() / 255.0
+    t0 = time.perf_counter()
+    metrics = Trainer(cfg, out, scene=scene).train()
+    wall = time.perf_counter() - t0
+    return dict(metrics={k: metrics.get(k) for k in METRICS}, wall_seconds=round(wall, 1))
+
+
+def compare(runs: list, baseline: dict) -> list:
+    """Flags (one line each) for runs that lost quality against the baseline's same run."""
+    old = {(r["scene"], r["config"], r["init"]): r for r in baseline.get("runs", []) if "metrics" in r}
+    flags = []
+    for r in runs:
+        b = old.get((r["scene"], r["config"], r["init"]))
+        if b is None or "metrics" not in r:
+            continue
+        name = f"{r['scene']} {r['config']} init={r['init']}"
+        p, pb = r["metrics"].get("test.psnr"), b["metrics"].get("test.psnr")
+        if p is not None and pb is not None and p < pb - MAX_PSNR_DROP_DB:
+            flags.append(f"{name}: test PSNR {p:.2f} dB, {pb - p:.2f} dB below the baseline's {pb:.2f}")
+        d, db = r["metrics"].get("test.depth_rel_err"), b["metrics"].get("test.depth_rel_err")
+        if d is not None and db is not None and d > db + MAX_DEPTH_RISE:
+            flags.append(f"{name}: depth error {100 * d:.2f} %, above the baseline's {100 * db:.2f} % "
+                         f"by more than {100 * MAX_DEPTH_RISE:.0f} percentage point")
+    return flags
+
+
+def _newest_baseline(exclude: Path):
+    files = [p for p in (ROOT / "bench" / "results").glob("quality*.json") if p.resolve() != exclude.resolve()]
+    return max(files, key=lambda p: p.stat().st_mtime) if files else None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shared", default=str(ROOT.parent / "shared"), help="folder holding scenes/")
+    ap.add_argument("--scenes", nargs="+", default=list(SCENES), choices=list(SCENES))
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    ap.add_argument("--inits", nargs="+", default=list(INITS), choices=list(INITS))
+    ap.add_argument("--baseline", help="stored quality JSON to compare with (default: the newest)")
+    ap.add_argument("--out", help="write the report here too (e.g. bench/results/quality_cpu.json)")
+    ap.add_argument("--keep", help="keep the run folders under this folder (default: a temporary one)")
+    ap.add_argument("overrides", nargs="*", help="config overrides key=value applied to every run")
+    ap.add_argument("--child", nargs=5, metavar=("SCENE_DIR", "LAYOUT", "POINTS_FROM", "CONFIG", "INIT"),
+                    help=argparse.SUPPRESS)
+    ap.add_argument("--child-out", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args.child:
+        scene_dir, layout, points_from, config, init = args.child
+        rec = run_one(Path(scene_dir), layout, None if points_from == "-" else points_from, config, init,
+                      Path(args.child_out), args.overrides)
+        print("RESULT " + json.dumps(rec), flush=True)
+        return 0
+
+    shared = Path(args.shared)
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="splat_quality_"))
+    runs = []
+    for scene in args.scenes:
+        spec = SCENES[scene]
+        scene_dir = shared / "scenes" / scene
+        if not scene_dir.is_dir():
+            print(f"error: {scene_dir}: scene not found (--shared)", file=sys.stderr)
+            return 2
+        for config in args.configs:
+            for init in args.inits:
+                rec = dict(scene=scene, layout=spec["layout"], config=config, init=init)
+                if init == "points" and spec["points_from"] is None and spec["layout"] == "transforms":
+                    rec["skipped"] = "no point cloud"
+                    runs.append(rec)
+                    continue
+                out = work / f"{scene}_{config}_{init}"
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(scene_dir), spec["layout"],
+                       spec["points_from"] or "-", CONFIGS[config], init, "--child-out", str(out),
+                       *args.overrides]
+                print(f"== {scene} {config} init={init}", file=sys.stderr, flush=True)
+                proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+                init_lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("init: ")]
+                rec["init_line"] = init_lines[-1] if init_lines else None
+                result = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+                if proc.returncode != 0 or not result:
+                    rec["error"] = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+                else:
+                    rec.update(json.loads(result[-1][len("RESULT "):]))
+                print(f"   {json.dumps(rec)}", file=sys.stderr, flush=True)
+                runs.append(rec)
+
+    out_path = Path(args.out) if args.out else ROOT / "bench" / "results" / "quality_new.json"
+    base_path = Path(args.baseline) if args.baseline else _newest_baseline(out_path)
+    baseline = json.loads(base_path.read_text()) if base_path and base_path.is_file() else {}
+    flags = compare(runs, baseline)
+    report = dict(
+        benchmark="quality", machine=machine(), commit=commit(str(ROOT)), date=time.strftime("%Y-%m-%d"),
+        command="python bench/quality.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        thresholds=dict(max_psnr_drop_db=MAX_PSNR_DROP_DB, max_depth_rise=MAX_DEPTH_RISE),
+        baseline=str(base_path.relative_to(ROOT)) if base_path and base_path.is_file() else None,
+        flags=flags, runs=runs)
+    emit(report, args.out)
+    for f in flags:
+        print(f"FLAG {f}", file=sys.stderr)
+    return 1 if flags or any("error" in r for r in runs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
