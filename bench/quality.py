@@ -21,8 +21,9 @@ newest ``bench/results/quality*.json``.
 Scenes (folders under ``--shared``/scenes):
 
 ``still_life``  NeRF layout (15 test views with ground-truth depth and
-                normals); ``points`` mode uses the 4,000 points of its
-                COLMAP model ``sparse/0`` (the same world frame).
+                normals), so ``auto`` has no point cloud to start from;
+                ``points`` mode uses the 4,000 points of its COLMAP model
+                ``sparse/0`` (the same world frame).
 ``dtu_scan24``  COLMAP layout (34k SfM points), every 8th view held out.
 ``fox``         ``transforms.json``, no point cloud (``points`` is skipped).
 """
@@ -70,7 +71,7 @@ def run_one(scene_dir: Path, layout: str, points_from, config: str, init: str, o
     cfg = load_config(str(ROOT / config), [f"data.path={scene_dir}", f"data.layout={layout}",
                                            f"model.init={init}", "log.progress=false", *overrides])
     scene = load_scene_from_config(cfg["data"])
-    if points_from and scene.points is None:
+    if init == "points" and points_from and scene.points is None:
         _, _, xyz, rgb, _ = read_model(scene_dir / points_from)
         scene.points = torch.from_numpy(xyz).float()
         scene.point_colors = torch.from_numpy(rgb).float() / 255.0

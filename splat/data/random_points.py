@@ -43,6 +43,8 @@ _OFFSETS = torch.tensor([(di, dj) for di in (-1, 0, 1) for dj in (-1, 0, 1)])  #
 #: The best 1/REFINE_KEEP of the candidates are refined with REFINE_COPIES jittered copies each.
 REFINE_KEEP = 4
 REFINE_COPIES = 4
+#: Candidates scored at once (bounds the memory: ~SCORE_CHUNK x views x 1 KB).
+SCORE_CHUNK = 4096
 #: Candidates drawn per kept point.
 OVERSAMPLE = 16
 
@@ -162,9 +164,15 @@ def photo_consistent_points(
         score = torch.nan_to_num(score, nan=-100.0)
         return score, centre.nanmedian(dim=0).values
 
+    def score_in_chunks(p):
+        """score_points over chunks of SCORE_CHUNK candidates: its patches
+        are [views, candidates, 27] floats, 2 GB at once for 60 views."""
+        parts = [score_points(p[i:i + SCORE_CHUNK]) for i in range(0, len(p), SCORE_CHUNK)]
+        return torch.cat([s for s, _ in parts]), torch.cat([m for _, m in parts])
+
     # Coarse to fine: score the candidates, then jitter the best ones by about
     # their spacing and score again (sharper surfaces for the same cost).
-    score, med = score_points(p)
+    score, med = score_in_chunks(p)
     best = p[torch.argsort(-score, stable=True)[: max(n, len(p) // REFINE_KEEP)]]
     spacing = float(knn_mean_distance(best, k=3).median()) if len(best) > 3 else 0.0
     jitter = best.repeat(REFINE_COPIES, 1)
@@ -172,6 +180,6 @@ def photo_consistent_points(
     if allowed is not None:
         jitter = jitter[allowed(jitter)]
     p = torch.cat([best, jitter])
-    score, med = score_points(p)
+    score, med = score_in_chunks(p)
     order = torch.argsort(-score, stable=True)[:n]
     return p[order].contiguous(), med[order].clamp(0, 1).contiguous()
