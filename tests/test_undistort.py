@@ -321,7 +321,8 @@ def test_absurd_distortion_is_refused(tmp_path, k1):
     (root / "sparse/0/images.txt").write_text(
         "1 " + " ".join(repr(float(x)) for x in [*rotmat_to_qvec(V[:3, :3]), *V[:3, 3]]) + " 3 a.png\n\n")
     (root / "sparse/0/points3D.txt").write_text("")
-    with pytest.raises(DataError, match=r"images/a\.png: cannot undistort: camera .*OPENCV.*valid pixels"):
+    with pytest.raises(DataError, match=r"images/a\.png: cannot undistort \(.*cameras\.txt: camera 3\): "
+                                        r"camera .*OPENCV.*valid pixels"):
         load_scene(root, test_every=0, cache_dir=tmp_path / "c")
 
     root = tmp_path / "transforms"
@@ -331,5 +332,6 @@ def test_absurd_distortion_is_refused(tmp_path, k1):
     meta = {"fl_x": p[0], "fl_y": p[1], "cx": p[2], "cy": p[3], "w": size, "h": size, "k1": k1,
             "frames": [{"file_path": "images/a.png", "transform_matrix": c2w_gl}]}
     (root / "transforms.json").write_text(json.dumps(meta))
-    with pytest.raises(DataError, match=r"images/a\.png: cannot undistort: .*valid pixels"):
+    with pytest.raises(DataError, match=r"images/a\.png: cannot undistort \(transforms\.json: frames\[0\]\): "
+                                        r".*valid pixels"):
         load_scene(root, test_every=0, cache_dir=tmp_path / "c")

@@ -507,7 +507,8 @@ def load_colmap(
 
         # Check the size before decoding the whole image (PIL reads the header lazily).
         _check_size(ipath, cam, files["cameras"])
-        img, mask, (fx, fy, cx, cy) = load_camera_image(ipath, lens, downscale, bg, cache_dir, blank_pixels)
+        img, mask, (fx, fy, cx, cy) = load_camera_image(ipath, lens, downscale, bg, cache_dir, blank_pixels,
+                                                        camera_name=f"{files['cameras']}: camera {cam.id}")
         frames.append(
             Frame(
                 stem=Path(im.name).stem,

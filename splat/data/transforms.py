@@ -274,7 +274,8 @@ def load_transforms(
         W, H = image_size(ipath)
         cam = lens_camera_from_json(json_path, where, meta, fr, W, H)
         check_intrinsics(f"{json_path}: {where}", *cam.fxfycxcy())
-        img, alpha, (fx, fy, cx, cy) = load_camera_image(ipath, cam, downscale, bg, cache_dir, blank_pixels)
+        img, alpha, (fx, fy, cx, cy) = load_camera_image(ipath, cam, downscale, bg, cache_dir, blank_pixels,
+                                                         camera_name=f"{json_path.name}: {where}")
         loss_mask = None
         if masks != "none" and "mask_path" in fr:
             mpath = json_path.parent / fr["mask_path"]

@@ -405,8 +405,12 @@ def load_camera_image(
     cache_dir: Optional[Union[str, Path]] = None,
     blank_pixels: float = 0.0,
     kind: str = "image",
+    camera_name: str = "",
 ):
     """Load one image of camera ``cam`` as a pinhole image.
+
+    ``camera_name`` (e.g. ``"sparse/0/cameras.txt: camera 3"``) names the
+    camera in the error when its distortion cannot be undone.
 
     Returns ``(image [h, w, 3], mask [h, w] or None, (fx, fy, cx, cy) at full
     resolution of the pinhole image)``.  Distorted cameras go through the
@@ -421,7 +425,8 @@ def load_camera_image(
     try:
         new_cam = _new_camera(cam, blank_pixels)
     except ValueError as e:
-        raise DataError(f"{path}: cannot undistort: {e}") from None
+        where = f" ({camera_name})" if camera_name else ""
+        raise DataError(f"{path}: cannot undistort{where}: {e}") from None
     s = int(downscale)
     if new_cam.width < s or new_cam.height < s:  # else load_image would blame the cache file
         raise DataError(f"{path}: undistorted image of {new_cam.width}x{new_cam.height} pixels is smaller than "
