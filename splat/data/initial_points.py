@@ -6,7 +6,7 @@ judged by how much of the training views they cover, and combined.
     from splat.data.initial_points import initial_points
     start = initial_points(scene, "auto", num_stereo=20000, num_random=10000)
     start.points, start.colors      # [M, 3], [M, 3] in [0, 1]
-    start.description               # "526 triangulated + 9,100 stereo points (coverage 31 % -> 94 %)"
+    start.description               # "476 triangulated + 20,000 stereo + 3,573 random points (coverage 29 % -> 64 % -> 72 %; 31 s)"
     start.max_scales                # [M] per-point bound on the initial surfel size (world units)
 
 Sources (``model.init``):
