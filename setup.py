@@ -97,8 +97,10 @@ setup(
     extras_require={
         # The test extra pulls every optional part the suite exercises, so CI
         # tests them all: pycolmap (convert.py, triangulation), viser and
-        # playwright (the viewer, driven in the system Chromium).
-        "test": ["pytest", "hypothesis", "pycolmap", "viser", "playwright"],
+        # playwright (the viewer, driven in the system Chromium), gsplat 1.5.0
+        # (its pure-Python DefaultStrategy reads splat.compat.gsplat's meta; its
+        # CUDA code is compiled only on first use, which the tests never make).
+        "test": ["pytest", "hypothesis", "pycolmap", "viser", "playwright", "gsplat==1.5.0"],
         "mesh": ["open3d"],
         "sfm": ["pycolmap"],
         "viewer": ["viser"],
