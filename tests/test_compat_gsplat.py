@@ -409,3 +409,71 @@ def test_meta_drives_gsplat_default_strategy(key):
         assert len(params["means"]) == 2 * n - 1  # each seen surfel cloned (small) or split (large)
         assert all(len(v) == 2 * n - 1 for v in params.values())
     torch.testing.assert_close(grad2d[False], grad2d[True])
+
+
+def _training_fixture(width=32, height=24):
+    """Four views [4, H, W, 3] over a white background of 40 random surfels, rendered by splat."""
+    s = random_scene(40, width, height, dtype=torch.float32, seed=4, scale_range=(0.15, 0.4))
+    eyes = [(0.3, -0.2, -4.0), (1.5, -0.5, -3.7), (-1.4, 0.3, -3.8), (0.2, 1.2, -3.8)]
+    viewmats = torch.stack([look_at_viewmat(e, (0.0, 0.0, 0.0), dtype=torch.float32) for e in eyes])
+    Ks = intrinsics(width, height, 60.0, dtype=torch.float32).expand(len(eyes), 3, 3)
+    images = torch.stack([splat.rasterize(s["means"], s["quats"], s["scales"], s["opacities"], s["colors"], v, Ks[0],
+                                          width, height, background=torch.ones(3)).rgb for v in viewmats])
+    return viewmats, Ks, images
+
+
+def test_gsplat_style_training_loop_reaches_psnr():
+    """gsplat's examples/simple_trainer.py 2DGS loop, through the shim: SH colours,
+    one camera a step, L1 + SSIM, normal and distortion terms, gsplat's own
+    DefaultStrategy cloning and splitting from meta["gradient_2dgs"].  300 steps
+    from 100 random surfels reach 35.8 dB on the four views (34.3 dB with
+    densification off); the bar is 35 dB.  dist_lambda is splat's 100 (see
+    docs/porting.md for converting gsplat's 0.01)."""
+    gsplat_strategy = pytest.importorskip("gsplat.strategy")
+    torch.manual_seed(0)  # gsplat's split samples with the global generator
+    viewmats, Ks, images = _training_fixture()
+    width, height = images.shape[2], images.shape[1]
+    g = torch.Generator().manual_seed(0)
+    n = 100
+    params = torch.nn.ParameterDict({
+        "means": (torch.rand(n, 3, generator=g) * 2 - 1) * torch.tensor([1.4, 1.1, 1.0]),
+        "scales": torch.full((n, 3), math.log(0.1)),
+        "quats": torch.randn(n, 4, generator=g),
+        "opacities": torch.full((n,), math.log(0.1 / 0.9)),
+        "sh0": (torch.rand(n, 1, 3, generator=g) - 0.5) / 0.28209479,
+        "shN": torch.zeros(n, 3, 3)})
+    lrs = dict(means=4e-3, scales=2e-2, quats=1e-2, opacities=5e-2, sh0=2e-2, shN=1e-3)
+    optimizers = {k: torch.optim.Adam([params[k]], lr=lrs[k], eps=1e-15) for k in params}
+    strategy = gsplat_strategy.DefaultStrategy(key_for_gradient="gradient_2dgs", refine_start_iter=100,
+                                               refine_every=50, refine_stop_iter=250, verbose=False)
+    strategy.check_sanity(params, optimizers)
+    state = strategy.initialize_state(scene_scale=1.0)
+
+    def render(cameras, sh_degree, grad=True):
+        with torch.set_grad_enabled(grad):
+            return shim.rasterization_2dgs(
+                params["means"], params["quats"], params["scales"].exp(), torch.sigmoid(params["opacities"]),
+                torch.cat([params["sh0"], params["shN"]], 1), viewmats[cameras], Ks[cameras], width, height,
+                near_plane=0.2, far_plane=200.0, sh_degree=sh_degree, backgrounds=torch.ones(len(cameras), 3),
+                render_mode="RGB+D", distloss=True)
+
+    for step in range(300):
+        i = step % len(images)
+        renders, alphas, normals, normals_from_depth, distort, _, info = render([i], min(step // 100, 1))
+        colors, pixels = renders[..., :3], images[i:i + 1]
+        strategy.step_pre_backward(params, optimizers, state, step, info)
+        loss = 0.8 * (colors - pixels).abs().mean() + 0.2 * (1 - splat.losses.ssim(colors[0], pixels[0]))
+        if step > 250:  # simple_trainer's normal consistency, on gsplat's layouts
+            normals = normals.squeeze(0).permute(2, 0, 1)
+            normals_from_depth = (normals_from_depth * alphas.squeeze(0).detach()).permute(2, 0, 1)
+            loss = loss + 0.05 * (1 - (normals * normals_from_depth).sum(dim=0)).mean()
+        if step > 150:
+            loss = loss + 100.0 * distort.mean()
+        loss.backward()
+        strategy.step_post_backward(params, optimizers, state, step, info)
+        for opt in optimizers.values():
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    assert len(params["means"]) > 2 * n  # densified through meta
+    final = render(list(range(len(images))), 1, grad=False)[0][..., :3]
+    assert splat.losses.psnr(final, images) >= 35.0
