@@ -64,6 +64,8 @@ def _leaves(p):
 @pytest.mark.parametrize("mode,channels", [("RGB", 3), ("D", 1), ("ED", 1), ("RGB+D", 4), ("RGB+ED", 4)])
 def test_render_mode_layouts_and_values(mode, channels):
     p = _scene()
+    if not mode.startswith("RGB"):
+        del p["backgrounds"]  # refused with depth-only modes
     colors, alphas, normals, surf, distort, median, meta = _call(p, render_mode=mode)
     C, H, W = 2, HEIGHT, WIDTH
     assert colors.shape == (C, H, W, channels)
@@ -325,6 +327,7 @@ def test_finite_differences_through_the_shim(mode, depth_mode):
     (dict(eps2d=float("nan")), "eps2d"),
     (dict(near_plane=0.0), "near_plane"),
     (dict(packed=1), "packed"),
+    (dict(render_mode="D"), "backgrounds"),  # _scene() has backgrounds
 ])
 def test_unsupported_arguments_raise_naming_them(kwargs, name):
     with pytest.raises(ValueError, match=name):

@@ -87,7 +87,8 @@ Gradients gsplat gets wrong, exact here:
 Arguments splat cannot honour raise a ``ValueError`` naming them:
 ``absgrad=True`` (no AbsGS per-pixel absolute gradient), ``sparse_grad=True``
 (gradients are dense), colours with other than 3 channels, per-camera SH
-coefficients, and leading batch dimensions.  ``eps2d`` has no effect, as in
+coefficients, leading batch dimensions, and ``backgrounds`` with a depth-only
+``render_mode`` (gsplat adds T bg to its depth channel then).  ``eps2d`` has no effect, as in
 gsplat's 2DGS projection, which never reads it; ``tile_size`` only sets the
 tile counts in ``meta`` (splat bins in tiles of
 :data:`splat.conventions.TILE_SIZE` whatever it is, with the same images).
@@ -244,6 +245,10 @@ def _check_arguments(means, scales, colors, viewmats, Ks, width, height, near_pl
     if backgrounds is not None and (not isinstance(backgrounds, torch.Tensor)
                                     or backgrounds.shape != (n_cameras, 3)):
         raise ValueError(f"backgrounds must be [C, 3] with C = {n_cameras}, got {_shape(backgrounds)}")
+    if backgrounds is not None and not render_mode.startswith("RGB"):
+        # gsplat would add T * background to its depth channel; splat puts nothing behind depth.
+        raise ValueError(f"backgrounds with render_mode={render_mode!r}: splat composites no background "
+                         "behind depth; pass backgrounds=None")
 
 
 def _shape(t):
