@@ -1,0 +1,503 @@
+"""2DGS's rasterizer interface (the ``diff_surfel_rasterization`` module) on splat's kernels.
+
+    from splat.compat.diff_surfel_rasterization import GaussianRasterizationSettings, GaussianRasterizer
+
+    rasterizer = GaussianRasterizer(GaussianRasterizationSettings(...))   # 2DGS's fields, 2DGS's order
+    color, radii, allmap = rasterizer(means3D, means2D, opacities, shs=..., scales=..., rotations=...)
+
+``pip install --no-build-isolation ./compat/diff-surfel-rasterization`` installs
+a module ``diff_surfel_rasterization`` that is this one, so 2DGS and its forks
+run unchanged (but for their ``.cuda()`` calls).  It runs on the tensors'
+device: splat's CUDA kernels for CUDA tensors, its C++ kernels for CPU ones.
+
+What it takes, in 2DGS's units and layouts
+    * ``viewmatrix``: 2DGS's ``world_view_transform``, world -> camera with
+      OpenCV axes, transposed (row vectors: the translation is its last row).
+      splat's ``viewmat`` is its transpose.
+    * ``projmatrix``: ``full_proj_transform`` = ``world_view_transform @
+      projection_matrix`` (transposed too).  The projection P = (viewmatrix^-1
+      projmatrix)^T must be a pinhole whose w is the camera z; its z row is
+      never used (2DGS's kernel drops it too).  ``tanfovx``/``tanfovy`` must
+      agree with it (P00 tanfovx = 1, P11 tanfovy = 1, to 1e-4).
+    * K, built here once, in splat's pixel convention (centre of column j at
+      x = j + 1/2; 2DGS's kernel puts it at x = j):
+          fx = W / (2 tanfovx),  fy = H / (2 tanfovy),
+          cx = W/2 (1 + P02),    cy = H/2 (1 + P12),   skew = W/2 P01,
+      so 2DGS's own cameras (P02 = P12 = 0) give the image centre (W/2, H/2),
+      and forks that shift the principal point through P are honoured.
+      Offsets and skews below 0.01 px are float32 rounding of projmatrix and
+      are taken as 0.
+    * ``scales`` [N, 2] linear standard deviations (2DGS's ``get_scaling``),
+      multiplied by ``scale_modifier``; ``rotations`` [N, 4] quaternions
+      (w, x, y, z); ``opacities`` [N, 1] or [N] in [0, 1].
+    * ``shs`` [N, K >= (sh_degree + 1)^2, 3] (2DGS's ``get_features``: the DC
+      coefficient first), colour = max(SH(dir) + 0.5, 0) with dir the unit
+      vector from ``campos`` to the mean; or ``colors_precomp`` [N, 3].
+    * ``cov3D_precomp`` [N, 9]: 2DGS's precomputed splat-to-pixel transform, the
+      rows Tu, Tv, Tw of M = [a b c] mapped to 2DGS's pixels (see
+      ``gaussian_renderer/__init__.py``, ``compute_cov3D_python``).  Shifted
+      here by half a pixel to splat's convention (Tu += Tw / 2, Tv += Tw / 2).
+      ``scale_modifier`` does not apply to it (2DGS folds it in when building
+      the transform); ``means3D`` still culls, sorts and gives the SH direction.
+    * ``prefiltered``: as in 2DGS a promise that no mean lies at camera
+      z <= 0.2; broken, it raises (2DGS's kernel traps).  ``debug``: on an
+      error, the inputs are saved to ``snapshot_fw.dump`` / ``snapshot_bw.dump``
+      in the working directory, as 2DGS does, and the error is raised.
+    * ``means2D`` [N, 2] or [N, 3]: values unused (2DGS passes zeros); its
+      gradient is filled, see below.
+
+What it returns
+    * ``color`` [3, H, W]: sum w c + T bg.
+    * ``radii`` [N] int32: 2DGS's screen radius, ceil(max(half-extents of the
+      bounding box of u^2 + v^2 <= 9, 3/sqrt(2))) pixels, so that 2DGS's
+      ``max_screen_size`` (20) means the same; 0 where splat draws nothing
+      (``radii > 0`` is 2DGS's visibility filter).  A surfel whose ellipse
+      reaches the camera plane gets max(W, H).
+    * ``allmap`` [7, H, W], each channel what 2DGS's renderer reads from it:
+          0    sum w z             not normalised (the renderer divides by alpha)
+          1    alpha = 1 - T
+          2:5  sum w n             view-space normals facing the camera, not
+                                   normalised (the renderer rotates them to world)
+          5    median depth        z of the last surfel entered with T > 0.5; 0 if none
+          6    distortion          sum_i sum_{j<i} w_i w_j (m_i - m_j)^2,
+                                   m(z) = 100/99.8 (1 - 0.2/z) (2DGS's near 0.2, far 100)
+    * ``means2D.grad[:, :2]``: splat's exact dL/d(screen translation of the
+      footprint) in 2DGS's NDC units, the pixel gradient times (W/2, H/2), so
+      that 2DGS's ``densify_grad_threshold`` (0.0002) has its units;
+      ``means2D.grad[:, 2:]`` is 0.
+
+Where the definitions differ from 2DGS's kernel (docs/porting.md has the detail)
+    * Low-pass centre: splat's screen-space fallback rho_2d = 2 |p - centre|^2
+      is centred on the projected 3D centre K c / c_z; 2DGS centres it on the
+      centre of the 3-sigma bounding box, which differs for a tilted surfel.
+    * Low-pass depth: where the fallback wins, splat's sample depth is the
+      centre's c_z; 2DGS uses the ray-plane intersection, which for a
+      sub-pixel or edge-on surfel is far from the surfel.
+    * Per-sample near test: splat skips a sample at z <= 0.2, 2DGS at z < 0.2
+      (with its intersection depth, also in the fallback).  An edge-on surfel
+      (q2 = 0, or its normal at right angles to the view ray) is culled by 2DGS
+      and drawn by its fallback in splat.
+    * Far: 2DGS culls nothing far away; splat culls centres at z >= far, so
+      the shim renders with far = 1e10 and rescales the distortion to 2DGS's
+      m(z) exactly (m scales linearly with far / (far - near)).
+    * Alpha clamp: min(0.99, o G) in both; splat gives the clamped branch
+      zero gradient, 2DGS passes dL/dalpha to o and G through the clamp.
+    * Distortion form: the same (2DGS's), with the same near and far.
+    * ``means2D`` gradient: 2DGS overwrites it with dL/dTu_z * c_z * W/2 from
+      the 3D branch only, which drops the low-pass pixels (most of a small
+      surfel's signal) and the a_z, b_z terms of a tilted one.  splat's is the
+      exact translation gradient.  Same units, so the threshold keeps its
+      meaning; a model with many sub-pixel surfels densifies more.
+    * Other gradients 2DGS gets wrong: with ``scale_modifier`` != 1 its
+      backward rebuilds the transform with modifier 1; in the fallback its
+      depth gradient ignores how the intersection moves with the surfel.
+      splat's gradients are exact everywhere.
+    * ``cov3D_precomp``: 2DGS writes the constant normal (0, 0, -1) and no
+      normal gradient; splat uses the transform's own normal, a x b from
+      K^-1 M, facing the camera, with its gradient.
+    * Hyper-parameters: ``lambda_dist``, ``lambda_normal``,
+      ``densify_grad_threshold``, ``opacity_cull`` and ``max_screen_size``
+      keep 2DGS's meaning and need no conversion.
+
+An argument splat cannot honour raises a one-line error naming it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from .. import conventions as cv
+from .._backend import has_extension
+from ..outputs import compose
+from ..rasterize import (
+    _check_magnitude,
+    _RasterizeSurfels,
+    _screen_bounds,
+    depth_in_range,
+    rasterize,
+)
+from ..reference import quat_to_rotmat
+from ..sh import MAX_SH_DEGREE, eval_sh, num_sh_bases
+
+#: 2DGS's kernel constants near_n and far_n: its near culling and per-sample
+#: test, and the range of the distortion's normalised depth m(z).
+NEAR = 0.2
+FAR = 100.0
+#: splat culls centres at z >= far; 2DGS culls nothing far, so the shim
+#: renders with this far and rescales the distortion (DISTORTION_SCALE).
+CULL_FAR = 1e10
+#: m(z) = far / (far - near) (1 - near / z) is linear in far / (far - near):
+#: the distortion, quadratic in m, converts by the squared ratio.
+DISTORTION_SCALE = ((FAR / (FAR - NEAR)) / (CULL_FAR / (CULL_FAR - NEAR))) ** 2
+#: 2DGS's radius: the 3-sigma box (cutoff 3), at least cutoff * FilterSize px.
+RADIUS_CUTOFF = 3.0
+RADIUS_MIN = RADIUS_CUTOFF * math.sqrt(0.5)
+#: Principal-point offsets and skews below this (pixels) are float32 rounding
+#: of projmatrix, not a camera's.
+SNAP_PIXELS = 0.01
+
+
+class GaussianRasterizationSettings(NamedTuple):
+    """2DGS's settings, field for field and in its order."""
+
+    image_height: int
+    image_width: int
+    tanfovx: float
+    tanfovy: float
+    bg: torch.Tensor  # [3]
+    scale_modifier: float
+    viewmatrix: torch.Tensor  # [4, 4] world_view_transform (transposed world -> camera)
+    projmatrix: torch.Tensor  # [4, 4] full_proj_transform
+    sh_degree: int
+    campos: torch.Tensor  # [3]
+    prefiltered: bool
+    debug: bool
+
+
+@dataclass(frozen=True)
+class Camera:
+    """splat's camera from 2DGS's settings: float64, on the CPU."""
+
+    viewmat: torch.Tensor  # [4, 4] world -> camera, OpenCV
+    K: torch.Tensor  # [3, 3] pixels, centre of pixel (i, j) at (j + 1/2, i + 1/2)
+    width: int
+    height: int
+    campos: torch.Tensor  # [3]
+    campos_is_centre: bool  # campos is the viewmatrix's camera centre (SH fused into splat's projection)
+
+    @property
+    def ndc_per_pixel(self):
+        """(W/2, H/2): a pixel gradient times this is 2DGS's NDC gradient."""
+        return (self.width / 2.0, self.height / 2.0)
+
+
+def _matrix4(name, m):
+    if not isinstance(m, torch.Tensor) or m.shape != (4, 4):
+        got = list(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__
+        raise ValueError(f"{name} must be a [4, 4] tensor, got {got}")
+    m = m.detach().to("cpu", torch.float64)
+    if not bool(torch.isfinite(m).all()):
+        raise ValueError(f"{name} contains NaN or Inf")
+    return m
+
+
+def camera_from_settings(settings: GaussianRasterizationSettings) -> Camera:
+    """Converts 2DGS's camera (transposed matrices, fields of view) to splat's (viewmat, K).
+
+    P = (viewmatrix^-1 projmatrix)^T is the pinhole projection; a camera point
+    (X, Y, Z) lands at 2DGS's pixel x = W/2 (P0 . (X, Y, Z, 1) / Z + 1) - 1/2
+    (column j's centre at x = j), which is splat's x - 1/2.  Hence
+    K = [[W / (2 tanfovx), W/2 P01, W/2 (1 + P02)], [0, H / (2 tanfovy), H/2 (1 + P12)], [0, 0, 1]].
+    """
+    width, height = settings.image_width, settings.image_height
+    for name, value in (("image_width", width), ("image_height", height)):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    view_t = _matrix4("viewmatrix", settings.viewmatrix)
+    full_t = _matrix4("projmatrix", settings.projmatrix)
+    if not torch.allclose(view_t[:, 3], view_t.new_tensor([0, 0, 0, 1]), atol=1e-6):
+        raise ValueError("viewmatrix must be 2DGS's world_view_transform (world->camera transposed: translation "
+                         f"in the last row, last column (0, 0, 0, 1)), got last column {view_t[:, 3].tolist()}")
+    viewmat = view_t.T.contiguous()
+    P = torch.linalg.solve(view_t, full_t).T  # [4, 4]; full_t = view_t @ P^T
+    big = float(P[:2, :3].abs().max())
+    tol = 1e-5 * max(big, 1.0)
+    if not (torch.allclose(P[3], P.new_tensor([0, 0, 1, 0]), atol=tol) and abs(float(P[1, 0])) <= tol
+            and abs(float(P[0, 3])) <= tol and abs(float(P[1, 3])) <= tol):
+        raise ValueError("projmatrix must be world_view_transform @ projection_matrix with a pinhole projection "
+                         "whose w is the camera z (2DGS's getProjectionMatrix, transposed)")
+    for name, tan, p in (("tanfovx", settings.tanfovx, float(P[0, 0])), ("tanfovy", settings.tanfovy, float(P[1, 1]))):
+        if not (isinstance(tan, (int, float)) and math.isfinite(tan) and tan > 0) or abs(p * tan - 1.0) > 1e-4:
+            raise ValueError(f"{name}={tan!r} disagrees with projmatrix, whose focal term is 1/{name} = {p!r}")
+    fx = width / (2.0 * settings.tanfovx)
+    fy = height / (2.0 * settings.tanfovy)
+
+    def snapped(value):
+        return 0.0 if abs(value) < SNAP_PIXELS else value
+
+    skew = snapped(width / 2.0 * float(P[0, 1]))
+    cx = width / 2.0 + snapped(width / 2.0 * float(P[0, 2]))
+    cy = height / 2.0 + snapped(height / 2.0 * float(P[1, 2]))
+    K = torch.tensor([[fx, skew, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    campos = settings.campos
+    if not isinstance(campos, torch.Tensor) or campos.numel() != 3:
+        raise ValueError(f"campos must be a [3] tensor, got {campos!r}")
+    campos = campos.detach().to("cpu", torch.float64).reshape(3)
+    centre = -viewmat[:3, :3].T @ viewmat[:3, 3]
+    is_centre = bool(torch.allclose(campos, centre, rtol=1e-5, atol=1e-5 * max(1.0, float(centre.norm()))))
+    return Camera(viewmat=viewmat, K=K, width=width, height=height, campos=campos, campos_is_centre=is_centre)
+
+
+# ---------------------------------------------------------------------------
+# The renderer
+# ---------------------------------------------------------------------------
+def _check_inputs(settings, means3D, means2D, opacities, shs, colors_precomp, scales, rotations, cov3D_precomp):
+    """2DGS's argument rules, with one-line errors that use 2DGS's names."""
+    if (shs is None) == (colors_precomp is None):
+        raise ValueError("pass exactly one of shs and colors_precomp")
+    pair_given = scales is not None or rotations is not None
+    if (cov3D_precomp is None and (scales is None or rotations is None)) or (cov3D_precomp is not None and pair_given):
+        raise ValueError("pass either scales and rotations, or cov3D_precomp (not both)")
+    if not isinstance(means3D, torch.Tensor) or means3D.dim() != 2 or means3D.shape[1] != 3:
+        raise ValueError(f"means3D must be a [N, 3] tensor, got {_shape(means3D)}")
+    n = means3D.shape[0]
+    shapes = {"opacities": ((n, 1), (n,)), "scales": ((n, 2),), "rotations": ((n, 4),),
+              "colors_precomp": ((n, 3),), "cov3D_precomp": ((n, 9),), "means2D": ((n, 2), (n, 3))}
+    values = {"opacities": opacities, "scales": scales, "rotations": rotations, "colors_precomp": colors_precomp,
+              "cov3D_precomp": cov3D_precomp, "means2D": means2D}
+    for name, value in values.items():
+        if value is not None and (not isinstance(value, torch.Tensor) or tuple(value.shape) not in shapes[name]):
+            want = " or ".join(str(list(s)) for s in shapes[name])
+            extra = " (surfels have two scales)" if name == "scales" else ""
+            raise ValueError(f"{name} must have shape {want}{extra}, got {_shape(value)}")
+    if shs is not None:
+        degree = settings.sh_degree
+        if not isinstance(degree, int) or isinstance(degree, bool) or not 0 <= degree <= MAX_SH_DEGREE:
+            raise ValueError(f"sh_degree must be an int in 0..{MAX_SH_DEGREE}, got {degree!r}")
+        if not isinstance(shs, torch.Tensor) or shs.dim() != 3 or shs.shape[0] != n or shs.shape[2] != 3 \
+                or shs.shape[1] < num_sh_bases(degree):
+            raise ValueError(f"shs must be [N, >= {num_sh_bases(degree)}, 3] for sh_degree={degree}, got {_shape(shs)}")
+    modifier = settings.scale_modifier
+    if not isinstance(modifier, (int, float)) or not math.isfinite(modifier) or modifier < 0:
+        raise ValueError(f"scale_modifier must be a finite number >= 0, got {modifier!r}")
+    bg = settings.bg
+    if not isinstance(bg, torch.Tensor) or bg.numel() != 3:
+        raise ValueError(f"bg must be a [3] tensor, got {_shape(bg)}")
+
+
+def _shape(t):
+    return list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def _surfel_colors(cam, settings, means3D, shs, colors_precomp, may_fuse):
+    """(colours, sh_degree) for splat: SH coefficients handed to splat's fused
+    projection when it would use the same direction, else RGB evaluated here
+    along the unit vector from ``campos``."""
+    if colors_precomp is not None:
+        return colors_precomp.to(means3D.dtype), None
+    shs = shs.to(means3D.dtype)
+    if may_fuse and cam.campos_is_centre:
+        return shs, settings.sh_degree
+    dirs = means3D - cam.campos.to(means3D)
+    dirs = dirs / torch.clamp_min(dirs.norm(dim=-1, keepdim=True), 1e-12)
+    return torch.clamp_min(eval_sh(settings.sh_degree, shs, dirs) + cv.SH_COLOR_OFFSET, 0.0), None
+
+
+def _radii_2dgs(M, drawn_radii, width, height):
+    """2DGS's radii [N] int32 from splat's screen matrices M [N, 3, 3].
+
+    The 3-sigma ellipse u^2 + v^2 <= 9 has the dual conic C* = M diag(1, 1, -1/9) M^T;
+    its bounding box is centred at C*_{k2} / C*_22 with half-extents
+    sqrt((C*_{k2} / C*_22)^2 - C*_kk / C*_22) (k = 0, 1), floored at 1e-4 under
+    the root as in 2DGS.  Surfels splat does not draw keep radius 0; an
+    ellipse reaching the camera plane (C*_22 >= 0) has no box: max(W, H).
+    """
+    M = M.detach().double()
+    dual = (M * M.new_tensor([1.0, 1.0, -1.0 / RADIUS_CUTOFF ** 2])) @ M.transpose(1, 2)  # [N, 3, 3]
+    c22 = dual[:, 2, 2]
+    bounded = c22 < 0
+    c22 = torch.where(bounded, c22, -torch.ones_like(c22))
+    mid = dual[:, :2, 2] / c22[:, None]  # [N, 2]
+    diag = torch.stack([dual[:, 0, 0], dual[:, 1, 1]], -1) / c22[:, None]
+    half = torch.sqrt(torch.clamp_min(mid * mid - diag, 1e-4)).amax(-1)  # [N]
+    radius = torch.ceil(torch.clamp_min(half, RADIUS_MIN))
+    radius = torch.where(bounded, radius, torch.full_like(radius, float(max(width, height))))
+    drawn = drawn_radii.to(radius.device) > 0
+    return torch.where(drawn, radius, torch.zeros_like(radius)).to(torch.int32)
+
+
+def _screen_matrices(means, quats, scales, viewmat, K):
+    """M = K [a b c] [N, 3, 3] (a = s_u R t_u, b = s_v R t_v, c the camera-space centre), no gradient."""
+    with torch.no_grad():
+        rot = viewmat[:3, :3] @ quat_to_rotmat(quats)  # [N, 3, 3]
+        c = means @ viewmat[:3, :3].T + viewmat[:3, 3]  # [N, 3]
+        cols = torch.stack([rot[:, :, 0] * scales[:, :1], rot[:, :, 1] * scales[:, 1:2], c], dim=-1)
+        return K @ cols
+
+
+def _rasterize_transforms(cam, transforms, means3D, colors, opacities, background, viewmat, K, want_handle):
+    """splat's rasterization of 2DGS's precomputed transforms [N, 9].
+
+    The transform is splat's M in 2DGS's pixels; a half-pixel shift makes it
+    splat's.  Normals are the transform's own: the columns of K^-1 M are
+    (a, b, c), the camera-space normal is a x b / |a x b|, flipped to face the
+    camera (n . c < 0).  Returns (RasterOutput with camera-space normals, M).
+    """
+    n = means3D.shape[0]
+    width, height = cam.width, cam.height
+    shift = transforms.new_tensor([[1.0, 0.0, 0.5], [0.0, 1.0, 0.5], [0.0, 0.0, 1.0]])
+    M = shift @ transforms.reshape(n, 3, 3)  # [N, 3, 3] rows Tu, Tv, Tw in splat's pixels
+    depth = (means3D.detach() @ viewmat[:3, :3].T + viewmat[:3, 3])[:, 2]  # [N] sorts, as 2DGS's p_view.z
+    in_range = depth_in_range(depth, NEAR, CULL_FAR) & depth_in_range(M[:, 2, 2], NEAR, CULL_FAR)
+    # Zero the culled rows before any division (no 0 * inf in their gradients).
+    M = torch.where(in_range[:, None, None], M, torch.zeros_like(M))
+    _check_magnitude(M.detach(), in_range, None, width, height)
+    safe_z = torch.where(in_range, M[:, 2, 2], torch.ones_like(M[:, 2, 2]))
+    center = M[:, :2, 2] / safe_z[:, None]  # [N, 2]
+    cols = torch.linalg.solve(K, M)  # [N, 3, 3] columns a, b, c in camera space
+    normal = torch.linalg.cross(cols[:, :, 0], cols[:, :, 1])  # [N, 3]
+    normal = normal / torch.clamp_min(normal.norm(dim=-1, keepdim=True), torch.finfo(M.dtype).tiny ** 0.5)
+    away = (normal * cols[:, :, 2]).sum(-1, keepdim=True) > 0
+    normal = torch.where(away, -normal, normal)
+    with torch.no_grad():
+        rect, radii = _screen_bounds(M.detach(), center.detach(), opacities.detach(), in_range, width, height)
+        drawn = (rect[:, 2] > rect[:, 0]) & (rect[:, 3] > rect[:, 1])
+    _check_magnitude(M.detach(), in_range, drawn, width, height)
+    handle = center.detach().clone()
+    Tuvw = M.reshape(n, 9)
+    if want_handle:
+        # A screen translation of value 0 and gradient 1, as in splat.rasterize.
+        handle.requires_grad_(True)
+        delta = handle - handle.detach()
+        Tu, Tv, Tw = Tuvw[:, 0:3], Tuvw[:, 3:6], Tuvw[:, 6:9]
+        Tuvw = torch.cat([Tu + delta[:, :1] * Tw, Tv + delta[:, 1:] * Tw, Tw], dim=1)
+        center = center + delta
+    sums = _RasterizeSurfels.apply(Tuvw, center, normal, colors, opacities, depth.contiguous(), rect,
+                                   width, height, NEAR, CULL_FAR)
+    return compose(*sums, background=background, radii=radii, means2d=handle), M
+
+
+def _render(cam, settings, means3D, shs, colors_precomp, opacities, scales, rotations, cov3D_precomp, bg,
+            want_handle):
+    """(color [3, H, W], radii [N], allmap [7, H, W], means2d [N, 2] pixel handle)."""
+    dtype, device = means3D.dtype, means3D.device
+    n = means3D.shape[0]
+    viewmat = cam.viewmat.to(dtype=dtype, device=device)
+    K = cam.K.to(dtype=dtype, device=device)
+    opac = opacities.reshape(n).to(dtype)
+    background = bg.reshape(3).to(dtype=dtype, device=device)
+    if settings.prefiltered and n:
+        z = (means3D.detach().double() @ viewmat[:3, :3].T.double() + viewmat[:3, 3].double())[:, 2]
+        if bool((z <= NEAR).any()):
+            rows = (z <= NEAR).nonzero().flatten()[:5].tolist()
+            raise ValueError(f"prefiltered=True, but means3D rows {rows} lie at camera z <= {NEAR} (2DGS traps here)")
+    precomp = cov3D_precomp is not None and n > 0
+    colors, sh_degree = _surfel_colors(cam, settings, means3D, shs, colors_precomp, may_fuse=not precomp)
+    if precomp:
+        if not has_extension():
+            raise RuntimeError("cov3D_precomp needs splat's compiled kernels, which are unavailable")
+        out, M = _rasterize_transforms(cam, cov3D_precomp.to(dtype), means3D, colors, opac, background,
+                                       viewmat, K, want_handle)
+        normal_view = out.normal  # [H, W, 3] already camera space
+    else:
+        if cov3D_precomp is not None:  # N = 0: nothing to transform
+            scales, rotations = means3D.new_zeros(0, 2), means3D.new_zeros(0, 4) + 1
+        scales = scales.to(dtype) * settings.scale_modifier
+        rotations = rotations.to(dtype)
+        out = rasterize(means3D, rotations, scales, opac, colors, viewmat, K, cam.width, cam.height,
+                        near=NEAR, far=CULL_FAR, background=background, sh_degree=sh_degree)
+        normal_view = out.normal @ viewmat[:3, :3].T  # [H, W, 3] world -> camera
+        M = _screen_matrices(means3D.detach(), rotations.detach(), scales.detach(), viewmat, K)
+    radii = _radii_2dgs(M, out.radii, cam.width, cam.height)
+    allmap = torch.cat([
+        (out.depth * out.alpha)[None],  # sum w z: splat's depth is that over alpha
+        out.alpha[None],
+        normal_view.permute(2, 0, 1),
+        out.median_depth[None],
+        (out.distortion * DISTORTION_SCALE)[None],
+    ], dim=0)
+    return out.rgb.permute(2, 0, 1), radii, allmap, out.means2d
+
+
+def _snapshot(path, tensors):
+    torch.save(tuple(t.detach().cpu().clone() if isinstance(t, torch.Tensor) else t for t in tensors), path)
+    print(f"\nAn error occurred; the inputs are in {path} (debug=True).")
+
+
+class _Rasterize(torch.autograd.Function):
+    """Runs _render with its own graph, so that ``means2D`` (which splat's
+    rasterize does not take) receives the gradient of splat's pixel handle in
+    NDC units; every other gradient is the inner graph's, unchanged."""
+
+    @staticmethod
+    def forward(ctx, cam, settings, means2D, *tensors):
+        needs = list(ctx.needs_input_grad[3:])
+        if ctx.needs_input_grad[2] and not any(needs):
+            needs[0] = True  # splat draws its pixel handle only for a graph; means3D's own gradient is dropped
+        with torch.enable_grad():
+            leaves = tuple(t.detach().requires_grad_(need) if isinstance(t, torch.Tensor) else t
+                           for t, need in zip(tensors, needs))
+            color, radii, allmap, handle = _render(cam, settings, *leaves, want_handle=ctx.needs_input_grad[2])
+        ctx.inner = (leaves, color, allmap, handle)
+        ctx.cam, ctx.settings = cam, settings
+        ctx.means2D_like = means2D.detach() if means2D is not None else None
+        ctx.mark_non_differentiable(radii)
+        return color.detach(), radii, allmap.detach()
+
+    @staticmethod
+    def backward(ctx, v_color, v_radii, v_allmap):
+        leaves, color, allmap, handle = ctx.inner
+        wanted = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+        if handle is not None and handle.requires_grad:
+            wanted.append(handle)
+        outputs = [(o, g) for o, g in ((color, v_color), (allmap, v_allmap)) if g is not None and o.requires_grad]
+        if not outputs or not wanted:
+            return (None,) * (3 + len(leaves))
+        try:
+            grads = torch.autograd.grad([o for o, _ in outputs], wanted, [g for _, g in outputs], allow_unused=True)
+        except Exception:
+            if ctx.settings.debug:
+                _snapshot("snapshot_bw.dump", leaves + (v_color, v_allmap))
+            raise
+        by_id = {id(t): g for t, g in zip(wanted, grads)}
+        v_means2D = None
+        if ctx.needs_input_grad[2]:
+            v_means2D = torch.zeros_like(ctx.means2D_like)
+            v_handle = by_id.get(id(handle))
+            if v_handle is not None:
+                scale = v_handle.new_tensor(ctx.cam.ndc_per_pixel)
+                v_means2D[:, :2] = (v_handle * scale).to(v_means2D.dtype)
+        v_tensors = tuple(by_id.get(id(t)) if isinstance(t, torch.Tensor) and need else None
+                          for t, need in zip(leaves, ctx.needs_input_grad[3:]))
+        ctx.inner = None
+        return (None, None, v_means2D) + v_tensors
+
+
+def rasterize_gaussians(means3D, means2D, sh, colors_precomp, opacities, scales, rotations, cov3Ds_precomp,
+                        raster_settings):
+    """2DGS's functional entry (empty tensors standing for "not given" are accepted, as 2DGS passes them)."""
+
+    def given(t):
+        return None if isinstance(t, torch.Tensor) and t.numel() == 0 and means3D.shape[0] > 0 else t
+
+    rasterizer = GaussianRasterizer(raster_settings)
+    return rasterizer(means3D, means2D, opacities, shs=given(sh), colors_precomp=given(colors_precomp),
+                      scales=given(scales), rotations=given(rotations), cov3D_precomp=given(cov3Ds_precomp))
+
+
+class GaussianRasterizer(nn.Module):
+    """2DGS's ``GaussianRasterizer``: the module 2DGS's ``render`` calls."""
+
+    def __init__(self, raster_settings: GaussianRasterizationSettings):
+        super().__init__()
+        self.raster_settings = raster_settings
+
+    def markVisible(self, positions):
+        """[N] bool: means in front of 2DGS's near plane (camera z > 0.2), its only frustum test."""
+        cam = camera_from_settings(self.raster_settings)
+        with torch.no_grad():
+            viewmat = cam.viewmat.to(positions.device)
+            z = positions.double() @ viewmat[:3, :3].T[:, 2] + viewmat[2, 3]
+            return z > NEAR
+
+    def forward(self, means3D, means2D, opacities, shs=None, colors_precomp=None, scales=None, rotations=None,
+                cov3D_precomp=None):
+        """Returns (color [3, H, W], radii [N] int32, allmap [7, H, W]); see the module docstring."""
+        settings = self.raster_settings
+        _check_inputs(settings, means3D, means2D, opacities, shs, colors_precomp, scales, rotations, cov3D_precomp)
+        cam = camera_from_settings(settings)
+        tensors = (means3D, shs, colors_precomp, opacities, scales, rotations, cov3D_precomp, settings.bg)
+        try:
+            if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                               for t in tensors + (means2D,)):
+                return _Rasterize.apply(cam, settings, means2D, *tensors)
+            color, radii, allmap, _ = _render(cam, settings, *tensors, want_handle=False)
+            return color, radii, allmap
+        except Exception:
+            if settings.debug:
+                _snapshot("snapshot_fw.dump", tensors)
+            raise
