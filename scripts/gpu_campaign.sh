@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The GPU campaign of issue 25 (docs/testing.md, "The GPU campaign"):
+# parity, sanitizers, speed against gsplat and diff-surfel-rasterization,
+# training and a profile, in three device calls of under 10 minutes each.
+#
+#   bash scripts/gpu_campaign.sh prepare [--dsr-repo DIR] [--scenes DIR]
+#        On the development machine (PyPI reachable): stage what the bare,
+#        offline GPU machine needs in .gpu_campaign/ (ignored by git):
+#          wheels/  plyfile (the only runtime package splat needs that the
+#                   device image lacks; its torch, numpy, scipy, opencv,
+#                   pytest, hypothesis are used as they are there)
+#          peers/   gsplat's wheel (pure Python; it builds its CUDA code on
+#                   first import, glm headers included) and the source of
+#                   diff-surfel-rasterization, from the mirror that the search
+#                   tool's `fetch github:hbb1/diff-surfel-rasterization` makes
+#          scenes/  still_life and dtu_scan24, copied from ../shared/scenes
+#        and print each call's size against the 64 MiB a call may carry.
+#
+#   bash scripts/gpu_campaign.sh run --call 1|2|3 [--out DIR] [--budget-s S]
+#   bash scripts/gpu_campaign.sh run --stages STAGE... [--dry-run]
+#        Run stages (bench/gpu_campaign.py; --out defaults to $OUT).  Calls:
+#          1: setup parity                  carry .gpu_campaign/wheels .gpu_campaign/peers
+#          2: setup sanitize peers speed    carry .gpu_campaign/wheels .gpu_campaign/peers
+#          3: setup profile train           carry .gpu_campaign/wheels .gpu_campaign/scenes
+#        --dry-run: every stage on the CPU with tiny sizes (CI runs it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+CAMPAIGN=.gpu_campaign
+# Pinned: the versions the campaign was prepared and dry-run with.
+PLYFILE_VERSION=1.1.5
+GSPLAT_VERSION=1.5.3
+DSR_REPO_DEFAULT=/work/.mirror/hbb1+diff-surfel-rasterization/repo
+
+die() { echo "gpu_campaign: $*" >&2; exit 2; }
+
+# Wheels for the device's Python (3.12, x86-64 Linux), whatever this machine runs (device README).
+download() {
+  "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$1" "$2"
+}
+
+mib() { du -sm "$@" 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
+
+prepare() {
+  local dsr_repo="$DSR_REPO_DEFAULT" scenes=../shared/scenes
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --dsr-repo) [ $# -ge 2 ] || die "--dsr-repo needs a folder"; dsr_repo="$2"; shift 2 ;;
+      --scenes) [ $# -ge 2 ] || die "--scenes needs a folder"; scenes="$2"; shift 2 ;;
+      *) die "prepare: unknown argument '$1' (expected --dsr-repo DIR or --scenes DIR)" ;;
+    esac
+  done
+  git check-ignore -q "$CAMPAIGN/x" || die "$CAMPAIGN/ is not ignored by git (.gitignore lost its /.gpu_campaign/ line?)"
+  mkdir -p "$CAMPAIGN/wheels" "$CAMPAIGN/peers" "$CAMPAIGN/scenes"
+  rm -f "$CAMPAIGN"/wheels/*.whl "$CAMPAIGN"/peers/*.whl  # one version of each: two stop pip's install
+  download "$CAMPAIGN/wheels" "plyfile==$PLYFILE_VERSION"
+  download "$CAMPAIGN/peers" "gsplat==$GSPLAT_VERSION"
+  echo "wheels: $(cd "$CAMPAIGN" && ls wheels/*.whl peers/*.whl | tr '\n' ' ')"
+
+  local dsr="$CAMPAIGN/peers/diff-surfel-rasterization"
+  if git -C "$dsr_repo" rev-parse -q --verify HEAD >/dev/null 2>&1; then
+    rm -rf "$dsr" && mkdir -p "$dsr"
+    git -C "$dsr_repo" archive HEAD | tar -x -C "$dsr"
+    git -C "$dsr_repo" rev-parse HEAD >"$dsr/COMMIT"
+    echo "diff-surfel-rasterization: $(cat "$dsr/COMMIT") from $dsr_repo"
+  else
+    echo "gpu_campaign: no git mirror at --dsr-repo $dsr_repo (fetch github:hbb1/diff-surfel-rasterization" \
+         "with the search tool first): diff-surfel-rasterization will be skipped" >&2
+  fi
+
+  for s in still_life dtu_scan24; do
+    if [ -d "$scenes/$s" ]; then
+      rm -rf "${CAMPAIGN:?}/scenes/$s" && cp -r "$scenes/$s" "$CAMPAIGN/scenes/$s"
+    else
+      echo "gpu_campaign: --scenes $scenes has no $s/: training will skip it" >&2
+    fi
+  done
+
+  # What each call sends: tracked and untracked-not-ignored files, plus its carried folders.
+  local tree
+  tree=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 du -cb 2>/dev/null |
+          awk '$2 == "total" {s += $1} END {printf "%d", s / 1048576 + 0.5}')
+  local small peers scn
+  small=$(mib "$CAMPAIGN/wheels"); peers=$(mib "$CAMPAIGN/peers"); scn=$(mib "$CAMPAIGN/scenes")
+  echo "sizes (MiB): working tree $tree, wheels $small, peers $peers, scenes $scn"
+  for c in "1 $((tree + small + peers))" "2 $((tree + small + peers))" "3 $((tree + small + scn))"; do
+    set -- $c
+    echo "call $1 sends about $2 MiB$([ "$2" -gt 62 ] && echo '  -- OVER the 64 MiB a call may carry')"
+  done
+}
+
+case "${1:-}" in
+  prepare) shift; prepare "$@" ;;
+  run) shift; exec "$PYTHON" bench/gpu_campaign.py "$@" ;;
+  *) die "first argument: prepare or run (see the head of scripts/gpu_campaign.sh)" ;;
+esac

@@ -1,0 +1,165 @@
+"""The GPU campaign (scripts/gpu_campaign.sh, bench/gpu_campaign.py) cannot
+rot while no GPU is lent: its --dry-run runs every stage on the CPU with tiny
+sizes, and this checks the JSON it writes.  Also the parsers of the tools'
+outputs that only a GPU machine produces (pytest's JUnit XML is produced
+here; Nsight Compute's CSV and compute-sanitizer's summary are fed samples).
+About 25 s on 2 idle cores; needs nothing outside the checkout."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_campaign.sh"
+STAGE_FILES = ("setup", "parity", "sanitize", "peers", "speed", "train", "profile")
+
+
+def _campaign_module():
+    sys.path.insert(0, str(ROOT / "bench"))  # it imports bench/report.py as its siblings do
+    spec = importlib.util.spec_from_file_location("gpu_campaign", ROOT / "bench" / "gpu_campaign.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _finite_numbers(value, where=""):
+    """Every number anywhere in a JSON value is finite (bools aside)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _finite_numbers(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _finite_numbers(v, f"{where}[{i}]")
+    elif isinstance(value, float):
+        assert math.isfinite(value), f"{where} = {value}"
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("campaign_out")
+    env = dict(os.environ, OUT=str(out))
+    proc = subprocess.run(["bash", str(SCRIPT), "run", "--dry-run", "--stages", "all", "--budget-s", "900"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, {name: json.loads((out / f"{name}.json").read_text()) for name in STAGE_FILES + ("summary",)}
+
+
+def test_dry_run_writes_every_stage(dry_run):
+    out, r = dry_run
+    for name in STAGE_FILES:
+        assert r[name]["stage"] == name and r[name]["status"] in ("ok", "skipped"), r[name]
+        assert r[name]["dry_run"] is True and r[name]["machine"]["cpus"] >= 1
+        _finite_numbers(r[name], name)
+    assert {k: v["status"] for k, v in r["summary"]["stages"].items()} == {k: r[k]["status"] for k in STAGE_FILES}
+    # The logs come back as one archive (the device returns at most 8 files).
+    assert sorted(p.name for p in out.iterdir()) == sorted([f"{n}.json" for n in STAGE_FILES + ("summary",)]
+                                                           + ["logs.tar.gz"])
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        names = tar.getnames()
+    assert "logs/parity_test_cuda.log" in names and "logs/train_sample_scene.log" in names
+
+
+def test_dry_run_stage_contents(dry_run):
+    _, r = dry_run
+    assert r["setup"]["check"]["extension"] is True and "build_ext" in r["setup"]["build_command"]
+    cuda = r["parity"]["test_cuda"]
+    assert cuda["rc"] == 0 and cuda["tests"] >= 5 and cuda["passed"] >= 1 and cuda["failures"] == 0
+    assert r["sanitize"]["status"] == "skipped" and "no GPU" in r["sanitize"]["reason"]
+    assert r["sanitize"]["workload"]["rc"] == 0
+    assert r["peers"]["status"] == "skipped" and r["peers"]["reason"]
+
+    rows = r["speed"]["rows"]
+    mine = [row for row in rows if row["impl"] == "splat"]
+    assert len(mine) == 2
+    for row in mine:
+        for key in ("forward_ms", "backward_ms", "total_ms", "peak_memory_mib", "backward_over_forward"):
+            assert row[key] > 0, (key, row)
+        assert row["total_ms"] == pytest.approx(row["forward_ms"] + row["backward_ms"], abs=2e-3)
+    for row in rows:
+        if row["impl"] != "splat":  # peers are CUDA-only: skipped, with the reason
+            assert "CUDA" in row["skipped"] and "forward_ms" not in row
+    targets = r["speed"]["targets"]
+    assert targets["backward_over_forward"] > 0 and "CUDA" in targets["gsplat_not_measured"]
+    assert "CUDA" in targets["diff_surfel_not_measured"]
+
+    run = r["train"]["runs"]["sample_scene"]
+    assert run["rc"] == 0 and run["metrics"]["iterations"] == 10 and run["seconds_per_step"] > 0
+    assert 5 < run["metrics"]["test.psnr"] < 60 and run["last_logged"]["step"] == 10
+
+    prof = r["profile"]
+    assert prof["torch_profiler"]["rc"] == 0 and prof["ncu"]["skipped"]
+    kernels = prof["torch_profiler"]["kernels"]
+    assert kernels and all(k["self_cpu_ms"] >= 0 and k["name"] for k in kernels)
+
+
+def test_calls_cover_every_stage_within_the_budget():
+    m = _campaign_module()
+    assert sorted({s for stages in m.CALLS.values() for s in stages}) == sorted(m.STAGES)
+    assert all(stages[0] == "setup" for stages in m.CALLS.values())  # each call may start on a bare machine
+    assert len(m.CALLS) <= 3
+
+
+def test_one_line_errors():
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    cases = [
+        (["run", "--stages", "parity"], "--out is required"),
+        (["run", "--out", "/tmp/x", "--stages", "bogus"], "unknown stage 'bogus'"),
+        (["run", "--out", "/tmp/x"], "--call 1|2|3 or --stages"),
+        (["run", "--out", "/tmp/x", "--call", "4"], "--call"),
+        (["prepare", "--bogus"], "unknown argument '--bogus'"),
+        (["frobnicate"], "first argument: prepare or run"),
+    ]
+    for args, message in cases:
+        proc = subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert message in proc.stderr.strip().splitlines()[-1], (args, proc.stderr)
+
+
+def test_tool_output_parsers(tmp_path):
+    m = _campaign_module()
+    # Nsight Compute's --csv --page details: one row per metric; numbers may carry thousands separators.
+    head = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",' \
+           '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
+    rows = []
+    for kid, name, sm, mem in (("0", "forward_kernel<float>", "82.5", "40.1"),
+                               ("1", "duplicate_kernel", "12.0", "71.3"), ("2", "tile_offsets_kernel", "5", "9")):
+        for metric, unit, value in (("Duration", "us", "1,234.5"), ("Compute (SM) Throughput", "%", sm),
+                                    ("Memory Throughput", "%", mem), ("Registers Per Thread", "register/thread", "72")):
+            rows.append(f'"{kid}","1","python3","h","{name}","1","7","(256, 1, 1)","(8160, 1, 1)","0","9.0",'
+                        f'"GPU Speed Of Light Throughput","{metric}","{unit}","{value}"')
+    log = tmp_path / "ncu.log"
+    log.write_text("==PROF== Connected to process\nworkload profile: ok\n" + "\n".join([head] + rows) + "\n")
+    bounds = {k["kernel"]: k for k in m.ncu_bounds(log)}
+    assert bounds["forward_kernel<float>"]["bound"] == "compute"
+    assert bounds["forward_kernel<float>"]["duration"] == 1234.5 and bounds["duplicate_kernel"]["registers"] == 72
+    assert bounds["duplicate_kernel"]["bound"] == "memory" and bounds["tile_offsets_kernel"]["bound"] == "latency"
+
+    san = tmp_path / "san.log"
+    san.write_text("========= COMPUTE-SANITIZER\n========= Invalid __global__ read of size 4 bytes\n"
+                   "========= ERROR SUMMARY: 1 error\n")
+    assert m.sanitizer_summary(san, "memcheck")["reported"] == 1
+    san.write_text("========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n")
+    assert m.sanitizer_summary(san, "racecheck") == {"reported": 0, "first_reports": []}
+    san.write_text("Segmentation fault\n")  # no closing line: not a clean run
+    assert m.sanitizer_summary(san, "memcheck")["reported"] is None
+
+    # A module the device cannot import for a missing optional package is told apart from a failure.
+    junit = tmp_path / "j.xml"
+    junit.write_text('<testsuites><testsuite tests="3" failures="1" errors="1" skipped="0">'
+                     '<testcase classname="tests.test_a" name="test_x"/>'
+                     '<testcase classname="tests.test_a" name="test_y"><failure message="assert 1 == 2"/></testcase>'
+                     '<testcase classname="" name="tests.test_viewer"><error message="collection failure">'
+                     "ModuleNotFoundError: No module named 'viser'</error></testcase></testsuite></testsuites>")
+    s = m.junit_summary(junit)
+    assert (s["passed"], s["failures"], s["errors_other_than_missing_modules"]) == (1, 1, 0)
+    assert s["not_collected_missing_modules"][0]["message"] == ["No module named 'viser'"]
+    assert m.junit_summary(tmp_path / "absent.xml") == {"junit": "no report written (pytest did not finish)"}
