@@ -20,6 +20,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from twodgs_style import (
+    Cam,
+    OptimizationParams,
+    cam_from_viewmat,
+    create_from_pcd,
+    focal2fov,
+    fov2focal,
+    getProjectionMatrix,
+    getWorld2View2,
+    ndc2pix,
+    render,
+    settings_for,
+    train,
+    two_dgs_transform,
+)
 
 import splat
 from splat.compat import diff_surfel_rasterization as dsr
@@ -27,8 +42,6 @@ from splat.compat.diff_surfel_rasterization import (
     GaussianRasterizationSettings,
     GaussianRasterizer,
 )
-from splat.losses import ssim
-from splat.reference import quat_to_rotmat
 from splat.testing import look_at_viewmat, random_scene
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,98 +55,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-# ---------------------------------------------------------------------------
-# 2DGS's formulas (utils/graphics_utils.py, scene/cameras.py, the kernel)
-# ---------------------------------------------------------------------------
-def getWorld2View2(R, t, translate=(0.0, 0.0, 0.0), scale=1.0):
-    Rt = np.zeros((4, 4))
-    Rt[:3, :3] = R.transpose()
-    Rt[:3, 3] = t
-    Rt[3, 3] = 1.0
-    C2W = np.linalg.inv(Rt)
-    C2W[:3, 3] = (C2W[:3, 3] + np.asarray(translate)) * scale
-    return np.float32(np.linalg.inv(C2W))
-
-
-def getProjectionMatrix(znear, zfar, fovX, fovY, shift=(0.0, 0.0), dtype=torch.float32):
-    """2DGS's projection; ``shift`` (not in 2DGS) moves the window as forks do for off-centre cameras."""
-    top = math.tan(fovY / 2) * znear
-    right = math.tan(fovX / 2) * znear
-    bottom, left = -top, -right
-    left, right = left + shift[0] * right, right + shift[0] * right
-    bottom, top = bottom + shift[1] * top, top + shift[1] * top
-    P = torch.zeros(4, 4, dtype=dtype)
-    P[0, 0] = 2.0 * znear / (right - left)
-    P[1, 1] = 2.0 * znear / (top - bottom)
-    P[0, 2] = (right + left) / (right - left)
-    P[1, 2] = (top + bottom) / (top - bottom)
-    P[3, 2] = 1.0
-    P[2, 2] = zfar / (zfar - znear)
-    P[2, 3] = -(zfar * znear) / (zfar - znear)
-    return P
-
-
-def fov2focal(fov, pixels):
-    return pixels / (2 * math.tan(fov / 2))
-
-
-def focal2fov(focal, pixels):
-    return 2 * math.atan(pixels / (2 * focal))
-
-
-class Cam:
-    """2DGS's Camera: R is the camera-to-world rotation (COLMAP's transposed), T the world->camera translation."""
-
-    def __init__(self, R, T, FoVx, FoVy, width, height, shift=(0.0, 0.0), dtype=torch.float32):
-        self.FoVx, self.FoVy, self.image_width, self.image_height = FoVx, FoVy, width, height
-        self.znear, self.zfar = 0.01, 100.0
-        self.world_view_transform = torch.tensor(getWorld2View2(R, T), dtype=dtype).transpose(0, 1)
-        self.projection_matrix = getProjectionMatrix(self.znear, self.zfar, FoVx, FoVy, shift, dtype).transpose(0, 1)
-        self.full_proj_transform = self.world_view_transform.unsqueeze(0).bmm(self.projection_matrix.unsqueeze(0))[0]
-        self.camera_center = self.world_view_transform.inverse()[3, :3]
-
-
-def cam_from_viewmat(viewmat, width, height, fov_x, fov_y=None, shift=(0.0, 0.0)):
-    """A 2DGS camera seeing what the OpenCV world->camera ``viewmat`` sees."""
-    vm = viewmat.double().numpy()
-    fov_y = fov_y if fov_y is not None else focal2fov(fov2focal(fov_x, width), height)
-    return Cam(vm[:3, :3].T, vm[:3, 3], fov_x, fov_y, width, height, shift)
-
-
-def settings_for(cam, bg=(0.0, 0.0, 0.0), sh_degree=0, scale_modifier=1.0, prefiltered=False, debug=False,
-                 campos=None, dtype=torch.float32):
-    """What 2DGS's render() passes."""
-    return GaussianRasterizationSettings(
-        image_height=int(cam.image_height), image_width=int(cam.image_width),
-        tanfovx=math.tan(cam.FoVx * 0.5), tanfovy=math.tan(cam.FoVy * 0.5),
-        bg=torch.tensor(bg, dtype=dtype), scale_modifier=scale_modifier,
-        viewmatrix=cam.world_view_transform, projmatrix=cam.full_proj_transform, sh_degree=sh_degree,
-        campos=cam.camera_center if campos is None else campos, prefiltered=prefiltered, debug=debug)
-
-
-def ndc2pix(v, S):
-    """2DGS's kernel: NDC to its pixel coordinate, where pixel j's centre is at j."""
-    return ((v + 1.0) * S - 1.0) * 0.5
-
-
-def two_dgs_transform(cam, means, quats, scales, scale_modifier=1.0):
-    """2DGS's renderer with compute_cov3D_python: splat2world [N, 4, 4] (row vectors),
-    world2pix = full_proj_transform @ ndc2pix (centre (W-1)/2), the [N, 9] transform."""
-    n = means.shape[0]
-    R = quat_to_rotmat(quats)  # build_rotation: the same (w, x, y, z) quaternion
-    L = R * torch.cat([scales * scale_modifier, torch.ones_like(scales[:, :1])], -1)[:, None, :]
-    trans = torch.zeros(n, 4, 4, dtype=means.dtype)
-    trans[:, :3, :3] = L.permute(0, 2, 1)
-    trans[:, 3, :3] = means
-    trans[:, 3, 3] = 1
-    W, H = cam.image_width, cam.image_height
-    near, far = cam.znear, cam.zfar
-    ndc = torch.tensor([[W / 2, 0, 0, (W - 1) / 2], [0, H / 2, 0, (H - 1) / 2], [0, 0, far - near, near],
-                        [0, 0, 0, 1]], dtype=means.dtype).T
-    world2pix = cam.full_proj_transform.to(means.dtype) @ ndc
-    return (trans[:, [0, 1, 3]] @ world2pix[:, [0, 1, 3]]).permute(0, 2, 1).reshape(-1, 9)
 
 
 # ---------------------------------------------------------------------------
@@ -600,167 +521,33 @@ def _surface_points(n, g):
     return pts, torch.cat([floor_rgb, sphere_rgb]).clamp(0, 1)
 
 
-def _depth_to_normal(view, depth):
-    """2DGS's utils/point_utils.py: points from the depth map, normals from central differences."""
-    c2w = (view.world_view_transform.T).inverse()
-    W, H = view.image_width, view.image_height
-    ndc2pix_m = torch.tensor([[W / 2, 0, 0, W / 2], [0, H / 2, 0, H / 2], [0, 0, 0, 1]]).float().T
-    intrins = ((c2w.T @ view.full_proj_transform) @ ndc2pix_m)[:3, :3].T
-    gx, gy = torch.meshgrid(torch.arange(W).float(), torch.arange(H).float(), indexing="xy")
-    pts = torch.stack([gx, gy, torch.ones_like(gx)], -1).reshape(-1, 3)
-    rays_d = pts @ intrins.inverse().T @ c2w[:3, :3].T
-    points = (depth.reshape(-1, 1) * rays_d + c2w[:3, 3]).reshape(H, W, 3)
-    out = torch.zeros_like(points)
-    dx = points[2:, 1:-1] - points[:-2, 1:-1]
-    dy = points[1:-1, 2:] - points[1:-1, :-2]
-    out[1:-1, 1:-1] = torch.nn.functional.normalize(torch.linalg.cross(dx, dy, dim=-1), dim=-1)
-    return out
-
-
-def _render_2dgs(view, model, bg):
-    """2DGS's gaussian_renderer.render, through the shim."""
-    xyz = model["xyz"]
-    screenspace_points = torch.zeros_like(xyz, requires_grad=True) + 0
-    if screenspace_points.requires_grad:  # 2DGS: try/except around it, for no_grad rendering
-        screenspace_points.retain_grad()
-    settings = GaussianRasterizationSettings(
-        image_height=int(view.image_height), image_width=int(view.image_width),
-        tanfovx=math.tan(view.FoVx * 0.5), tanfovy=math.tan(view.FoVy * 0.5), bg=bg, scale_modifier=1.0,
-        viewmatrix=view.world_view_transform, projmatrix=view.full_proj_transform, sh_degree=model["active_sh"],
-        campos=view.camera_center, prefiltered=False, debug=False)
-    rendered, radii, allmap = GaussianRasterizer(raster_settings=settings)(
-        means3D=xyz, means2D=screenspace_points, shs=torch.cat([model["f_dc"], model["f_rest"]], 1),
-        colors_precomp=None, opacities=torch.sigmoid(model["opacity"]), scales=torch.exp(model["scaling"]),
-        rotations=torch.nn.functional.normalize(model["rotation"]), cov3D_precomp=None)
-    render_alpha = allmap[1:2]
-    render_normal = (allmap[2:5].permute(1, 2, 0) @ view.world_view_transform[:3, :3].T).permute(2, 0, 1)
-    surf_depth = torch.nan_to_num(allmap[0:1] / render_alpha, 0, 0)  # depth_ratio 0: expected depth
-    surf_normal = _depth_to_normal(view, surf_depth).permute(2, 0, 1) * render_alpha.detach()
-    return dict(render=rendered, viewspace_points=screenspace_points, visibility_filter=radii > 0, radii=radii,
-                rend_normal=render_normal, rend_dist=allmap[6:7], surf_normal=surf_normal)
-
-
-PARAM_LR = {"xyz": None, "f_dc": 0.0025, "f_rest": 0.0025 / 20.0, "opacity": 0.05, "scaling": 0.005,
-            "rotation": 0.001}
-
-
-def _replace_params(model, opt, make):
-    """2DGS's _prune_optimizer / cat_tensors_to_optimizer: new tensors and Adam states by ``make(old)``."""
-    for group in opt.param_groups:
-        old = group["params"][0]
-        new = torch.nn.Parameter(make(old.detach(), group["name"], False))
-        state = opt.state.pop(old, None)
-        if state:
-            state["exp_avg"] = make(state["exp_avg"], group["name"], True)
-            state["exp_avg_sq"] = make(state["exp_avg_sq"], group["name"], True)
-            opt.state[new] = state
-        group["params"][0] = new
-        model[group["name"]] = new
-
-
-def _densify_and_prune(model, opt, stats, max_grad, min_opacity, extent, percent_dense=0.01):
-    """2DGS's densify_and_clone, densify_and_split (N = 2) and opacity pruning."""
-    grads = stats["accum"] / stats["denom"]
-    grads[grads.isnan()] = 0.0
-    scaling = torch.exp(model["scaling"].detach())
-    big = scaling.max(dim=1).values > percent_dense * extent
-    clone = (grads.norm(dim=-1) >= max_grad) & ~big
-    split = (grads.norm(dim=-1) >= max_grad) & big
-    # clone: copies of the selected surfels
-    n0 = model["xyz"].shape[0]
-    new = {k: model[k].detach()[clone] for k in PARAM_LR}
-    # split: two samples in the tangent plane, scales / (0.8 N)
-    stds = torch.cat([scaling[split], torch.zeros_like(scaling[split][:, :1])], -1).repeat(2, 1)
-    samples = torch.normal(torch.zeros_like(stds), stds)
-    rots = quat_to_rotmat(model["rotation"].detach()[split]).repeat(2, 1, 1)
-    split_new = {k: model[k].detach()[split].repeat(2, *[1] * (model[k].dim() - 1)) for k in PARAM_LR}
-    split_new["xyz"] = torch.bmm(rots, samples[..., None])[..., 0] + model["xyz"].detach()[split].repeat(2, 1)
-    split_new["scaling"] = torch.log(scaling[split].repeat(2, 1) / (0.8 * 2))
-    added = {k: torch.cat([new[k], split_new[k]]) for k in PARAM_LR}
-    _replace_params(model, opt, lambda t, name, st: torch.cat([t, torch.zeros_like(added[name]) if st
-                                                               else added[name]]))
-    # prune the split originals and the transparent ones
-    prune = torch.cat([split, torch.zeros(added["xyz"].shape[0], dtype=torch.bool)])
-    prune |= (torch.sigmoid(model["opacity"].detach()) < min_opacity).squeeze(-1)
-    _replace_params(model, opt, lambda t, name, st: t[~prune])
-    n = model["xyz"].shape[0]
-    stats.update(accum=torch.zeros(n, 1), denom=torch.zeros(n, 1), max_radii=torch.zeros(n))
-    return int(clone.sum()), int(split.sum()), n0
-
-
-def _train_2dgs_style(views, iterations, g):
-    pts, rgb = _surface_points(600, g)
-    d2 = torch.cdist(pts, pts).pow(2)
-    d2.fill_diagonal_(float("inf"))
-    dist2 = d2.topk(3, largest=False).values.mean(-1).clamp_min(1e-7)  # distCUDA2
-    model = {
-        "xyz": pts, "f_dc": ((rgb - 0.5) / 0.28209479177387814)[:, None, :], "f_rest": torch.zeros(600, 15, 3),
-        "scaling": torch.log(torch.sqrt(dist2))[:, None].repeat(1, 2), "rotation": torch.rand(600, 4, generator=g),
-        "opacity": torch.logit(torch.full((600, 1), 0.1)), "active_sh": 0}
-    centres = torch.stack([v.camera_center for v in views])
-    extent = float((centres - centres.mean(0)).norm(dim=-1).max()) * 1.1  # getNerfppNorm's radius
-    for k in PARAM_LR:
-        model[k] = torch.nn.Parameter(model[k])
-    xyz_lr = 0.00016 * extent
-    opt = torch.optim.Adam([{"params": [model[k]], "lr": PARAM_LR[k] or xyz_lr, "name": k} for k in PARAM_LR],
-                           lr=0.0, eps=1e-15)
-    n = model["xyz"].shape[0]
-    stats = dict(accum=torch.zeros(n, 1), denom=torch.zeros(n, 1), max_radii=torch.zeros(n))
-    bg = torch.zeros(3)
-    stack, cloned, split, grad_peak = [], 0, 0, 0.0
-    for iteration in range(1, iterations + 1):
-        t = iteration / iterations  # 2DGS's exponential xyz decay, 0.00016 -> 0.0000016
-        opt.param_groups[0]["lr"] = xyz_lr * math.exp((1 - t) * math.log(1.0) + t * math.log(0.01))
-        if iteration % 100 == 0:
-            model["active_sh"] = min(model["active_sh"] + 1, 3)
-        if not stack:
-            stack = list(range(len(views)))
-        view = views[stack.pop(int(torch.randint(len(stack), (1,), generator=g)))]
-        pkg = _render_2dgs(view, model, bg)
-        image, gt = pkg["render"], view.original_image
-        Ll1 = (image - gt).abs().mean()
-        loss = 0.8 * Ll1 + 0.2 * (1.0 - ssim(image.permute(1, 2, 0), gt.permute(1, 2, 0)))
-        lambda_normal = 0.05 if iteration > 70 else 0.0  # 2DGS: after 7000 of 30000
-        lambda_dist = 100.0 if iteration > 30 else 0.0  # 2DGS: after 3000 of 30000
-        normal_error = (1 - (pkg["rend_normal"] * pkg["surf_normal"]).sum(dim=0))[None]
-        total = loss + lambda_dist * pkg["rend_dist"].mean() + lambda_normal * normal_error.mean()
-        total.backward()
-        with torch.no_grad():
-            vis, grad = pkg["visibility_filter"], pkg["viewspace_points"].grad
-            grad_peak = max(grad_peak, float(grad[vis, :2].norm(dim=-1).max()))
-            if iteration < 250:  # densify_until_iter (15000 of 30000)
-                stats["max_radii"][vis] = torch.max(stats["max_radii"][vis], pkg["radii"][vis].float())
-                stats["accum"][vis] += torch.norm(grad[vis, :2], dim=-1, keepdim=True)
-                stats["denom"][vis] += 1
-                if iteration > 50 and iteration % 50 == 0:  # densify_from_iter 500, interval 100
-                    c, s_, _ = _densify_and_prune(model, opt, stats, 0.0002, 0.05, extent)
-                    cloned, split = cloned + c, split + s_
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    return model, cloned, split, grad_peak
-
-
 def test_training_loop_in_2dgs_style_through_the_shim_reaches_its_psnr():
-    """300 steps of 2DGS's loop (L1 + SSIM, distortion and normal terms, means2D
-    statistics, clone/split at densify_grad_threshold 0.0002; its schedule
-    compressed 10x) on a ray-traced 40x40 fixture, 600 initial points near the
-    surfaces.  Measured: 11.4 dB at the start, 25.29 dB after 300 steps on the
-    training views (2561 surfels; bitwise the same with 1 or 2 threads).
-    Required: 24 dB, and more than 1500 surfels.  The 1.3 dB margin is for
-    float32 rounding that differs on other CPUs and torch builds (it changes
-    Adam's path, not the outcome).  The count catches a means2D gradient in
-    the wrong units: in pixels (W/2 = 20 times too small) the same loop ends
-    with 623 surfels (and 24.2 dB).
+    """300 steps of 2DGS's train.py loop (tests/twodgs_style.py: L1 + SSIM,
+    distortion and normal terms, means2D statistics, clone/split at
+    densify_grad_threshold 0.0002; its schedule compressed 10x, no opacity
+    reset) on a ray-traced 40x40 fixture from 600 points near the surfaces.
+    Measured: 11.3 dB at the start, 25.26 dB after 300 steps on the training
+    views, 2561 surfels (bitwise the same with 1 or 2 threads).  Required:
+    24 dB and more than 1500 surfels.  The 1.3 dB margin is for float32
+    rounding that differs on other CPUs and torch builds (it changes Adam's
+    path, not the outcome).  The count catches a means2D gradient in the wrong
+    units: in pixels (W/2 = 20 times too small) the same loop ends with 623
+    surfels (and 24.19 dB).
     """
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
     views = _fixture_views()
-    model, cloned, split, grad_peak = _train_2dgs_style(views, 300, g)
+    points, colors = _surface_points(600, g)
+    centres = torch.stack([v.camera_center for v in views])
+    extent = float((centres - centres.mean(0)).norm(dim=-1).max()) * 1.1  # getNerfppNorm's radius
+    opt = OptimizationParams(iterations=300, position_lr_max_steps=300, lambda_dist=100.0, dist_from=30,
+                             normal_from=70, sh_up_every=100, densify_from_iter=50, densification_interval=50,
+                             densify_until_iter=250, opacity_reset_interval=10**9)
+    model, counters = train(views, create_from_pcd(points, colors, g), opt, g, torch.zeros(3), extent)
     with torch.no_grad():
-        mse = torch.stack([((_render_2dgs(v, model, torch.zeros(3))["render"] - v.original_image) ** 2).mean()
+        mse = torch.stack([((render(v, model, torch.zeros(3))["render"] - v.original_image) ** 2).mean()
                            for v in views])
     psnr = float((-10 * torch.log10(mse)).mean())
-    print(f"PSNR {psnr:.2f} dB, {model['xyz'].shape[0]} surfels, {cloned} cloned, {split} split, "
-          f"peak |means2D.grad| {grad_peak:.4g}")
-    assert cloned > 0 and split > 0 and grad_peak > 0.0002
+    print(f"PSNR {psnr:.2f} dB, {model['xyz'].shape[0]} surfels, {counters}")
+    assert counters["cloned"] > 0 and counters["split"] > 0 and counters["grad_peak"] > 0.0002
     assert psnr >= 24.0 and model["xyz"].shape[0] > 1500

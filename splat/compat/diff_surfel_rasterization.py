@@ -51,8 +51,10 @@ What it returns
     * ``radii`` [N] int32: 2DGS's screen radius, ceil(max(half-extents of the
       bounding box of u^2 + v^2 <= 9, 3/sqrt(2))) pixels, so that 2DGS's
       ``max_screen_size`` (20) means the same; 0 where splat draws nothing
-      (``radii > 0`` is 2DGS's visibility filter).  A surfel whose ellipse
-      reaches the camera plane gets max(W, H).
+      (``radii > 0`` is 2DGS's visibility filter; unlike 2DGS it leaves out
+      surfels too faint to reach alpha 1/255 anywhere, which 2DGS counts as
+      seen with a zero gradient).  A surfel whose ellipse reaches the camera
+      plane gets max(W, H).
     * ``allmap`` [7, H, W], each channel what 2DGS's renderer reads from it:
           0    sum w z             not normalised (the renderer divides by alpha)
           1    alpha = 1 - T
