@@ -140,7 +140,10 @@ class Campaign:
     def setup(self) -> dict:
         import torch
 
-        r = dict(dry_run=self.dry_run, commit=commit(str(ROOT)), python=sys.version.split()[0],
+        # The device's copy of the tree may have no .git: prepare wrote the commit it staged from.
+        staged = WHEELS / "COMMIT"
+        r = dict(dry_run=self.dry_run, python=sys.version.split()[0],
+                 commit=commit(str(ROOT)) or (staged.read_text().strip() if staged.is_file() else None),
                  torch=torch.__version__, torch_cuda=torch.version.cuda, cpus=os.cpu_count(),
                  tools={t: tool(t) for t in ("nvcc", "nvidia-smi", "compute-sanitizer", "ncu", "cuobjdump")})
         if torch.cuda.is_available():
@@ -180,6 +183,9 @@ class Campaign:
         ok = isinstance(r["check"], dict) and r["check"]["extension"] and (
             self.dry_run or (r["check"]["cuda_kernels"] and r["check"]["cuda_device"]))
         r["status"] = "ok" if ok else "failed"
+        if not ok:
+            r["reason"] = (f"splat's extension does not load: {r['check'][-300:]}" if isinstance(r["check"], str) else
+                           "splat's CUDA kernels or the GPU are not seen (check, build)")
         return r
 
     def pip_install(self, wheels, target: Path) -> dict:
@@ -211,6 +217,8 @@ class Campaign:
             bad.append("gpu_tests_skipped")
         r["status"] = "failed" if bad else "ok"
         r["failed_parts"] = bad
+        if bad:
+            r["reason"] = f"failed: {', '.join(bad)} (failures, errors, timeouts or skipped GPU tests)"
         return r
 
     def sanitize(self) -> dict:
@@ -238,7 +246,8 @@ class Campaign:
                     continue
                 # API errors off in memcheck: torch's own probing calls (expected failures) would count as
                 # reports; splat checks every CUDA call's status itself, and the kernels' accesses are what is checked.
-                api = ["--report-api-errors", "no"] if tool_name == "memcheck" else []
+                api = ["--report-api-errors", "no"] if tool_name == "memcheck" and "--report-api-errors" in \
+                    subprocess.run([san, "--help"], capture_output=True, text=True).stdout else []
                 res = self.run([san, "--tool", tool_name, "--print-limit", "50", *api] + cmd, f"sanitize_{key}.log",
                                100, env=env)
                 res.update(sanitizer_summary(self.logs / f"sanitize_{key}.log", tool_name))
@@ -249,6 +258,8 @@ class Campaign:
         r["status"] = "failed" if failed else ("skipped" if "sanitizer" in r else "ok")
         if r["status"] == "skipped":
             r["reason"] = r["sanitizer"]
+        elif failed:
+            r["reason"] = f"reports, crashes or timeouts in: {', '.join(failed)}"
         return r
 
     def start_peers_build(self) -> dict:
@@ -293,8 +304,10 @@ class Campaign:
                                              "peers_build.log", 1e9)
             status = read_json(BUILD / "peers_status.json")
         r["build"] = status
-        r["status"] = "ok" if status.get("gsplat", {}).get("ok") and status.get("diff_surfel", {}).get("ok") \
-            else "failed"
+        broken = [k for k in ("gsplat", "diff_surfel") if not status.get(k, {}).get("ok")]
+        r["status"] = "failed" if broken else "ok"
+        if broken:
+            r["reason"] = f"not built: {', '.join(broken)} (build, logs/peers_build*.log)"
         return r
 
     def speed(self) -> dict:
@@ -326,9 +339,11 @@ class Campaign:
                                          time_left=self.remaining, unavailable=unbuilt)
         rows = result["rows"]
         failed = [r for r in rows if "error" in r or (r["impl"] == "splat" and "total_ms" not in r)]
-        gpu_skipped = self.gpu and any("skipped" in r for r in rows)
+        gpu_skipped = sorted({r["impl"] for r in rows if self.gpu and "skipped" in r})
+        reason = "; ".join([f"{r['impl']} at {r['surfels']}: {r.get('error', 'no time')}" for r in failed][:3]
+                           + ([f"skipped: {', '.join(gpu_skipped)}"] if gpu_skipped else []))
         return dict(dry_run=self.dry_run, device=self.device, **result,
-                    status="failed" if failed or gpu_skipped else "ok")
+                    status="failed" if reason else "ok", **({"reason": reason} if reason else {}))
 
     def train(self) -> dict:
         r = {"dry_run": self.dry_run, "scenes_folder": str(self.scenes), "runs": {}}
@@ -368,6 +383,8 @@ class Campaign:
                 failed.append(name)
             r["runs"][name] = res
         r["status"] = "failed" if failed else "ok"
+        if failed:
+            r["reason"] = f"failed or missing: {', '.join(failed)}"
         return r
 
     def profile(self) -> dict:
@@ -392,6 +409,8 @@ class Campaign:
         ok = r["torch_profiler"]["rc"] == 0 and (
             "skipped" in r["ncu"] or (r["ncu"]["rc"] == 0 and r["ncu"]["kernels"]))
         r["status"] = "ok" if ok else "failed"
+        if not ok:
+            r["reason"] = "the torch profiler or ncu run failed, or ncu measured no kernel (logs/profile_*.log)"
         return r
 
     # ------------------------------------------------------------------ driver

@@ -58,6 +58,9 @@ prepare() {
   download "$CAMPAIGN/wheels" "plyfile==$PLYFILE_VERSION"
   download "$CAMPAIGN/peers" "gsplat==$GSPLAT_VERSION"
   echo "wheels: $(cd "$CAMPAIGN" && ls wheels/*.whl peers/*.whl | tr '\n' ' ')"
+  # The device's copy of the tree may lack .git: the results name the commit staged from (run prepare last).
+  echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!.gpu_campaign' || echo '+uncommitted changes')" \
+    >"$CAMPAIGN/wheels/COMMIT"
 
   local dsr="$CAMPAIGN/peers/diff-surfel-rasterization"
   if git -C "$dsr_repo" rev-parse -q --verify HEAD >/dev/null 2>&1; then

@@ -71,7 +71,7 @@ def test_dry_run_stage_contents(dry_run):
     _, r = dry_run
     assert r["setup"]["check"]["extension"] is True and "build_ext" in r["setup"]["build_command"]
     cuda = r["parity"]["test_cuda"]
-    assert cuda["rc"] == 0 and cuda["tests"] >= 5 and cuda["passed"] >= 1 and cuda["failures"] == 0
+    assert cuda["rc"] == 0 and cuda["tests"] >= 1 and cuda["passed"] >= 1 and cuda["failures"] == 0
     assert r["sanitize"]["status"] == "skipped" and "no GPU" in r["sanitize"]["reason"]
     assert r["sanitize"]["workload"]["rc"] == 0
     assert r["peers"]["status"] == "skipped" and r["peers"]["reason"]
