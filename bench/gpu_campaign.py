@@ -26,9 +26,11 @@ number, -callN, so that the three calls' files never share a name):
   profile   torch profiler (time per kernel) and Nsight Compute (what bounds
             each of splat's kernels) at 1M surfels, 1080p
 
-Every call has a time budget (--budget-s, 540 s: the device runs one command
-for at most 600 s); each step gets what is left, and a step that runs out is
-recorded as timed out rather than losing the call's other results.
+Every call has a time budget (--budget-s, 480 s: the device runs one command
+for at most 600 s, and a session has 30 device minutes for three calls, the
+machine's start and the gaps between calls); each step gets what is left,
+and a step that runs out is recorded as timed out rather than losing the
+call's other results.
 
 --dry-run runs every step on the CPU with tiny sizes, so that the campaign
 cannot rot while no GPU is lent (tests/test_gpu_campaign.py): no build, the
@@ -295,11 +297,16 @@ class Campaign:
             pid = int(pid_file.read_text())
             while alive(pid) and self.remaining() > 0:
                 time.sleep(2)
-            r["background_build"] = "finished" if not alive(pid) else "still running at the time limit"
+            running = alive(pid)
+            r["background_build"] = "still running at the time limit (it goes on: run this call again)" \
+                if running else "finished"
             if (BUILD / "peers_build.log").is_file():
                 shutil.copy(BUILD / "peers_build.log", self.logs / "peers_build_background.log")
+        else:
+            running = False
         status = read_json(BUILD / "peers_status.json")
-        if not (status.get("gsplat", {}).get("ok") and status.get("diff_surfel", {}).get("ok")):
+        # A second build beside a running one would fight over its folders.
+        if not running and not (status.get("gsplat", {}).get("ok") and status.get("diff_surfel", {}).get("ok")):
             r["foreground_build"] = self.run([sys.executable, str(Path(__file__)), "--build-peers"],
                                              "peers_build.log", 1e9)
             status = read_json(BUILD / "peers_status.json")
@@ -738,7 +745,8 @@ def main() -> int:
     pick.add_argument("--call", type=int, choices=sorted(CALLS), help="the stages of device call 1, 2 or 3")
     pick.add_argument("--stages", nargs="+", metavar="STAGE", help=f"any of {', '.join(STAGES)}, or all")
     ap.add_argument("--dry-run", action="store_true", help="every stage on the CPU with tiny sizes")
-    ap.add_argument("--budget-s", type=float, default=540.0, help="this call's time budget (default 540)")
+    ap.add_argument("--budget-s", type=float, default=480.0,
+                    help="this call's time budget (default 480: three calls and a start fit 30 device minutes)")
     ap.add_argument("--scenes", type=Path, help="folder holding still_life/ and dtu_scan24/ "
                     "(default: .gpu_campaign/scenes, else ../shared/scenes)")
     ap.add_argument("--workload", choices=("sanitize", "profile"), help=argparse.SUPPRESS)
