@@ -580,6 +580,8 @@ def ncu_bounds(path: Path) -> list:
                                                "block": row.get("Block Size")})
         try:
             k[row["Metric Name"]] = float(row["Metric Value"].replace(",", ""))
+            if row["Metric Name"] == "Duration":  # ncu picks the unit (nsecond, usecond, msecond)
+                k["duration_unit"] = row.get("Metric Unit")
         except (KeyError, ValueError, AttributeError):
             pass
     wanted = {"Duration": "duration", "Compute (SM) Throughput": "sm_pct", "Memory Throughput": "memory_pct",
@@ -587,7 +589,7 @@ def ncu_bounds(path: Path) -> list:
               "Achieved Occupancy": "achieved_occupancy_pct", "Theoretical Occupancy": "theoretical_occupancy_pct"}
     rows = []
     for k in kernels.values():
-        row = {"kernel": k["kernel"], "grid": k["grid"], "block": k["block"]}
+        row = {"kernel": k["kernel"], "grid": k["grid"], "block": k["block"], "duration_unit": k.get("duration_unit")}
         row.update({short: k[long] for long, short in wanted.items() if long in k})
         sm, mem = row.get("sm_pct"), row.get("memory_pct")
         if sm is not None and mem is not None:

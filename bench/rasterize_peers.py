@@ -16,7 +16,9 @@ Every implementation is asked for everything it renders (colour, alpha,
 depth, normal, distortion, and the median depth where it has one), and the
 loss is the plain sum of those outputs.  gsplat also derives normals from
 depth in its forward (render_mode RGB+ED), as does the diff-surfel wrapper;
-splat has no such output.  Times are CUDA-event medians over --reps
+splat has no such output.  compat_gsplat is splat's drop-in for gsplat's
+function (splat.compat.gsplat), called as gsplat_dense is: its cost over
+splat, and its colour against the real gsplat's.  Times are CUDA-event medians over --reps
 iterations after --warmup; memory is torch's peak allocation during one
 forward + backward above what was allocated before it (inputs excluded).
 On the CPU (the campaign's dry run) times are host clocks and memory the
@@ -38,7 +40,9 @@ from report import emit, machine
 sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 SIZES = (500_000, 1_000_000, 3_000_000)
-IMPLS = ("splat", "gsplat_packed", "gsplat_dense", "diff_surfel")
+# compat_gsplat: splat.compat.gsplat.rasterization_2dgs, the drop-in for gsplat's, called exactly as
+# gsplat_dense is: its overhead over splat, and its colour against the real gsplat's (the shim's GPU parity).
+IMPLS = ("splat", "gsplat_packed", "gsplat_dense", "diff_surfel", "compat_gsplat")
 NEAR, FAR = 0.2, 100.0  # splat.rasterize's defaults, passed to every peer
 
 
@@ -106,8 +110,11 @@ def renderer(impl, scene, device):
         return leaf, forward, loss, lambda o: o.rgb
     # gsplat takes [N, 3] scales and ignores the third (the normal axis) for 2D Gaussians.
     leaf["scales"] = torch.cat([scene["scales"], torch.zeros(n, 1)], 1).to(device).requires_grad_(True)
-    if impl.startswith("gsplat"):
-        from gsplat.rendering import rasterization_2dgs
+    if impl.startswith("gsplat") or impl == "compat_gsplat":
+        if impl == "compat_gsplat":
+            from splat.compat.gsplat import rasterization_2dgs
+        else:
+            from gsplat.rendering import rasterization_2dgs
 
         def forward():
             return rasterization_2dgs(leaf["means"], leaf["quats"], leaf["scales"], leaf["opacities"],
@@ -189,9 +196,12 @@ def measure(impl, scene, device, warmup, reps):
                 peak_memory_mib=round(peak, 1), memory_kind=kind, reps=reps), rgb
 
 
-def psnr(a, b):
-    mse = float(((a.clamp(0, 1) - b.clamp(0, 1)) ** 2).mean())
-    return round(10 * math.log10(1 / mse), 2) if mse > 0 else math.inf
+def agreement(a, b, name):
+    """PSNR (None when identical: JSON has no infinity) and the largest difference of two colour images."""
+    a, b = a.clamp(0, 1), b.clamp(0, 1)
+    mse = float(((a - b) ** 2).mean())
+    return {f"rgb_psnr_vs_{name}_db": round(10 * math.log10(1 / mse), 2) if mse > 0 else None,
+            f"rgb_max_abs_diff_vs_{name}": round(float((a - b).abs().max()), 6)}
 
 
 def targets(rows, size):
@@ -236,10 +246,10 @@ def run(sizes, width, height, device, warmup, reps, impls=IMPLS, log=print, time
             rows += [dict(impl=impl, surfels=n, width=width, height=height, skipped="out of time") for impl in impls]
             continue
         scene = surface_scene(n, width, height, dtype=torch.float32, seed=0)
-        reference = None
+        reference = gsplat_rgb = None
         for impl in impls:
             row = dict(impl=impl, surfels=n, width=width, height=height)
-            peer = peers.get("gsplat" if impl.startswith("gsplat") else impl)
+            peer = peers.get("gsplat" if impl.startswith("gsplat") else impl)  # None: splat's own
             if isinstance(peer, str):
                 row["skipped"] = peer
             else:
@@ -249,7 +259,11 @@ def run(sizes, width, height, device, warmup, reps, impls=IMPLS, log=print, time
                     if impl == "splat":
                         reference = rgb
                     elif reference is not None:
-                        row["rgb_psnr_vs_splat_db"] = psnr(rgb, reference)
+                        row.update(agreement(rgb, reference, "splat"))
+                    if impl == "gsplat_dense":
+                        gsplat_rgb = rgb
+                    elif impl == "compat_gsplat" and gsplat_rgb is not None:
+                        row.update(agreement(rgb, gsplat_rgb, "gsplat_dense"))
                 except Exception as error:  # OOM or a peer's failure: a row, not the end of the run
                     row["error"] = one_line(error)
                 finally:

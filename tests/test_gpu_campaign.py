@@ -77,15 +77,17 @@ def test_dry_run_stage_contents(dry_run):
     assert r["peers"]["status"] == "skipped" and r["peers"]["reason"]
 
     rows = r["speed"]["rows"]
-    mine = [row for row in rows if row["impl"] == "splat"]
-    assert len(mine) == 2
+    mine = [row for row in rows if row["impl"] in ("splat", "compat_gsplat")]  # splat's own: measured on the CPU
+    assert len(mine) == 4
     for row in mine:
         for key in ("forward_ms", "backward_ms", "total_ms", "peak_memory_mib", "backward_over_forward"):
             assert row[key] > 0, (key, row)
         assert row["total_ms"] == pytest.approx(row["forward_ms"] + row["backward_ms"], abs=2e-3)
     for row in rows:
-        if row["impl"] != "splat":  # peers are CUDA-only: skipped, with the reason
+        if row not in mine:  # peers are CUDA-only: skipped, with the reason
             assert "CUDA" in row["skipped"] and "forward_ms" not in row
+        if row["impl"] == "compat_gsplat":  # the drop-in renders what splat renders
+            assert row["rgb_max_abs_diff_vs_splat"] < 1e-3
     targets = r["speed"]["targets"]
     assert targets["backward_over_forward"] > 0 and "CUDA" in targets["gsplat_not_measured"]
     assert "CUDA" in targets["diff_surfel_not_measured"]
@@ -132,7 +134,7 @@ def test_tool_output_parsers(tmp_path):
     rows = []
     for kid, name, sm, mem in (("0", "forward_kernel<float>", "82.5", "40.1"),
                                ("1", "duplicate_kernel", "12.0", "71.3"), ("2", "tile_offsets_kernel", "5", "9")):
-        for metric, unit, value in (("Duration", "us", "1,234.5"), ("Compute (SM) Throughput", "%", sm),
+        for metric, unit, value in (("Duration", "usecond", "1,234.5"), ("Compute (SM) Throughput", "%", sm),
                                     ("Memory Throughput", "%", mem), ("Registers Per Thread", "register/thread", "72")):
             rows.append(f'"{kid}","1","python3","h","{name}","1","7","(256, 1, 1)","(8160, 1, 1)","0","9.0",'
                         f'"GPU Speed Of Light Throughput","{metric}","{unit}","{value}"')
@@ -141,6 +143,7 @@ def test_tool_output_parsers(tmp_path):
     bounds = {k["kernel"]: k for k in m.ncu_bounds(log)}
     assert bounds["forward_kernel<float>"]["bound"] == "compute"
     assert bounds["forward_kernel<float>"]["duration"] == 1234.5 and bounds["duplicate_kernel"]["registers"] == 72
+    assert bounds["forward_kernel<float>"]["duration_unit"] == "usecond"
     assert bounds["duplicate_kernel"]["bound"] == "memory" and bounds["tile_offsets_kernel"]["bound"] == "latency"
 
     san = tmp_path / "san.log"
