@@ -92,6 +92,10 @@ prepare() {
     set -- $c
     echo "call $1 sends about $2 MiB$([ "$2" -gt 62 ] && echo '  -- OVER the 64 MiB a call may carry')"
   done
+  echo "device calls (run tool, timeout_s 600, one kind for all three, back to back):"
+  echo '  1: command "bash scripts/gpu_campaign.sh run --call 1"  carry [".gpu_campaign/wheels", ".gpu_campaign/peers"]'
+  echo '  2: command "bash scripts/gpu_campaign.sh run --call 2"  carry [".gpu_campaign/wheels", ".gpu_campaign/peers"]'
+  echo '  3: command "bash scripts/gpu_campaign.sh run --call 3"  carry [".gpu_campaign/wheels", ".gpu_campaign/scenes"]'
 }
 
 case "${1:-}" in
