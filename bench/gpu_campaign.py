@@ -344,6 +344,9 @@ class Campaign:
 
             result = rasterize_peers.run(list(sizes), width, height, self.device, warmup, reps, log=say,
                                          time_left=self.remaining, unavailable=unbuilt)
+        pid_file = BUILD / "peers_build.pid"
+        if not self.dry_run and pid_file.is_file() and alive(int(pid_file.read_text())):
+            result["note"] = "the peers' build was still compiling on the CPU during these timings"
         rows = result["rows"]
         failed = [r for r in rows if "error" in r or (r["impl"] == "splat" and "total_ms" not in r)]
         gpu_skipped = sorted({r["impl"] for r in rows if self.gpu and "skipped" in r})
