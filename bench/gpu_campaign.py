@@ -400,6 +400,7 @@ class Campaign:
     def profile(self) -> dict:
         r = {"dry_run": self.dry_run}
         cmd = [sys.executable, str(Path(__file__)), "--workload", "profile"] + (["--dry-run"] if self.dry_run else [])
+        (self.work / "torch_profile.json").unlink(missing_ok=True)  # a warm machine's earlier call left one
         res = self.run(cmd + ["--torch-profile", self.work / "torch_profile.json"], "profile_torch.log", 90)
         res["kernels"] = read_json(self.work / "torch_profile.json").get("kernels")
         r["torch_profiler"] = res
