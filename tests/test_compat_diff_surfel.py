@@ -202,6 +202,22 @@ def test_arguments_it_cannot_take_raise_one_line_errors_naming_them(args, name):
     assert name in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("path", ["scales", "cov3D_precomp"])
+def test_an_empty_model_renders_the_background_and_backpropagates(path):
+    _, cam = scene_and_cam()
+    empty = torch.zeros(0, 3, dtype=torch.float64, requires_grad=True)
+    means2D = torch.zeros(0, 3, dtype=torch.float64, requires_grad=True)
+    kw = (dict(scales=torch.zeros(0, 2, dtype=torch.float64), rotations=torch.zeros(0, 4, dtype=torch.float64))
+          if path == "scales" else dict(cov3D_precomp=torch.zeros(0, 9, dtype=torch.float64)))
+    color, radii, allmap = GaussianRasterizer(settings_for(cam, bg=(0.1, 0.2, 0.3), dtype=torch.float64))(
+        empty, means2D, torch.zeros(0, 1, dtype=torch.float64), colors_precomp=torch.zeros(0, 3, dtype=torch.float64),
+        **kw)
+    (color.sum() + allmap.sum()).backward()
+    assert radii.shape == (0,) and torch.equal(allmap, torch.zeros(7, H0, W0, dtype=torch.float64))
+    assert torch.allclose(color, torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)[:, None, None].expand(3, H0, W0))
+    assert empty.grad.shape == (0, 3) and means2D.grad.shape == (0, 3)
+
+
 def test_mark_visible_is_2dgs_near_test():
     s, cam = scene_and_cam()
     c = s["means"] @ s["viewmat"][:3, :3].T + s["viewmat"][:3, 3]

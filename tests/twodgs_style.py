@@ -185,6 +185,8 @@ class OptimizationParams:
     dist_from: int = 3000
     normal_from: int = 7000
     sh_up_every: int = 1000
+    #: train.py also resets opacities at densify_from_iter on a white background
+    reset_at_densify_from_on_white: bool = True
 
 
 def learning_rates(opt, extent):
@@ -270,7 +272,7 @@ def train(views, model, opt, g, bg, extent, log_every=0):
                                  lr=0.0, eps=1e-15)
     n = model["xyz"].shape[0]
     stats = dict(accum=torch.zeros(n, 1), denom=torch.zeros(n, 1), max_radii=torch.zeros(n))
-    white = bool((bg == 1).all())
+    white = bool((bg == 1).all()) and opt.reset_at_densify_from_on_white
     counters = dict(cloned=0, split=0, grad_peak=0.0, resets=0)
     stack, start = [], time.perf_counter()
     for iteration in range(1, opt.iterations + 1):

@@ -113,7 +113,7 @@ import torch
 from torch import nn
 
 from .. import conventions as cv
-from .._backend import has_extension
+from .._backend import has_cuda_kernels, has_extension
 from ..outputs import compose
 from ..rasterize import (
     _check_magnitude,
@@ -380,8 +380,9 @@ def _render(cam, settings, means3D, shs, colors_precomp, opacities, scales, rota
     precomp = cov3D_precomp is not None and n > 0
     colors, sh_degree = _surfel_colors(cam, settings, means3D, shs, colors_precomp, may_fuse=not precomp)
     if precomp:
-        if not has_extension():
-            raise RuntimeError("cov3D_precomp needs splat's compiled kernels, which are unavailable")
+        if not (has_cuda_kernels() if means3D.is_cuda else has_extension()):
+            raise RuntimeError(f"cov3D_precomp needs splat's compiled kernels for {device.type} tensors, "
+                               "which are unavailable (scales and rotations work without them)")
         out, M = _rasterize_transforms(cam, cov3D_precomp.to(dtype), means3D, colors, opac, background,
                                        viewmat, K, want_handle)
         normal_view = out.normal  # [H, W, 3] already camera space
