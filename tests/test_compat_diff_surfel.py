@@ -37,6 +37,7 @@ from twodgs_style import (
 )
 
 import splat
+from splat._backend import has_cuda_kernels
 from splat.compat import diff_surfel_rasterization as dsr
 from splat.compat.diff_surfel_rasterization import (
     GaussianRasterizationSettings,
@@ -216,6 +217,27 @@ def test_an_empty_model_renders_the_background_and_backpropagates(path):
     assert radii.shape == (0,) and torch.equal(allmap, torch.zeros(7, H0, W0, dtype=torch.float64))
     assert torch.allclose(color, torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)[:, None, None].expand(3, H0, W0))
     assert empty.grad.shape == (0, 3) and means2D.grad.shape == (0, 3)
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and has_cuda_kernels()), reason="needs a GPU and splat's CUDA kernels")
+@pytest.mark.parametrize("path", ["scales", "cov3D_precomp"])
+def test_cuda_tensors_run_on_cuda_and_agree_with_the_cpu(path):
+    """2DGS's float32 inputs on the GPU (its .cuda() calls): the same images and gradients as on the CPU."""
+    s, cam = scene_and_cam(dtype=torch.float32)
+    results = []
+    for device in ("cpu", "cuda"):
+        means = s["means"].to(device).requires_grad_(True)
+        means2D = torch.zeros(14, 3, device=device, requires_grad=True)
+        kw = (dict(scales=s["scales"].to(device), rotations=s["quats"].to(device)) if path == "scales" else
+              dict(cov3D_precomp=two_dgs_transform(cam, s["means"], s["quats"], s["scales"]).to(device)))
+        settings = settings_for(cam, sh_degree=1)._replace(bg=torch.tensor([0.2, 0.3, 0.4], device=device))
+        color, radii, allmap = GaussianRasterizer(settings)(
+            means, means2D, s["opacities"][:, None].to(device), shs=torch.ones(14, 4, 3, device=device) * 0.3, **kw)
+        (color.sum() + allmap[:2].sum()).backward()
+        assert color.device.type == device and radii.device.type == device
+        results.append([t.detach().cpu() for t in (color, allmap, means.grad, means2D.grad)] + [radii.cpu()])
+    for a, b in zip(*results):
+        assert torch.allclose(a.float(), b.float(), rtol=1e-3, atol=1e-4)
 
 
 def test_mark_visible_is_2dgs_near_test():
