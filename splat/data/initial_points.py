@@ -6,7 +6,8 @@ judged by how much of the training views they cover, and combined.
     from splat.data.initial_points import initial_points
     start = initial_points(scene, "auto", num_stereo=20000, num_random=10000)
     start.points, start.colors      # [M, 3], [M, 3] in [0, 1]
-    start.description               # "476 triangulated + 20,000 stereo + 3,573 random points (coverage 29 % -> 64 % -> 72 %; 31 s)"
+    start.description               # "476 triangulated + 20,000 stereo + 3,573 random + 13,197 far points
+                                    #  (coverage 29 % -> 64 % -> 72 % -> 99 %; 47 s)"
     start.max_scales                # [M] per-point bound on the initial surfel size (world units)
 
 Sources (``model.init``):
@@ -23,8 +24,10 @@ measures their **coverage**.  A few hundred SIFT points cover a textured
 object and leave an untextured floor, the walls and the sky empty; a start
 like that trains floaters and streaks there (issue 26).  While the
 coverage is below :data:`FILL_BELOW`, the next source -- stereo, then
-random -- adds its points **only where the current set leaves the views
-uncovered**, so a good source is never thrown away for a worse one.
+random, then the far sphere (:mod:`splat.data.far_points`: a sky or a
+distant backdrop, which no other source reaches) -- adds its points **only
+where the current set leaves the views uncovered**, so a good source is
+never thrown away for a worse one.
 
 Coverage of a point set: each training view is cut into square cells,
 :data:`COVERAGE_CELLS` across the width.  A cell is covered when some point
@@ -57,7 +60,7 @@ from ..errors import ConfigError, SplatInputError
 from ..model import project_points
 
 __all__ = ["InitialPoints", "initial_points", "coverage", "uncovered_filter", "pixel_footprint",
-           "COVERAGE_CELLS", "FILL_BELOW", "MAX_INIT_SCALE_PX", "MIN_INIT_POINTS", "INIT_MODES"]
+           "hole_cells", "COVERAGE_CELLS", "FILL_BELOW", "MAX_INIT_SCALE_PX", "MIN_INIT_POINTS", "INIT_MODES"]
 
 INIT_MODES = ("auto", "points", "triangulate", "stereo", "random")
 #: Cells across the width of a view when measuring coverage (~5 px at 256 px,
@@ -160,12 +163,18 @@ def coverage(points: torch.Tensor, frames: Sequence, background: Optional[torch.
     return sum(fractions) / len(fractions)
 
 
+def hole_cells(points: torch.Tensor, frames: Sequence,
+               background: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+    """Per view, [rows, cols] bool: the content cells ``points`` [M, 3] leave uncovered."""
+    return [~cov & _counted_cells(f, background) for f, cov in zip(frames, covered_cells(points, frames))]
+
+
 def uncovered_filter(points: torch.Tensor, frames: Sequence,
                      background: Optional[torch.Tensor] = None) -> Callable[[torch.Tensor], torch.Tensor]:
     """A predicate on candidate points [K, 3] -> [K] bool: True where a
     candidate projects into a content cell that ``points`` leave uncovered,
     in at least one view."""
-    holes = [~cov & _counted_cells(f, background) for f, cov in zip(frames, covered_cells(points, frames))]
+    holes = hole_cells(points, frames, background)
 
     def in_a_hole(cands: torch.Tensor) -> torch.Tensor:
         hit = torch.zeros(len(cands), dtype=torch.bool)
@@ -304,13 +313,17 @@ def initial_points(scene, init: str, num_stereo: int, num_random: int, random_mi
 
     covs = [coverage(current()[0], frames, background)]
     if init == "auto":
-        for source in ("stereo", "random"):
+        for source in ("stereo", "random", "far"):
             if covs[-1] >= FILL_BELOW:
                 break
             have = current()[0]
             allowed = uncovered_filter(have, frames, background) if len(have) else None
             if source == "stereo":
                 pts, cols = _stereo(frames, num_stereo, allowed=allowed, **FILL_STEREO)
+            elif source == "far":
+                from .far_points import far_points
+
+                pts, cols = far_points(frames, hole_cells(have, frames, background))
             else:
                 n = int(math.ceil(num_random * (1.0 - covs[-1])))
                 pts, cols = _random(frames, n, random_min_views, allowed=allowed)
