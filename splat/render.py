@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from .errors import SplatInputError
+from .progress import use_progress_bar
 
 #: Set by tests/tools to substitute a rasterizer with the same signature.
 RASTERIZE_OVERRIDE = None
@@ -157,8 +158,12 @@ def _render_outputs(model, cfg, frame):
     return rgb.numpy(), depth.numpy(), normal.numpy(), alpha.numpy()
 
 
-def render_split(model_dir, data: Optional[str] = None, split: str = "test", overrides=(), progress=True) -> Path:
-    """Write rgb/depth/normal/alpha for every view of ``split``; returns the folder."""
+def render_split(model_dir, data: Optional[str] = None, split: str = "test", overrides=(),
+                 progress="auto") -> Path:
+    """Write rgb/depth/normal/alpha for every view of ``split``; returns the folder.
+
+    ``progress``: ``"auto"`` (a tqdm bar only when stderr is a terminal),
+    True or False (:func:`splat.progress.use_progress_bar`)."""
     from PIL import Image
 
     model, cfg, scene = load_run(model_dir, data, overrides)
@@ -167,7 +172,7 @@ def render_split(model_dir, data: Optional[str] = None, split: str = "test", ove
     for sub in ("rgb", "depth", "normal", "alpha"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     it = frames
-    if progress:
+    if use_progress_bar(progress):
         from tqdm import tqdm
 
         it = tqdm(frames, desc=f"render {split}", dynamic_ncols=True)
@@ -206,7 +211,8 @@ def _depth_points(depth: np.ndarray, K: np.ndarray, viewmat: np.ndarray) -> np.n
 
 
 def extract_mesh(
-    model_dir, data: Optional[str] = None, mesh_res: int = 1024, alpha_min: float = 0.5, overrides=(), progress=True
+    model_dir, data: Optional[str] = None, mesh_res: int = 1024, alpha_min: float = 0.5, overrides=(),
+    progress="auto",
 ) -> Path:
     """TSDF-fuse the rendered depth of all train views into ``OUT/mesh.ply`` (see module doc)."""
     o3d = _import_open3d()
@@ -215,7 +221,7 @@ def extract_mesh(
     voxel = depth_trunc / float(mesh_res)
     frames = scene.train
     it = frames
-    if progress:
+    if use_progress_bar(progress):
         from tqdm import tqdm
 
         it = tqdm(frames, desc="render for tsdf", dynamic_ncols=True)
@@ -282,7 +288,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="views to render (default: test, unless only --mesh is asked)")
     p.add_argument("--mesh", action="store_true", help="TSDF-fuse train-view depth into OUT/mesh.ply (needs open3d)")
     p.add_argument("--mesh-res", type=int, default=1024, help="voxels across 2 x scene radius (default 1024)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bar = p.add_mutually_exclusive_group()
+    bar.add_argument("--progress", dest="progress", action="store_const", const=True, default="auto",
+                     help="force the progress bar (default: only when stderr is a terminal)")
+    bar.add_argument("--no-progress", dest="progress", action="store_const", const=False,
+                     help="never draw the progress bar")
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     p.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. render.depth=expected")
     return p
@@ -292,7 +302,7 @@ def main(argv=None) -> int:
     """CLI entry: mistakes print one line ``error: ...`` (exit 1; 2 for bad
     flags or missing open3d), ``--debug`` shows tracebacks instead."""
     args = build_parser().parse_intermixed_args(argv)  # key=value may stand between flags
-    progress = not args.no_progress
+    progress = args.progress
     if args.mesh:
         try:
             _import_open3d()

@@ -67,6 +67,20 @@ def test_render_explicit_data_and_train_split(trained, tmp_path):
     assert len(list((out / "renders" / "train" / "rgb").glob("*.png"))) == 8
 
 
+def test_render_in_a_pipe_prints_no_bar_unless_forced(trained):
+    """Piped (a log, nohup, CI): no tqdm carriage returns by default;
+    ``--progress`` forces the bar, as for train.py (issue 20)."""
+    _, out, _ = trained
+    for flag, bar in (((), False), (("--progress",), True)):
+        # Bytes, not text=True: universal newlines would turn every "\r" into "\n".
+        res = subprocess.run([sys.executable, str(ROOT / "render.py"), "--model", str(out), *flag],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+        err = res.stderr.decode("utf-8", "replace")
+        assert res.returncode == 0, err[-3000:]
+        assert ("\r" in err) is bar, err
+        assert "wrote 2 test views" in err
+
+
 def test_render_mesh(trained, capsys):
     from splat.render import main
 
