@@ -82,6 +82,14 @@ def _build_ext():
     return BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)
 
 
+# open3d's CPU-only wheel where it exists (Linux x86_64): splat renders on its
+# own and open3d only fuses and cleans meshes, so the CUDA build's extra size
+# buys nothing.  0.20 for the tensor VoxelBlockGrid and create_isosurfaces.
+_MESH = [
+    "open3d-cpu>=0.20; platform_system == 'Linux' and platform_machine == 'x86_64'",
+    "open3d>=0.20; platform_system != 'Linux' or platform_machine != 'x86_64'",
+]
+
 setup(
     name="splat",
     version="0.1.0",
@@ -99,9 +107,10 @@ setup(
         # tests them all: pycolmap (convert.py, triangulation), viser and
         # playwright (the viewer, driven in the system Chromium), gsplat 1.5.0
         # (its pure-Python DefaultStrategy reads splat.compat.gsplat's meta; its
-        # CUDA code is compiled only on first use, which the tests never make).
-        "test": ["pytest", "hypothesis", "pycolmap", "viser", "playwright", "gsplat==1.5.0"],
-        "mesh": ["open3d"],
+        # CUDA code is compiled only on first use, which the tests never make)
+        # and open3d (the mesh tests fuse real meshes).
+        "test": ["pytest", "hypothesis", "pycolmap", "viser", "playwright", "gsplat==1.5.0", *_MESH],
+        "mesh": _MESH,
         "sfm": ["pycolmap"],
         "viewer": ["viser"],
         # The documentation site (mkdocs build --strict); the list lives in

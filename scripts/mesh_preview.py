@@ -33,17 +33,20 @@ def main(argv=None) -> None:
     ap.add_argument("--split", choices=["test", "train"], default="test")
     ap.add_argument("--view", type=int, default=0)
     ap.add_argument("--width", type=int, default=320, help="width of each panel")
+    ap.add_argument("--mesh", default="mesh.ply", help="mesh file in --model (default mesh.ply)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    from splat.mesh.open3d_import import MissingOpen3D, import_open3d
+
     try:
-        import open3d as o3d
-    except ImportError:
-        raise SystemExit("error: open3d is not installed: pip install -e '.[mesh]'")
+        o3d = import_open3d("mesh_preview.py")
+    except MissingOpen3D as e:
+        raise SystemExit(f"error: {e}")
 
     model = Path(args.model)
-    mesh = o3d.io.read_triangle_mesh(str(model / "mesh.ply"))
+    mesh = o3d.io.read_triangle_mesh(str(model / args.mesh))
     if len(mesh.vertices) == 0:
-        raise SystemExit(f"--model: {model / 'mesh.ply'} is missing or empty; run render.py --mesh first")
+        raise SystemExit(f"--mesh: {model / args.mesh} is missing or empty; run render.py --mesh first")
     mesh.compute_vertex_normals()
     v = np.asarray(mesh.vertices)  # [M, 3]
     n = np.asarray(mesh.vertex_normals)  # [M, 3]

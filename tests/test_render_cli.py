@@ -82,7 +82,7 @@ def test_render_in_a_pipe_prints_no_bar_unless_forced(trained):
 
 
 def test_render_mesh(trained, capsys):
-    from splat.render import main
+    from splat.render_cli import main
 
     _, out, _ = trained
     rc = main(["--model", str(out), "--mesh", "--no-progress", "--mesh-res", "128"])
@@ -97,7 +97,7 @@ def test_render_mesh(trained, capsys):
 
 
 def test_render_bad_model_dir(tmp_path, capsys):
-    from splat.render import main
+    from splat.render_cli import main
 
     assert main(["--model", str(tmp_path / "nope")]) == 1
     assert "config.yaml" in capsys.readouterr().err
@@ -107,7 +107,7 @@ def test_render_a_model_without_surfels_is_an_error(trained, tmp_path, capsys):
     """Every image would be the background alone: one line naming the model file, nothing written."""
     from plyfile import PlyData, PlyElement
 
-    from splat.render import main
+    from splat.render_cli import main
 
     _, out, _ = trained
     run = tmp_path / "run"

@@ -1,0 +1,82 @@
+"""The per-view depth and colour that meshing fuses.
+
+Each train view is rendered once.  The fused depth is 2DGS's ``depth_ratio``
+mix of the two depths the rasterizer returns,
+
+    z = (1 - depth_ratio) * z_expected + depth_ratio * z_median,
+
+where ``z_expected = sum_i w_i z_i / alpha`` (smooth, but averaged across
+surfaces at silhouettes) and ``z_median`` is the z of the surfel at which the
+transmittance crosses 0.5 (on one surface, but noisier).  Pixels with
+``alpha < alpha_min`` get z = 0, "no measurement": a pixel that is mostly
+background marks no surface, and fusing its depth is what smears
+silhouettes and builds sheets behind them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..progress import use_progress_bar
+
+
+@dataclass
+class FusionView:
+    """One camera's measurement, in splat's camera convention (conventions.py)."""
+
+    rgb: np.ndarray  # [H, W, 3] float32 in [0, 1]
+    depth: np.ndarray  # [H, W] float32 camera-space z; 0 = no measurement
+    K: np.ndarray  # [3, 3] float64, pixel (i, j) centred at (j + 0.5, i + 0.5)
+    viewmat: np.ndarray  # [4, 4] float64 world -> camera (OpenCV axes)
+
+    @property
+    def height(self) -> int:
+        return int(self.depth.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.depth.shape[1])
+
+
+def fused_depth(expected: torch.Tensor, median: torch.Tensor, alpha: torch.Tensor,
+                depth_ratio: float, alpha_min: float) -> torch.Tensor:
+    """``(1 - r) z_expected + r z_median`` where ``alpha >= alpha_min``, else 0. All [H, W]."""
+    if not 0.0 <= depth_ratio <= 1.0:
+        raise ValueError(f"depth_ratio: {depth_ratio} is not in [0, 1]")
+    z = (1.0 - depth_ratio) * expected + depth_ratio * median
+    keep = (alpha >= alpha_min) & (z > 0) & torch.isfinite(z)
+    return torch.where(keep, z, torch.zeros_like(z))
+
+
+def render_fusion_views(model, cfg, frames: Sequence, depth_ratio: float, alpha_min: float,
+                        progress="auto") -> list[FusionView]:
+    """Render ``frames`` with ``model`` under the run's render settings (``cfg["render"]``).
+
+    Colour is rendered over the config's background, as the model was trained."""
+    from ..render import render_frame
+
+    r = cfg["render"]
+    background = torch.tensor(cfg["data"]["background"], dtype=torch.float32)
+    it = frames
+    if use_progress_bar(progress):
+        from tqdm import tqdm
+
+        it = tqdm(frames, desc="render views for meshing", dynamic_ncols=True)
+    views = []
+    for f in it:
+        with torch.no_grad():
+            out = render_frame(model, f, background, backend=r["backend"], near=r["near"], far=r["far"])
+        alpha = out.alpha.detach().cpu().float()
+        z = fused_depth(out.depth.detach().cpu().float(), out.median_depth.detach().cpu().float(), alpha,
+                        depth_ratio, alpha_min)
+        views.append(FusionView(
+            rgb=out.rgb.detach().cpu().float().clamp(0, 1).numpy(),
+            depth=z.numpy().astype(np.float32),
+            K=f.K.double().cpu().numpy(),
+            viewmat=f.viewmat.double().cpu().numpy(),
+        ))
+    return views
