@@ -51,7 +51,13 @@ def _positive_int(s: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scene", required=True, help="NeRF-layout scene folder with test depths and mesh.ply")
-    ap.add_argument("--mesh", required=True, help="the predicted triangle mesh (.ply, .obj, ...)")
+    what = ap.add_mutually_exclusive_group(required=True)
+    what.add_argument("--mesh", help="the predicted triangle mesh (.ply, .obj, ...)")
+    what.add_argument("--model", help="a training output folder: mesh it as render.py --mesh does "
+                                      "(timed; writes MODEL/mesh.ply), then measure that mesh")
+    ap.add_argument("--mesh-res", type=int, default=None, help="with --model: render.py's --mesh-res")
+    ap.add_argument("--depth-ratio", type=float, default=None, help="with --model: render.py's --depth-ratio")
+    ap.add_argument("--keep-unseen", action="store_true", help="with --model: render.py's --keep-unseen")
     ap.add_argument("--gt-mesh", help="ground-truth mesh (default: SCENE/mesh.ply)")
     ap.add_argument("--out", help="write the JSON here too (e.g. bench/results/mesh_fast.json)")
     ap.add_argument("--samples", type=_positive_int, default=DEFAULT_SAMPLES,
@@ -122,13 +128,25 @@ def run(args, argv) -> int:
     if args.out and not Path(args.out).resolve().parent.is_dir():
         raise SplatInputError(f"{args.out}: the folder to write it in does not exist")
     gt_path = Path(args.gt_mesh) if args.gt_mesh else scene_dir / "mesh.ply"
-    mesh_path = Path(args.mesh)
+    meshing = {}
+    if args.model:
+        from splat.mesh.extract import MeshOptions, extract_mesh
+
+        options = MeshOptions(depth_ratio=args.depth_ratio, keep_unseen=args.keep_unseen)
+        if args.mesh_res:
+            options.mesh_res = args.mesh_res
+        t_mesh = time.perf_counter()
+        mesh_path = extract_mesh(args.model, progress=False, options=options)
+        meshing = dict(mesh_seconds=round(time.perf_counter() - t_mesh, 2), mesh_res=options.mesh_res,
+                       depth_ratio=args.depth_ratio, keep_unseen=args.keep_unseen, model=str(args.model))
+    else:
+        mesh_path = Path(args.mesh)
     pred_v, pred_t = read_mesh(mesh_path)
     gt_v, gt_t = read_mesh(gt_path)
     reference, cameras, n_test = load_views(scene_dir)
     res = evaluate_mesh(pred_v, pred_t, gt_v, gt_t, reference, cameras, samples=args.samples, seed=args.seed)
     res = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in res.items()}
-    report = dict(benchmark="mesh", mesh=str(mesh_path), scene=str(scene_dir), gt_mesh=str(gt_path), **res,
+    report = dict(benchmark="mesh", mesh=str(mesh_path), scene=str(scene_dir), gt_mesh=str(gt_path), **meshing, **res,
                   n_test_views=n_test, n_train_views=len(cameras[2]), gt_vertices=int(len(gt_v)),
                   gt_triangles=int(len(gt_t)), seconds=round(time.perf_counter() - t0, 2),
                   commit=commit(str(ROOT)), date=time.strftime("%Y-%m-%d"),

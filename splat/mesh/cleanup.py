@@ -9,8 +9,10 @@ or measured.  A vertex x is kept if at least one view v sees it:
     x is in front of v, projects inside its image at pixel p,
     D_v(p) > 0 (a measurement), and z_v(x) <= D_v(p) + tolerance,
 
-and a triangle is kept if its three vertices are.  ``tolerance`` absorbs the
-fusion's own scatter around each view's depth (a few voxels).
+with D_v the view's front depth (views.py: the nearer of expected and
+median), and a triangle is kept if its three vertices are.  ``tolerance``
+absorbs the fusion's own scatter around each view's depth (on the sphere of
+tests/test_mesh.py: at most a voxel).
 
 Fragments.  As 2DGS's ``post_process_mesh``: connected components of
 triangles below ``min_triangles`` are dropped; 2DGS keeps the 1000 largest
@@ -46,13 +48,14 @@ def observe_vertices(vertices: np.ndarray, views: Sequence[FusionView], toleranc
     color_sum = torch.zeros(len(verts), 3, dtype=torch.float64) if with_color else None
     color_cnt = torch.zeros(len(verts), dtype=torch.float64) if with_color else None
     for v in views:
-        depth = torch.from_numpy(v.depth).double()  # [H, W]
+        depth = torch.from_numpy(v.visibility_depth).double()  # [H, W]
         rgb = torch.from_numpy(v.rgb).double() if with_color else None  # [H, W, 3]
         viewmat = torch.from_numpy(v.viewmat)[None]  # [1, 4, 4]
         K = torch.from_numpy(v.K)[None]  # [1, 3, 3]
-        for start in range(0, len(verts), SEEN_CHUNK):
-            chunk = slice(start, start + SEEN_CHUNK)
-            uv, z = project_points(verts[chunk], viewmat, K)
+        # Without colours a vertex that one view saw needs no other view.
+        todo = torch.arange(len(verts)) if with_color else torch.nonzero(~seen).view(-1)
+        for idx in todo.split(SEEN_CHUNK):
+            uv, z = project_points(verts[idx], viewmat, K)
             uv, z = uv[0], z[0]  # [m, 2], [m]
             # pixel (i, j) covers [j, j+1) x [i, i+1) (conventions.py)
             col, row = torch.floor(uv[:, 0]), torch.floor(uv[:, 1])
@@ -61,13 +64,13 @@ def observe_vertices(vertices: np.ndarray, views: Sequence[FusionView], toleranc
             d = torch.zeros_like(z)
             d[inside] = depth[rows, cols]
             measured = inside & (d > 0)
-            seen[chunk] |= measured & (z <= d + tol[chunk])
+            seen[idx] |= measured & (z <= d + tol[idx])
             if with_color:
-                on_surface = measured & ((z - d).abs() <= tol[chunk])
+                on_surface = measured & ((z - d).abs() <= tol[idx])
                 c = torch.zeros(len(z), 3, dtype=torch.float64)
                 c[inside] = rgb[rows, cols]
-                color_sum[chunk] += c * on_surface[:, None]
-                color_cnt[chunk] += on_surface.double()
+                color_sum[idx] += c * on_surface[:, None]
+                color_cnt[idx] += on_surface.double()
     color = None
     if with_color:
         color = torch.where(color_cnt[:, None] > 0, color_sum / color_cnt.clamp_min(1.0)[:, None],

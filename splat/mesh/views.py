@@ -11,12 +11,17 @@ transmittance crosses 0.5 (on one surface, but noisier).  Pixels with
 ``alpha < alpha_min`` get z = 0, "no measurement": a pixel that is mostly
 background marks no surface, and fusing its depth is what smears
 silhouettes and builds sheets behind them.
+
+The visibility test of :mod:`splat.mesh.cleanup` uses the nearer of the two
+depths instead (``front_depth``): where they disagree, the expected depth is
+pulled back by faint surfels behind the surface, and a surface hidden behind
+the true one would pass for seen.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -32,6 +37,13 @@ class FusionView:
     depth: np.ndarray  # [H, W] float32 camera-space z; 0 = no measurement
     K: np.ndarray  # [3, 3] float64, pixel (i, j) centred at (j + 0.5, i + 0.5)
     viewmat: np.ndarray  # [4, 4] float64 world -> camera (OpenCV axes)
+    #: [H, W] float32 the nearest depth the view supports, min(expected, median)
+    #: (0 = none), for the visibility test of cleanup.py; None: ``depth``.
+    front_depth: Optional[np.ndarray] = None
+
+    @property
+    def visibility_depth(self) -> np.ndarray:
+        return self.depth if self.front_depth is None else self.front_depth
 
     @property
     def height(self) -> int:
@@ -73,9 +85,12 @@ def render_fusion_views(model, cfg, frames: Sequence, depth_ratio: float, alpha_
         alpha = out.alpha.detach().cpu().float()
         z = fused_depth(out.depth.detach().cpu().float(), out.median_depth.detach().cpu().float(), alpha,
                         depth_ratio, alpha_min)
+        expected, median = out.depth.detach().cpu().float(), out.median_depth.detach().cpu().float()
+        front = fused_depth(torch.minimum(expected, median), median, alpha, 0.0, alpha_min)
         views.append(FusionView(
             rgb=out.rgb.detach().cpu().float().clamp(0, 1).numpy(),
             depth=z.numpy().astype(np.float32),
+            front_depth=front.numpy().astype(np.float32),
             K=f.K.double().cpu().numpy(),
             viewmat=f.viewmat.double().cpu().numpy(),
         ))
