@@ -14,7 +14,10 @@ scene has object masks (``mask/NNN.png`` beside ``images/``, DTU's layout)
 and ``OUT/renders/test/rgb`` exists (``render.py --split test``), it adds
 the PSNR inside and outside the masks: held-out views of an unmasked
 object-centric capture lose most of their PSNR on background the training
-views barely see.
+views barely see.  A run trained with ``eval.masked`` on a scene whose test
+views have ``transforms.json`` masks already holds its masked PSNR / SSIM in
+``metrics.json`` (``test.psnr_masked``, ``test.ssim_masked``): they are
+copied as ``test_psnr_masked`` / ``test_ssim_masked``.
 """
 
 from __future__ import annotations
@@ -90,6 +93,9 @@ def main(argv=None) -> None:
             "test_psnr_affine_fit": metrics.get("test.psnr_affine_fit"),
             "test_views": metrics.get("test.num_views"),
         }
+        if metrics.get("test.psnr_masked") is not None:  # eval.masked: the trainer's own masked figures
+            row.update(test_psnr_masked=metrics["test.psnr_masked"], test_ssim_masked=metrics["test.ssim_masked"],
+                       test_views_masked=metrics.get("test.num_views_masked"))
         extra = _masked_psnr(out, cfg)
         if extra:
             row.update(extra)

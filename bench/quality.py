@@ -9,9 +9,12 @@ training default (init, losses, strategy, configs); see CONTRIBUTING.md.
     python bench/quality.py ... --baseline bench/results/quality_cpu.json --out bench/results/quality_cpu.json
 
 Each run trains in a child process (so that its time and peak memory are
-its own) and records test PSNR / SSIM, depth and normal error against the
-scene's ground truth where it has one, surfels, training and wall seconds,
-peak memory and the ``init:`` line.  Then each (scene, config, init) that
+its own) and records test PSNR / SSIM (and inside the object masks,
+``test.psnr_masked`` / ``test.ssim_masked``, where the test views have
+``transforms.json`` masks, ``eval.masked``; null elsewhere: the scenes here
+load without them), depth and normal error against the scene's ground truth
+where it has one, surfels, training and wall seconds, peak memory and the
+``init:`` line.  Then each (scene, config, init) that
 the baseline also holds is compared: a PSNR drop of more than
 :data:`MAX_PSNR_DROP_DB` or a depth error higher by more than
 :data:`MAX_DEPTH_RISE` (1 percentage point) is flagged, and the exit code is
@@ -55,8 +58,8 @@ INITS = ("points", "triangulate", "stereo", "random", "auto")
 MAX_PSNR_DROP_DB = 0.5
 #: Flag a run whose relative depth error is this much above the baseline's (1 percentage point).
 MAX_DEPTH_RISE = 0.01
-METRICS = ("test.psnr", "test.ssim", "test.depth_rel_err", "test.normal_deg_err", "n_gaussians",
-           "train_seconds", "peak_memory_mb")
+METRICS = ("test.psnr", "test.ssim", "test.psnr_masked", "test.ssim_masked", "test.depth_rel_err",
+           "test.normal_deg_err", "n_gaussians", "train_seconds", "peak_memory_mb")
 
 
 def run_one(scene_dir: Path, layout: str, points_from, config: str, init: str, out: Path, overrides) -> dict:
@@ -70,7 +73,7 @@ def run_one(scene_dir: Path, layout: str, points_from, config: str, init: str, o
 
     cfg = load_config(str(ROOT / config), [f"data.path={scene_dir}", f"data.layout={layout}",
                                            f"model.init={init}", "log.progress=false", *overrides])
-    scene = load_scene_from_config(cfg["data"])
+    scene = load_scene_from_config(cfg["data"], eval_masks=cfg["eval"]["masked"] is not False)
     if init == "points" and points_from and scene.points is None:
         _, _, xyz, rgb, _ = read_model(scene_dir / points_from)
         scene.points = torch.from_numpy(xyz).float()

@@ -90,9 +90,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 #: - ``device``, ``render.backend``: where it runs (backends agree to float
 #:   rounding, so only a same-device resume is bitwise equal).
 #: - ``render.depth``: which depth the evaluation reports.
+#: - ``eval.*``: which test figures the evaluation reports (the test masks
+#:   it reads are not training data).
 #: - ``data.path``: where the data lives; its content is fingerprinted.
 RESUMABLE_KEYS = (
-    "train.iterations", "checkpoint", "log", "device", "render.backend", "render.depth", "data.path",
+    "train.iterations", "checkpoint", "log", "device", "render.backend", "render.depth", "eval", "data.path",
 )
 
 

@@ -134,6 +134,30 @@ class RenderConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Test-set evaluation (``OUT/metrics.json``, the trainer's ``done:`` line).
+
+    ``masked``: object-centric captures (DTU) hold out views whose table and
+    backdrop the training views barely see, so the whole-image PSNR mostly
+    measures the background; papers that train DTU with masks report the
+    figures inside the object masks.  Definitions (:func:`splat.losses.masked_psnr`,
+    :func:`splat.losses.masked_ssim`), with ``m`` the mask's weights in [0, 1]:
+    masked PSNR = -10 log10 of the MSE over the pixels inside the mask only,
+    ``sum m (render - photo)^2 / (3 sum m)``; masked SSIM = the SSIM map of
+    render and photo, both composited over ``data.background`` with ``m`` as
+    alpha (as ``data.masks=background`` composites training images), averaged
+    over the mask's pixels with weights ``m``.  Each is a mean over the test
+    views that have a mask; the whole-image figures are unchanged."""
+
+    masked: Literal["auto", True, False] = _f(
+        "auto", "also report test PSNR / SSIM inside the object masks (test.psnr_masked, test.ssim_masked; "
+        "the whole-image figures are unchanged): PSNR of the MSE over the masked pixels, SSIM map averaged "
+        "over them after compositing render and photo over data.background outside the mask. Masks: "
+        "transforms.json mask_path, read for the test views whatever data.masks is (other layouts have none). "
+        "auto: when a test view has a mask; true: required (an error before training if none has); false: off")
+
+
+@dataclass
 class CheckpointConfig:
     every: int = _f(1000, "steps (0: only at the end); a checkpoint is always written at the end", ge=0)
     keep: int = _f(2, "newest checkpoints of this run kept", ge=1)
@@ -158,6 +182,7 @@ class SplatConfig:
     loss: LossConfig = _section(LossConfig)
     strategy: StrategyConfig = _section(StrategyConfig)
     render: RenderConfig = _section(RenderConfig)
+    eval: EvalConfig = _section(EvalConfig)
     checkpoint: CheckpointConfig = _section(CheckpointConfig)
     log: LogConfig = _section(LogConfig)
 

@@ -18,7 +18,7 @@ convergence and costs PSNR (2DGS starts them at 3k / 7k of 30k steps).
 from __future__ import annotations
 
 import math
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 import torch.nn.functional as F
@@ -148,8 +148,52 @@ def ssim_torch(
 
 def psnr(pred: torch.Tensor, gt: torch.Tensor) -> float:
     """Peak signal-to-noise ratio in dB for images in [0, 1]."""
-    mse = float(((pred.detach().clamp(0, 1) - gt) ** 2).mean())
+    return _mse_to_db(float(((pred.detach().clamp(0, 1) - gt) ** 2).mean()))
+
+
+def _mse_to_db(mse: float) -> float:
     return float("inf") if mse <= 0 else -10.0 * math.log10(mse)
+
+
+def masked_psnr(pred: torch.Tensor, gt: torch.Tensor, mask: torch.Tensor) -> Optional[float]:
+    """PSNR in dB over the pixels inside ``mask`` only (``eval.masked``).
+
+    pred, gt: [H, W, C] in [0, 1] (``pred`` is clamped); mask: [H, W] weights
+    in [0, 1] (1 = object).  The MSE is averaged over the masked pixels and
+    the channels, each pixel weighted by its mask value::
+
+        MSE = sum_p m_p sum_c (pred_pc - gt_pc)^2 / (C sum_p m_p)
+
+    (for a 0/1 mask: the plain MSE of the pixels inside it; nothing outside
+    counts, so no compositing is needed).  ``None`` when the mask is empty."""
+    w = mask.detach().to(torch.float64)[..., None]  # [H, W, 1]
+    total = float(w.sum()) * pred.shape[-1]
+    if total <= 0:
+        return None
+    err = (pred.detach().clamp(0, 1).to(torch.float64) - gt.to(torch.float64)) ** 2
+    return _mse_to_db(float((w * err).sum()) / total)
+
+
+def masked_ssim(pred: torch.Tensor, gt: torch.Tensor, mask: torch.Tensor,
+                background: torch.Tensor) -> Optional[float]:
+    """SSIM inside ``mask`` (``eval.masked``): render and photo are both
+    composited over ``background`` with the mask as alpha (``x m + bg (1 - m)``,
+    as ``data.masks=background`` composites training images, so the table and
+    backdrop do not reach the object's pixels through the 11x11 window), then
+    the per-pixel, per-channel SSIM map (:func:`ssim_torch`) is averaged over
+    the masked pixels with weights ``m``::
+
+        SSIM_masked = sum_p m_p sum_c SSIM_pc / (C sum_p m_p)
+
+    pred, gt: [H, W, C] in [0, 1] (``pred`` is clamped); mask: [H, W] in
+    [0, 1]; background: [C].  ``None`` when the mask is empty."""
+    m = mask.detach().to(pred.dtype)[..., None]  # [H, W, 1]
+    total = float(m.sum()) * pred.shape[-1]
+    if total <= 0:
+        return None
+    bg = background.to(device=pred.device, dtype=pred.dtype).view(1, 1, -1) * (1.0 - m)
+    smap = ssim_torch(pred.detach().clamp(0, 1) * m + bg, gt * m + bg, reduce=False)  # [1, C, H, W]
+    return float((smap[0].permute(1, 2, 0).to(torch.float64) * m.to(torch.float64)).sum()) / total
 
 
 def photometric_loss(pred: torch.Tensor, gt: torch.Tensor, ssim_lambda: float = 0.2) -> torch.Tensor:

@@ -15,6 +15,7 @@ Output folder layout::
     OUT/checkpoints/ckpt_NNNNNNN.pt  atomic checkpoints (the newest ``checkpoint.keep``)
     OUT/point_cloud.ply        final model, INRIA attribute names (splat.model.save_ply)
     OUT/metrics.json           test metrics, n_gaussians, iterations, train_seconds, peak_memory_mb
+                               (test.psnr_masked / test.ssim_masked inside the object masks: eval.masked)
 
 Determinism / resume: everything random is drawn from generators seeded by
 ``seed`` whose state is saved in every checkpoint: the torch, numpy and python
@@ -57,7 +58,7 @@ from .checkpoint import (
 from .appearance import fit_affine, make_appearance, make_optimizer
 from .config import check_config
 from .errors import ConfigError, RunStateError, SplatInputError
-from .losses import psnr, ssim, total_loss
+from .losses import masked_psnr, masked_ssim, psnr, ssim, total_loss
 from .model import GaussianModel, create_from_points, save_ply
 from .progress import LogLines, format_duration, use_progress_bar  # noqa: F401 (re-exported)
 from .render import normalized_normals, render_frame
@@ -171,9 +172,11 @@ class Trainer:
         self.device = resolve_device(cfg["device"])
         dcfg = cfg["data"]
         self.background = torch.tensor(dcfg["background"], dtype=torch.float32).reshape(3)
-        self.scene = scene if scene is not None else load_scene_from_config(dcfg)
+        self.scene = scene if scene is not None else load_scene_from_config(
+            dcfg, eval_masks=cfg["eval"]["masked"] is not False)
         if not self.scene.train:
             raise SplatInputError(f"{dcfg['path']}: no training images")
+        check_eval_masks(cfg, self.scene)  # before the (long) training, not at its end
         self.scene_radius = float(self.scene.scene_radius())
         self.step = 0  # completed steps
         self.train_seconds = 0.0
@@ -395,11 +398,23 @@ class Trainer:
 
     def _print_summary(self, m: dict) -> None:
         parts = [f"{self.step} steps in {m['train_seconds']:.1f} s", f"{m['n_gaussians']} surfels"]
-        for k in ("psnr", "ssim", "depth_rel_err", "normal_deg_err"):
+        for k in ("psnr", "ssim", "psnr_masked", "ssim_masked", "depth_rel_err", "normal_deg_err"):
             if f"test.{k}" in m and m[f"test.{k}"] is not None:
                 parts.append(f"test {k} {m[f'test.{k}']:.4g}")
         parts.append(f"peak mem {m['peak_memory_mb']:.0f} MB")
         print("done: " + ", ".join(parts) + f" -> {self.out_dir}", file=sys.stderr)
+
+
+def check_eval_masks(cfg: Dict, scene) -> None:
+    """``eval.masked=true`` needs a test view with an object mask
+    (``Frame.object_mask``): else a one-line ConfigError naming the key
+    (``auto`` skips the masked figures instead)."""
+    if cfg["eval"]["masked"] is not True or any(f.object_mask is not None for f in scene.test):
+        return
+    what = (f"none of the {len(scene.test)} test view(s) has an object mask" if scene.test
+            else "the scene has no test views")
+    raise ConfigError(f"eval.masked=true: {what}; masks are read from transforms.json mask_path "
+                      "(data.layout=transforms); use eval.masked=auto to skip the masked figures")
 
 
 def evaluate_frames(trainer: "Trainer", frames) -> dict:
@@ -407,10 +422,19 @@ def evaluate_frames(trainer: "Trainer", frames) -> dict:
     of the render after the least-squares affine colour fit to each image
     (:func:`splat.appearance.fit_affine`: the number to compare with
     appearance-modelling methods), plus depth/normal errors where ground
-    truth files exist next to the data (pixels with z_gt > 0)."""
+    truth files exist next to the data (pixels with z_gt > 0).
+
+    With ``eval.masked`` not ``false``, ``psnr_masked`` / ``ssim_masked``:
+    the same means over the frames with an object mask, of
+    :func:`splat.losses.masked_psnr` and :func:`splat.losses.masked_ssim`
+    (inside the mask only; SSIM after compositing render and photo over
+    ``data.background`` outside it), and ``num_views_masked``, how many
+    frames they average; absent when no frame has a (non-empty) mask."""
     if not frames:
         return {}
     psnrs, ssims, psnrs_fit = [], [], []
+    psnrs_masked, ssims_masked = [], []
+    use_masks = trainer.cfg["eval"]["masked"] is not False
     depth_err_sum, normal_err_sum, n_px = 0.0, 0.0, 0
     data_dir = Path(trainer.cfg["data"]["path"])
     use_median = trainer.cfg["render"]["depth"] == "median"
@@ -420,6 +444,11 @@ def evaluate_frames(trainer: "Trainer", frames) -> dict:
         psnrs.append(psnr(rgb, f.image))
         ssims.append(float(ssim(rgb, f.image)))
         psnrs_fit.append(psnr(fit_affine(rgb, f.image)[0], f.image))
+        m = f.object_mask if use_masks else None
+        p_masked = None if m is None else masked_psnr(rgb, f.image, m)
+        if p_masked is not None:  # an empty mask (all cropped away) has no figure
+            psnrs_masked.append(p_masked)
+            ssims_masked.append(masked_ssim(rgb, f.image, m, trainer.background))
         z_gt, n_gt = _gt_geometry(data_dir, f.stem, f.height, f.width)
         if z_gt is None:
             continue
@@ -436,6 +465,9 @@ def evaluate_frames(trainer: "Trainer", frames) -> dict:
         n_px += int(valid.sum())
     res = {"psnr": float(np.mean(psnrs)), "ssim": float(np.mean(ssims)),
            "psnr_affine_fit": float(np.mean(psnrs_fit)), "num_views": len(frames)}
+    if psnrs_masked:
+        res.update(psnr_masked=float(np.mean(psnrs_masked)), ssim_masked=float(np.mean(ssims_masked)),
+                   num_views_masked=len(psnrs_masked))
     if n_px > 0:
         res["depth_rel_err"] = depth_err_sum / n_px
         res["normal_deg_err"] = normal_err_sum / n_px

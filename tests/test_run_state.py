@@ -78,16 +78,16 @@ def test_resume_refuses_another_runs_checkpoint(scene, tmp_path):
 
 
 def test_resume_allows_the_declared_changes(scene, tmp_path):
-    """train.iterations, checkpoint.*, log.*, device, render.backend/depth and the
-    data's location may change on resume (splat.checkpoint.RESUMABLE_KEYS)."""
+    """train.iterations, checkpoint.*, log.*, device, render.backend/depth, eval.* and
+    the data's location may change on resume (splat.checkpoint.RESUMABLE_KEYS)."""
     assert set(RESUMABLE_KEYS) == {"train.iterations", "checkpoint", "log", "device", "render.backend",
-                                   "render.depth", "data.path"}
+                                   "render.depth", "eval", "data.path"}
     out = tmp_path / "run"
     Trainer(_cfg(scene, 3), out).train()
     moved = tmp_path / "moved_scene"
     shutil.copytree(scene, moved)
-    t = Trainer(_cfg(moved, 5, "checkpoint.keep=3", "log.every=2", "render.depth=median", "render.backend=torch"),
-                out, resume=True)
+    t = Trainer(_cfg(moved, 5, "checkpoint.keep=3", "log.every=2", "render.depth=median", "render.backend=torch",
+                     "eval.masked=false"), out, resume=True)
     assert t.step == 3
     m = t.train()
     assert m["iterations"] == 5 and _steps(out) == [5, 4, 3]

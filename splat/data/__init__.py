@@ -76,6 +76,7 @@ def load_scene(
     masks: str = "none",
     cache_dir=None,
     blank_pixels: float = 0.0,
+    eval_masks: bool = False,
 ) -> SceneData:
     """Load a scene folder into a :class:`SceneData`.
 
@@ -98,6 +99,10 @@ def load_scene(
             see :func:`splat.data.undistort.default_cache_dir`).
         blank_pixels: undistortion crop, 0 = only valid pixels (COLMAP's
             default), 1 = every source pixel with a blank border.
+        eval_masks: ``transforms.json``: read the test frames' ``mask_path``
+            into ``Frame.object_mask`` even with ``masks="none"`` (for the
+            masked test metrics, ``eval.masked``); other layouts have no
+            mask files.
 
     Raises:
         DataError: any problem with the data, naming the file.
@@ -120,16 +125,17 @@ def load_scene(
         return load_colmap(root, downscale=downscale, background=background, test_every=test_every, **und)
     if layout == "transforms":
         return load_transforms(root, downscale=downscale, background=background, test_every=test_every,
-                               masks=masks, **und)
+                               masks=masks, eval_masks=eval_masks, **und)
     return load_nerf(root, downscale=downscale, background=background)
 
 
-def load_scene_from_config(data_cfg: dict) -> SceneData:
+def load_scene_from_config(data_cfg: dict, eval_masks: bool = False) -> SceneData:
     """:func:`load_scene` with the arguments of a config's ``data`` section
-    (see :class:`splat.config.DataConfig`)."""
+    (see :class:`splat.config.DataConfig`); ``eval_masks`` as there (the
+    trainer passes ``eval.masked != false``)."""
     d = data_cfg
     return load_scene(
         d["path"], downscale=d["downscale"], background=d["background"], test_every=d["test_every"],
         layout=d["layout"], masks=d["masks"], cache_dir=d["cache_dir"] or None,
-        blank_pixels=d["undistort_blank_pixels"],
+        blank_pixels=d["undistort_blank_pixels"], eval_masks=eval_masks,
     )

@@ -52,7 +52,10 @@ Masks (``mask_path``, white = keep; ``masks`` argument): ``"none"`` ignores
 them; ``"background"`` composites the image over the background colour with
 the mask as alpha (masked-out pixels become background, ``Frame.mask`` is
 the mask); ``"ignore"`` keeps the image and sets ``Frame.loss_mask``
-(masked-out pixels are left out of the photometric loss).  A mask file is
+(masked-out pixels are left out of the photometric loss).  Whenever a mask
+is read its weights are also kept as ``Frame.object_mask``; ``eval_masks``
+reads the test frames' masks under ``"none"`` too, for the masked test
+metrics (``eval.masked``), leaving images and training untouched.  A mask file is
 read by :func:`splat.data.types.read_mask`, by this rule (first match wins):
 
 1. an alpha channel (RGBA, LA, PA, or a transparency key) that is not the
@@ -238,8 +241,12 @@ def load_transforms(
     masks: str = "none",
     cache_dir=None,
     blank_pixels: float = 0.0,
+    eval_masks: bool = False,
 ) -> SceneData:
     """Load a folder with one ``transforms.json`` (see the module docstring).
+
+    ``eval_masks``: read the test frames' ``mask_path`` into
+    ``Frame.object_mask`` even when ``masks`` is ``"none"``.
 
     Raises:
         DataError: missing/invalid json, keys, images, masks (empty ones
@@ -260,12 +267,13 @@ def load_transforms(
             raise DataError(f"{json_path}: frames[{i}] must be a json object")
         if not isinstance(fr.get("file_path"), str):
             raise DataError(f"{json_path}: frames[{i}]: missing key 'file_path'")
-        if masks != "none" and "mask_path" in fr and not isinstance(fr["mask_path"], str):
+        if (masks != "none" or eval_masks) and "mask_path" in fr and not isinstance(fr["mask_path"], str):
             raise DataError(f"{json_path}: frames[{i}]: 'mask_path' must be a file path, got {fr['mask_path']!r}")
     order = sorted(range(len(raw)), key=lambda i: raw[i]["file_path"])
     seen: dict = {}
     ipaths = [resolve_unique_image(json_path, f"frames[{i}]", raw[i]["file_path"], seen) for i in order]
     train_idx, test_idx = _split(json_path, meta, [raw[i]["file_path"] for i in order], test_every)
+    test_set = set(test_idx)
 
     def load(k: int) -> Frame:
         i, ipath = order[k], ipaths[k]
@@ -276,8 +284,8 @@ def load_transforms(
         check_intrinsics(f"{json_path}: {where}", *cam.fxfycxcy())
         img, alpha, (fx, fy, cx, cy) = load_camera_image(ipath, cam, downscale, bg, cache_dir, blank_pixels,
                                                          camera_name=f"{json_path.name}: {where}")
-        loss_mask = None
-        if masks != "none" and "mask_path" in fr:
+        loss_mask = m = None
+        if (masks != "none" or (eval_masks and k in test_set)) and "mask_path" in fr:
             mpath = json_path.parent / fr["mask_path"]
             if not mpath.is_file():
                 raise DataError(f"{mpath}: mask file not found (named by {json_path}, {where})")
@@ -288,13 +296,13 @@ def load_transforms(
             if masks == "background":
                 img = img * m[..., None] + bg.view(1, 1, 3) * (1.0 - m[..., None])
                 alpha = m if alpha is None else alpha * m
-            else:
+            elif masks == "ignore":
                 loss_mask = m
         return Frame(
             stem=ipath.stem, image_path=ipath, image=img.contiguous(), mask=alpha,
             viewmat=check_pose(f"{json_path}: {where}", opengl_c2w_to_viewmat(c2w)),
             K=scaled_K(fx, fy, cx, cy, downscale), width=img.shape[1], height=img.shape[0],
-            loss_mask=loss_mask,
+            loss_mask=loss_mask, object_mask=m,
         )
 
     # Frames in no split list are not decoded (nor checked beyond their file's existence).

@@ -54,6 +54,11 @@ class Frame:
         loss_mask: ``[H, W]`` float32 in [0, 1] weighting each pixel in the
             photometric loss (``data.masks=ignore``: 0 = left out), or
             ``None`` (every pixel counts).
+        object_mask: ``[H, W]`` float32 weights in [0, 1] of the frame's
+            mask file (``transforms.json`` ``mask_path``, 1 = object) as
+            read, whatever ``data.masks`` did with it, or ``None``.  Read for
+            every frame when ``data.masks`` is not ``none``, else for the test
+            frames only when asked (``eval_masks``, for ``eval.masked``).
     """
 
     stem: str
@@ -65,6 +70,7 @@ class Frame:
     width: int
     height: int
     loss_mask: Optional[torch.Tensor] = None  # [H, W] or None
+    object_mask: Optional[torch.Tensor] = None  # [H, W] or None
 
     @property
     def camera_center(self) -> torch.Tensor:
