@@ -76,4 +76,7 @@ def fuse_tsdf(views: Sequence[FusionView], voxel: float, sdf_trunc: float, depth
         return o3d.geometry.TriangleMesh()
     # Weights count views (1 each); open3d skips voxels whose weight is not
     # above the threshold, so 0.5 keeps every voxel that one view measured.
-    return grid.extract_triangle_mesh(weight_threshold=0.5).to_legacy()
+    mesh = grid.extract_triangle_mesh(weight_threshold=0.5).to_legacy()
+    if mesh.has_vertex_colors():  # means of values in [0, 1], up to float rounding
+        mesh.vertex_colors = o3d.utility.Vector3dVector(np.clip(np.asarray(mesh.vertex_colors), 0.0, 1.0))
+    return mesh
