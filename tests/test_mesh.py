@@ -128,6 +128,8 @@ def test_tsdf_sphere_is_accurate_complete_and_coloured(sphere_views):
 
     gap, _ = cKDTree(v).query(probe)
     assert gap.max() < 1.5 * voxel, gap.max()
+    mesh.compute_vertex_normals()  # facing the cameras, i.e. out of the sphere
+    assert ((np.asarray(mesh.vertex_normals) * v).sum(1) > 0).mean() > 0.99
     # vertex colours: the surfels' colour field 0.5 + 0.4 d, seen through the views' pixels
     c = np.asarray(mesh.vertex_colors)
     expected = 0.5 + 0.4 * v / r[:, None]
@@ -211,6 +213,10 @@ def test_unbounded_meshes_the_background_too():
     local = local_voxel(v)
     assert (np.abs(r[near] - 1) / local[near]).mean() < 0.3, (np.abs(r[near] - 1) / local[near]).mean()
     assert (np.abs(r[far] - 12) / local[far]).mean() < 0.3, (np.abs(r[far] - 12) / local[far]).mean()
+    # normals face the cameras: out of the sphere, into the backdrop
+    mesh.compute_vertex_normals()
+    outward = (np.asarray(mesh.vertex_normals) * v).sum(1) > 0
+    assert outward[near].mean() > 0.95 and (~outward[far]).mean() > 0.95
     # what lies beyond the backdrop (the truncation band's far edge) is behind every view: removed
     assert r.max() < 12 + local.max(), r.max()
     assert 0.0 < removed < 0.05

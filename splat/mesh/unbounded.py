@@ -132,6 +132,10 @@ def extract_unbounded(views: Sequence[FusionView], center: torch.Tensor, radius:
     measured = (weight[lo[:, 0], lo[:, 1], lo[:, 2]] > 0) & (weight[hi[:, 0], hi[:, 1], hi[:, 2]] > 0)
     y = -extent + (grid_pos + 0.5) * h
     world = uncontract(y) * radius + center.double()
+    # Flying edges winds the triangles with their normals towards increasing
+    # values, i.e. into the surface here (free space is tsdf > 0); reverse
+    # them so that normals face the cameras, as in the bounded meshes.
+    tris = tris[:, [0, 2, 1]]
     mesh = o3d.geometry.TriangleMesh(o3d.utility.Vector3dVector(world.numpy()),
                                      o3d.utility.Vector3iVector(tris.numpy().astype(np.int32)))
     mesh.remove_triangles_by_mask(~measured.numpy()[tris.numpy()].all(axis=1))
