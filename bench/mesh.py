@@ -71,10 +71,12 @@ def read_mesh(path: Path):
     """(vertices [V, 3] float64, triangles [T, 3] int64) of a triangle mesh file."""
     import numpy as np
 
+    from splat.mesh.open3d_import import MissingOpen3D, import_open3d
+
     try:
-        import open3d as o3d
-    except ImportError as e:  # e.g. a missing system library (libusb-1.0.so.0) with open3d installed
-        raise SplatInputError(f"bench/mesh.py needs open3d, which does not import ({e})") from e
+        o3d = import_open3d("bench/mesh.py")
+    except MissingOpen3D as e:  # names a missing system library (libusb-1.0.so.0) and its package
+        raise SplatInputError(str(e)) from e
     if not path.is_file():
         raise SplatInputError(f"{path}: mesh file not found")
     o3d.utility.set_verbosity_level(o3d.utility.VerbosityLevel.Error)  # the error below says it in one line

@@ -27,9 +27,8 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from ..model import project_points
 from .open3d_import import import_open3d
-from .views import FusionView
+from .views import FusionView, pixel_lookup
 
 #: Vertices projected at once per view (bounds the working memory).
 SEEN_CHUNK = 1 << 20
@@ -48,27 +47,21 @@ def observe_vertices(vertices: np.ndarray, views: Sequence[FusionView], toleranc
     color_sum = torch.zeros(len(verts), 3, dtype=torch.float64) if with_color else None
     color_cnt = torch.zeros(len(verts), dtype=torch.float64) if with_color else None
     for v in views:
-        depth = torch.from_numpy(v.visibility_depth).double()  # [H, W]
-        rgb = torch.from_numpy(v.rgb).double() if with_color else None  # [H, W, 3]
-        viewmat = torch.from_numpy(v.viewmat)[None]  # [1, 4, 4]
-        K = torch.from_numpy(v.K)[None]  # [1, 3, 3]
+        depth = torch.from_numpy(v.visibility_depth).double().reshape(-1)  # [H*W]
+        rgb = torch.from_numpy(v.rgb).double().reshape(-1, 3) if with_color else None  # [H*W, 3]
+        viewmat, K = torch.from_numpy(v.viewmat), torch.from_numpy(v.K)
         # Without colours a vertex that one view saw needs no other view.
         todo = torch.arange(len(verts)) if with_color else torch.nonzero(~seen).view(-1)
         for idx in todo.split(SEEN_CHUNK):
-            uv, z = project_points(verts[idx], viewmat, K)
-            uv, z = uv[0], z[0]  # [m, 2], [m]
-            # pixel (i, j) covers [j, j+1) x [i, i+1) (conventions.py)
-            col, row = torch.floor(uv[:, 0]), torch.floor(uv[:, 1])
-            inside = (z > 0) & (col >= 0) & (row >= 0) & (col < v.width) & (row < v.height)
-            rows, cols = row[inside].long(), col[inside].long()
+            z, inside, pixel = pixel_lookup(verts[idx], viewmat, K, v.height, v.width)
             d = torch.zeros_like(z)
-            d[inside] = depth[rows, cols]
+            d[inside] = depth[pixel]
             measured = inside & (d > 0)
             seen[idx] |= measured & (z <= d + tol[idx])
             if with_color:
                 on_surface = measured & ((z - d).abs() <= tol[idx])
                 c = torch.zeros(len(z), 3, dtype=torch.float64)
-                c[inside] = rgb[rows, cols]
+                c[inside] = rgb[pixel]
                 color_sum[idx] += c * on_surface[:, None]
                 color_cnt[idx] += on_surface.double()
     color = None

@@ -34,10 +34,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..model import project_points
 from ..progress import use_progress_bar
 from .open3d_import import import_open3d
-from .views import FusionView
+from .views import FusionView, pixel_lookup
 
 #: Truncation in (local) voxels.
 TRUNC_VOXELS = 5.0
@@ -80,7 +79,7 @@ def unbounded_tsdf(views: Sequence[FusionView], center: torch.Tensor, radius: fl
     axis = -extent + (torch.arange(n, dtype=torch.float32) + 0.5) * h  # [N]
     tsdf = torch.zeros(n * n * n, dtype=torch.float32)
     weight = torch.zeros(n * n * n, dtype=torch.float32)
-    cams = [(torch.from_numpy(v.viewmat).float()[None], torch.from_numpy(v.K).float()[None],
+    cams = [(torch.from_numpy(v.viewmat).float(), torch.from_numpy(v.K).float(),
              torch.from_numpy(v.depth).float()) for v in views]
     starts = range(0, n * n * n, SAMPLES_PER_CHUNK)
     if use_progress_bar(progress):
@@ -95,13 +94,10 @@ def unbounded_tsdf(views: Sequence[FusionView], center: torch.Tensor, radius: fl
         trunc = TRUNC_VOXELS * radius * h * radial_stretch(y)  # [m]
         acc, cnt = torch.zeros(len(idx)), torch.zeros(len(idx))
         for viewmat, K, depth in cams:
-            uv, z = project_points(world, viewmat, K)
-            uv, z = uv[0], z[0]
-            col, row = torch.floor(uv[:, 0]), torch.floor(uv[:, 1])
             H, W = depth.shape
-            inside = (z > 0) & (col >= 0) & (row >= 0) & (col < W) & (row < H)
+            z, inside, pixel = pixel_lookup(world, viewmat, K, H, W)
             d = torch.zeros_like(z)
-            d[inside] = depth[row[inside].long(), col[inside].long()]
+            d[inside] = depth.reshape(-1)[pixel]
             sdf = d - z
             use = inside & (d > 0) & (sdf > -trunc)
             acc += torch.where(use, (sdf / trunc).clamp(-1.0, 1.0), torch.zeros_like(sdf))

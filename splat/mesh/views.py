@@ -26,6 +26,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from ..model import project_points
 from ..progress import use_progress_bar
 
 
@@ -52,6 +53,18 @@ class FusionView:
     @property
     def width(self) -> int:
         return int(self.depth.shape[1])
+
+
+def pixel_lookup(points: torch.Tensor, viewmat: torch.Tensor, K: torch.Tensor, height: int, width: int):
+    """Where world ``points`` [M, 3] land in a view: (camera z [M], inside [M]
+    bool: in front and within the image, flat pixel index ``row * width + col``
+    [K] of the inside points).  Pixel (i, j) covers [j, j+1) x [i, i+1)
+    (conventions.py).  viewmat [4, 4], K [3, 3], in the points' dtype."""
+    uv, z = project_points(points, viewmat[None], K[None])
+    uv, z = uv[0], z[0]  # [M, 2], [M]
+    col, row = torch.floor(uv[:, 0]), torch.floor(uv[:, 1])
+    inside = (z > 0) & (col >= 0) & (row >= 0) & (col < width) & (row < height)
+    return z, inside, (row[inside] * width + col[inside]).long()
 
 
 def fused_depth(expected: torch.Tensor, median: torch.Tensor, alpha: torch.Tensor,
