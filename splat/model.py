@@ -246,22 +246,23 @@ def camera_to_world(viewmat: torch.Tensor, cam: torch.Tensor) -> torch.Tensor:
     return (cam - t) @ R
 
 
-#: Points projected at once by :func:`seen_by`.
-SEEN_BY_CHUNK = 16384
-
 
 def seen_by(points: torch.Tensor, viewmats: torch.Tensor, Ks: torch.Tensor, widths, heights) -> torch.Tensor:
     """[C, M] bool: point m is in front of camera c and inside its image
-    (``widths``/``heights``: ints, or [C, 1] tensors for cameras of different sizes).
-
-    In chunks of :data:`SEEN_BY_CHUNK` points: the projections of all points
-    at once are [C, M, 3] floats (0.5 GB for 200k points in 60 views)."""
-    out = []
-    for chunk in points.split(SEEN_BY_CHUNK):
-        uv, z = project_points(chunk, viewmats, Ks)
-        out.append((z > 1e-6) & (uv[..., 0] >= 0) & (uv[..., 0] < widths) & (uv[..., 1] >= 0)
-                   & (uv[..., 1] < heights))
-    return torch.cat(out, dim=1) if out else torch.zeros(viewmats.shape[0], 0, dtype=torch.bool)
+    (``widths``/``heights``: ints, or [C, 1] tensors for cameras of different sizes)."""
+    # One camera at a time, into one preallocated result: the projections of
+    # many points in all views at once are [C, M, 3] temporaries (0.5 GB for
+    # 200k points in 60 views), and chunks of them fragment glibc's heap
+    # (resident memory grew by 10 MB a chunk).  Per camera they are [M, 3].
+    C, M = viewmats.shape[0], points.shape[0]
+    out = torch.empty(C, M, dtype=torch.bool)
+    w = torch.as_tensor(widths).reshape(-1).expand(C) if torch.is_tensor(widths) else [widths] * C
+    h = torch.as_tensor(heights).reshape(-1).expand(C) if torch.is_tensor(heights) else [heights] * C
+    for c in range(C):
+        uv, z = project_points(points, viewmats[c:c + 1], Ks[c:c + 1])
+        u, v = uv[0, :, 0], uv[0, :, 1]
+        out[c] = (z[0] > 1e-6) & (u >= 0) & (u < w[c]) & (v >= 0) & (v < h[c])
+    return out
 
 
 def uniform_in_ball(n: int, center: torch.Tensor, radius: float,

@@ -17,8 +17,8 @@ import torch
 
 import splat
 from splat.config import load_config
-from splat.data.initial_points import (MAX_INIT_SCALE_PX, coverage, initial_points, pixel_footprint,
-                                       uncovered_filter)
+from splat.data.initial_points import (COVERAGE_CELLS, MAX_INIT_SCALE_PX, coverage, initial_points,
+                                       pixel_footprint, thin_to_cells, uncovered_filter)
 from splat.data.types import Frame, SceneData
 from splat.errors import SplatInputError
 from splat.model import knn_mean_distance
@@ -115,6 +115,31 @@ def test_pixel_footprint_is_depth_over_focal():
     assert float(fp[0]) == pytest.approx(3.0 / float(K[0, 0]), rel=1e-6)
     behind = pixel_footprint(torch.tensor([[0.0, 0.0, -10.0]]), frames)
     assert math.isinf(float(behind[0]))
+
+
+def test_thinning_keeps_one_point_per_cell_and_the_coverage(dense):
+    """8 jittered copies of every dense point (what a stereo source gives):
+    thinning keeps the first point of each cube, no two kept points share a
+    cube, and the coverage stays that of the whole set."""
+    g = torch.Generator().manual_seed(7)
+    copies = dense.points.repeat(8, 1)
+    copies[len(dense.points):] += 0.002 * torch.randn(copies[len(dense.points):].shape, generator=g)
+    keep = thin_to_cells(copies, dense.train)
+    kept = copies[keep]
+    assert len(kept) < 0.5 * len(copies), len(kept)
+    white = torch.ones(3)
+    assert coverage(kept, dense.train, white) >= coverage(copies, dense.train, white) - 0.02
+    # One kept point per cube, and it is the cube's first (originals come
+    # before their copies): cube keys recomputed here from their definition.
+    side = pixel_footprint(copies, dense.train) * (W / COVERAGE_CELLS)
+    level = torch.round(torch.log2(side.double()))
+    key = torch.cat([level[:, None], torch.floor(copies.double() / torch.exp2(level)[:, None])], 1)
+    _, cube = torch.unique(key, dim=0, return_inverse=True)
+    assert torch.equal(torch.bincount(cube[keep], minlength=int(cube.max()) + 1),
+                       (torch.bincount(cube) > 0).long())
+    first = torch.full((int(cube.max()) + 1,), len(copies)).scatter_reduce(0, cube, torch.arange(len(copies)), "amin")
+    assert torch.equal(torch.nonzero(keep)[:, 0], first.sort().values)
+    assert not thin_to_cells(torch.zeros(0, 3), dense.train).any()
 
 
 def test_auto_fills_the_holes_and_says_what_it_combined(sparse, tmp_path):

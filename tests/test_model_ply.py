@@ -16,9 +16,11 @@ from splat.model import (
     load_ply,
     ply_attribute_names,
     quat_to_rotmat,
+    project_points,
     random_points_in_frustums,
     rgb_to_sh,
     save_ply,
+    seen_by,
     sh_to_rgb,
 )
 
@@ -129,6 +131,23 @@ def test_random_points_are_seen_by_cameras():
     cam = pts + torch.tensor([0, 0, 5.0])
     u = 20 * cam[:, 0] / cam[:, 2] + 16
     assert ((u >= 0) & (u < 32)).all()
+
+
+def test_seen_by_per_camera_sizes():
+    """Cameras of different image sizes (widths/heights [C, 1]) and an int
+    size agree with the projection tested point by point; behind is unseen."""
+    g = torch.Generator().manual_seed(0)
+    pts = torch.randn(3000, 3, generator=g) * 2
+    V = torch.eye(4).repeat(3, 1, 1)
+    V[:, 2, 3] = torch.tensor([5.0, 4.0, -3.0])  # the third camera has most points behind it
+    K = torch.tensor([[20.0, 0, 16], [0, 20.0, 12], [0, 0, 1]]).repeat(3, 1, 1)
+    W, H = torch.tensor([[32.0], [20.0], [32.0]]), torch.tensor([[24.0], [30.0], [24.0]])
+    seen = seen_by(pts, V, K, W, H)
+    uv, z = project_points(pts, V, K)
+    expect = (z > 1e-6) & (uv[..., 0] >= 0) & (uv[..., 0] < W) & (uv[..., 1] >= 0) & (uv[..., 1] < H)
+    assert torch.equal(seen, expect) and seen.any(1).all() and not seen.all()
+    assert torch.equal(seen_by(pts, V, K, 32, 24)[0], expect[0])
+    assert seen_by(pts[:0], V, K, 32, 24).shape == (3, 0)
 
 
 # ------------------------------------------------ bad PLY files (issue 9)

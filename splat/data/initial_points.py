@@ -60,7 +60,7 @@ from ..errors import ConfigError, SplatInputError
 from ..model import project_points
 
 __all__ = ["InitialPoints", "initial_points", "coverage", "uncovered_filter", "pixel_footprint",
-           "hole_cells", "COVERAGE_CELLS", "FILL_BELOW", "MAX_INIT_SCALE_PX", "MIN_INIT_POINTS", "INIT_MODES"]
+           "hole_cells", "thin_to_cells", "COVERAGE_CELLS", "FILL_SPACING_CELLS", "FILL_BELOW", "MAX_INIT_SCALE_PX", "MIN_INIT_POINTS", "INIT_MODES"]
 
 INIT_MODES = ("auto", "points", "triangulate", "stereo", "random")
 #: Cells across the width of a view when measuring coverage (~5 px at 256 px,
@@ -82,6 +82,13 @@ MAX_INIT_SCALE_PX = 10.0
 #: cheaper; 41 s against 864 s on still_life's 60 views under load, coverage
 #: 63 % against 66 %), since densification refines a start anyway.
 FILL_STEREO = dict(width=128, max_references=12, num_depths=64)
+#: ``auto`` thins each filling source to one point per cube this many
+#: coverage cells wide at the point's depth (:func:`thin_to_cells`).  A
+#: point covers its cell and the 8 around it, so one per cell keeps the
+#: coverage (still_life: 98 % both ways) while a dense source's 20,000
+#: stereo points, a few pixels apart, would start the training with more
+#: surfels than it ends with, and be slower throughout (issue 26).
+FILL_SPACING_CELLS = 1.0
 #: Fewer points than this from a forced source (``triangulate``, ``stereo``)
 #: is not a start: fall back to the next source.
 MIN_INIT_POINTS = 100
@@ -123,6 +130,16 @@ def _counted_cells(frame, background: Optional[torch.Tensor]) -> torch.Tensor:
     return counted
 
 
+#: Points projected at once per view: [views, points] projections of
+#: 100k random candidates in 60 views are 150 MB of temporaries otherwise.
+PROJECT_POINT_VIEWS = 1 << 20
+
+
+def _chunk(frames: Sequence) -> int:
+    """Points per chunk when projecting into every frame (PROJECT_POINT_VIEWS)."""
+    return max(256, PROJECT_POINT_VIEWS // max(1, len(frames)))
+
+
 def _cell_index(points: torch.Tensor, frames: Sequence):
     """Per view: (rows, cols, in-view mask [M], row [M], col [M]) of each point's cell."""
     V = torch.stack([f.viewmat for f in frames]).float()  # [C, 4, 4]
@@ -141,12 +158,11 @@ def _cell_index(points: torch.Tensor, frames: Sequence):
 
 def covered_cells(points: torch.Tensor, frames: Sequence) -> List[torch.Tensor]:
     """Per view, [rows, cols] bool: cells within one cell of a projected point."""
-    grids = []
-    for rows, cols, inside, i, j in _cell_index(points, frames):
-        g = torch.zeros(rows, cols)
-        g[i[inside], j[inside]] = 1.0
-        grids.append(F.max_pool2d(g[None, None], 3, stride=1, padding=1)[0, 0] > 0)
-    return grids
+    hits = [torch.zeros(_grid(f)[:2]) for f in frames]
+    for part in points.split(_chunk(frames)):
+        for g, (rows, cols, inside, i, j) in zip(hits, _cell_index(part, frames)):
+            g[i[inside], j[inside]] = 1.0
+    return [F.max_pool2d(g[None, None], 3, stride=1, padding=1)[0, 0] > 0 for g in hits]
 
 
 def coverage(points: torch.Tensor, frames: Sequence, background: Optional[torch.Tensor] = None) -> float:
@@ -178,8 +194,10 @@ def uncovered_filter(points: torch.Tensor, frames: Sequence,
 
     def in_a_hole(cands: torch.Tensor) -> torch.Tensor:
         hit = torch.zeros(len(cands), dtype=torch.bool)
-        for hole, (rows, cols, inside, i, j) in zip(holes, _cell_index(cands, frames)):
-            hit |= inside & hole[i, j]
+        for start in range(0, len(cands), _chunk(frames)):
+            part = slice(start, start + _chunk(frames))
+            for hole, (rows, cols, inside, i, j) in zip(holes, _cell_index(cands[part], frames)):
+                hit[part] |= inside & hole[i, j]
         return hit
 
     return in_a_hole
@@ -191,16 +209,47 @@ def pixel_footprint(points: torch.Tensor, frames: Sequence) -> torch.Tensor:
     in front of it for points no view sees, and +inf for points behind all.  [M]"""
     V = torch.stack([f.viewmat for f in frames]).float()
     Ks = torch.stack([f.K for f in frames]).float()
-    uv, z = project_points(points.float(), V, Ks)  # [C, M, 2], [C, M]
     W = torch.tensor([f.width for f in frames], dtype=torch.float32)[:, None]
     H = torch.tensor([f.height for f in frames], dtype=torch.float32)[:, None]
     focal = torch.sqrt(Ks[:, 0, 0] * Ks[:, 1, 1])[:, None]  # [C, 1]
-    ahead = z > 1e-6
-    seen = ahead & (uv[..., 0] >= 0) & (uv[..., 0] < W) & (uv[..., 1] >= 0) & (uv[..., 1] < H)
-    use = torch.where(seen.any(0, keepdim=True), seen, ahead)
-    size = torch.where(use, z / focal, torch.full_like(z, float("nan")))
-    med = size.nanmedian(dim=0).values
-    return torch.nan_to_num(med, nan=float("inf"))
+    out = []
+    for part in points.float().split(_chunk(frames)):
+        uv, z = project_points(part, V, Ks)  # [C, m, 2], [C, m]
+        ahead = z > 1e-6
+        seen = ahead & (uv[..., 0] >= 0) & (uv[..., 0] < W) & (uv[..., 1] >= 0) & (uv[..., 1] < H)
+        use = torch.where(seen.any(0, keepdim=True), seen, ahead)
+        size = torch.where(use, z / focal, torch.full_like(z, float("nan")))
+        out.append(torch.nan_to_num(size.nanmedian(dim=0).values, nan=float("inf")))
+    return torch.cat(out) if out else torch.zeros(0)
+
+
+def thin_to_cells(points: torch.Tensor, frames: Sequence, spacing_cells: float = FILL_SPACING_CELLS) -> torch.Tensor:
+    """[M] bool: which of ``points`` [M, 3] to keep so that at most one lies in
+    each cube of a grid about ``spacing_cells`` coverage cells wide at its
+    depth (cell size from :func:`pixel_footprint` and the median view width).
+
+    The cube side is rounded to a power of two, so points at similar depths
+    share one grid; the first point of each cube is kept (sources list their
+    best points first).  Points no view sees in front are kept."""
+    M = len(points)
+    keep = torch.zeros(M, dtype=torch.bool)
+    if M == 0:
+        return keep
+    width = float(torch.tensor([float(f.width) for f in frames]).median())
+    side = pixel_footprint(points, frames) * (spacing_cells * width / COVERAGE_CELLS)  # [M]
+    finite = torch.isfinite(side) & (side > 0)
+    keep[~finite] = True
+    idx = torch.nonzero(finite)[:, 0]
+    if len(idx) == 0:
+        return keep
+    level = torch.round(torch.log2(side[idx].double()))  # power-of-two cube sides
+    ijk = torch.floor(points[idx].double() / torch.exp2(level)[:, None]).long()
+    key = torch.cat([level.long()[:, None], ijk], dim=1)
+    _, group = torch.unique(key, dim=0, return_inverse=True)
+    first = torch.full((int(group.max()) + 1,), len(idx), dtype=torch.long)
+    first = first.scatter_reduce(0, group, torch.arange(len(idx)), reduce="amin")
+    keep[idx[first]] = True
+    return keep
 
 
 # ---------------------------------------------------------------- sources
@@ -327,6 +376,8 @@ def initial_points(scene, init: str, num_stereo: int, num_random: int, random_mi
             else:
                 n = int(math.ceil(num_random * (1.0 - covs[-1])))
                 pts, cols = _random(frames, n, random_min_views, allowed=allowed)
+            thin = thin_to_cells(pts, frames)
+            pts, cols = pts[thin], cols[thin]
             if len(pts) == 0:
                 continue
             parts.append((pts, cols, source))

@@ -43,8 +43,11 @@ _OFFSETS = torch.tensor([(di, dj) for di in (-1, 0, 1) for dj in (-1, 0, 1)])  #
 #: The best 1/REFINE_KEEP of the candidates are refined with REFINE_COPIES jittered copies each.
 REFINE_KEEP = 4
 REFINE_COPIES = 4
-#: Candidates scored at once (bounds the memory: ~SCORE_CHUNK x views x 1 KB).
-SCORE_CHUNK = 4096
+#: Candidate-views scored at once: a chunk's patches, their sort and the
+#: median over views take ~1 KB per candidate-view, so this bounds scoring to
+#: ~64 MB (4096 candidates at once made it 250 MB at 60 views, the peak of a
+#: whole default training from ``auto``).
+SCORE_CANDIDATE_VIEWS = 65536
 #: Candidates drawn per kept point.
 OVERSAMPLE = 16
 
@@ -165,9 +168,10 @@ def photo_consistent_points(
         return score, centre.nanmedian(dim=0).values
 
     def score_in_chunks(p):
-        """score_points over chunks of SCORE_CHUNK candidates: its patches
-        are [views, candidates, 27] floats, 2 GB at once for 60 views."""
-        parts = [score_points(p[i:i + SCORE_CHUNK]) for i in range(0, len(p), SCORE_CHUNK)]
+        """score_points over chunks of candidates (see SCORE_CANDIDATE_VIEWS):
+        its patches are [views, candidates, 27] floats, 2 GB at once for 60 views."""
+        chunk = max(64, SCORE_CANDIDATE_VIEWS // C)
+        parts = [score_points(p[i:i + chunk]) for i in range(0, len(p), chunk)]
         return torch.cat([s for s, _ in parts]), torch.cat([m for _, m in parts])
 
     # Coarse to fine: score the candidates, then jitter the best ones by about
