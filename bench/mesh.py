@@ -137,9 +137,18 @@ def run(args, argv) -> int:
         options = MeshOptions(depth_ratio=args.depth_ratio, keep_unseen=args.keep_unseen)
         if args.mesh_res:
             options.mesh_res = args.mesh_res
+        import torch
+
+        from splat.trainer import peak_memory_mb
+
         t_mesh = time.perf_counter()
+        rss_before = peak_memory_mb(torch.device("cpu"))
         mesh_path = extract_mesh(args.model, progress=False, options=options)
-        meshing = dict(mesh_seconds=round(time.perf_counter() - t_mesh, 2), mesh_res=options.mesh_res,
+        # The process's peak resident memory: loading the run and meshing it
+        # (nothing else has run yet but imports, rss_before_mesh_mb).
+        peak = peak_memory_mb(torch.device("cpu"))
+        meshing = dict(mesh_seconds=round(time.perf_counter() - t_mesh, 2), mesh_peak_rss_mb=round(peak),
+                       rss_before_mesh_mb=round(rss_before), mesh_res=options.mesh_res,
                        depth_ratio=args.depth_ratio, keep_unseen=args.keep_unseen, model=str(args.model))
     else:
         mesh_path = Path(args.mesh)

@@ -69,6 +69,8 @@ class ModelConfig:
         "else plane-sweep stereo, else random")
     init_num_stereo: int = _f(20000, "at most this many plane-sweep stereo points (model.init=stereo)", ge=1)
     init_num_random: int = _f(10000, "number of random points when there is no point cloud", ge=0)
+    init_fill_spacing: float = _f(1.0, "auto: thin each filling source to one point per cube this many coverage "
+                                  "cells wide at its depth; 0 keeps every point", ge=0.0)
     init_random_min_views: float = _f(0.5, "random points are seen by this fraction of train cameras", ge=0.0, le=1.0)
     init_opacity: float = _f(0.1, "initial opacity", gt=0.0, lt=1.0)
     init_scale: float = _f(1.0, "x mean distance to the 3 nearest neighbours", gt=0.0)

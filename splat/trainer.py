@@ -240,6 +240,7 @@ class Trainer:
         mcfg = self.cfg["model"]
         start = initial_points(self.scene, mcfg["init"], num_stereo=mcfg["init_num_stereo"],
                                num_random=mcfg["init_num_random"], random_min_views=mcfg["init_random_min_views"],
+                               fill_spacing=mcfg["init_fill_spacing"],
                                cache_dir=self.cfg["data"]["cache_dir"] or None, scene_name=self.cfg["data"]["path"],
                                background=self.background)
         print(f"init: {start.description}", file=sys.stderr)

@@ -150,6 +150,11 @@ def test_auto_fills_the_holes_and_says_what_it_combined(sparse, tmp_path):
     assert "coverage" in start.description and "->" in start.description
     # The scene's own points are kept, first, untouched.
     assert torch.equal(start.points[:40], sparse.points)
+    # model.init_fill_spacing=0 keeps every filling point: more of them, no more coverage.
+    whole = initial_points(sparse, "auto", num_stereo=5000, num_random=3000, cache_dir=tmp_path,
+                           background=torch.ones(3), fill_spacing=0.0)
+    assert len(whole.points) > len(start.points) + 40, (len(whole.points), len(start.points))
+    assert start.coverage[-1] >= whole.coverage[-1] - 0.03, (start.coverage, whole.coverage)
 
 
 def test_initial_scales_are_bounded_in_pixels(sparse, tmp_path):

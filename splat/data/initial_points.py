@@ -83,11 +83,12 @@ MAX_INIT_SCALE_PX = 10.0
 #: 63 % against 66 %), since densification refines a start anyway.
 FILL_STEREO = dict(width=128, max_references=12, num_depths=64)
 #: ``auto`` thins each filling source to one point per cube this many
-#: coverage cells wide at the point's depth (:func:`thin_to_cells`).  A
-#: point covers its cell and the 8 around it, so one per cell keeps the
-#: coverage (still_life: 98 % both ways) while a dense source's 20,000
-#: stereo points, a few pixels apart, would start the training with more
-#: surfels than it ends with, and be slower throughout (issue 26).
+#: coverage cells wide at the point's depth (:func:`thin_to_cells`;
+#: ``model.init_fill_spacing``, this by default).  A point covers its cell
+#: and the 8 around it, so one per cell keeps the coverage (still_life: 98 %
+#: both ways) while a dense source's 20,000 stereo points, a few pixels
+#: apart, would start the training with more surfels than it ends with, and
+#: be slower throughout (issue 26).
 FILL_SPACING_CELLS = 1.0
 #: Fewer points than this from a forced source (``triangulate``, ``stereo``)
 #: is not a start: fall back to the next source.
@@ -303,7 +304,7 @@ def _fmt(n: int) -> str:
 
 
 def initial_points(scene, init: str, num_stereo: int, num_random: int, random_min_views: float = 0.5,
-                   cache_dir=None, scene_name: str = "the scene",
+                   fill_spacing: float = FILL_SPACING_CELLS, cache_dir=None, scene_name: str = "the scene",
                    background: Optional[torch.Tensor] = None) -> InitialPoints:
     """The start for ``model.init=init`` (see the module doc).
 
@@ -314,6 +315,8 @@ def initial_points(scene, init: str, num_stereo: int, num_random: int, random_mi
         num_random: random points (``auto`` adds this many times the
             uncovered fraction).
         random_min_views: random candidates must be in view of this fraction of the cameras.
+        fill_spacing: ``auto`` thins each filling source with
+            :func:`thin_to_cells` at this spacing (coverage cells); 0 keeps every point.
         cache_dir: triangulation cache (None: the default).
         scene_name: how errors name the scene (its folder).
         background: [3] the render's background colour: cells of that colour
@@ -376,8 +379,9 @@ def initial_points(scene, init: str, num_stereo: int, num_random: int, random_mi
             else:
                 n = int(math.ceil(num_random * (1.0 - covs[-1])))
                 pts, cols = _random(frames, n, random_min_views, allowed=allowed)
-            thin = thin_to_cells(pts, frames)
-            pts, cols = pts[thin], cols[thin]
+            if fill_spacing > 0:
+                thin = thin_to_cells(pts, frames, fill_spacing)
+                pts, cols = pts[thin], cols[thin]
             if len(pts) == 0:
                 continue
             parts.append((pts, cols, source))
