@@ -164,7 +164,8 @@ def test_tsdf_follows_splat_pixel_centres():
 
 def test_unseen_surfaces_are_removed(sphere_views):
     """A sheet inside the opaque sphere (as fusion builds from depth rendered
-    too far) is removed; the sphere itself is kept."""
+    too far) is removed, and so is one in front of every view's surface; the
+    sphere itself is kept."""
     o3d = pytest.importorskip("open3d")
     from splat.mesh import keep_large_clusters, remove_unseen
 
@@ -177,6 +178,14 @@ def test_unseen_surfaces_are_removed(sphere_views):
     # the icosphere's flat faces lie up to ~0.003 inside the unit sphere: well within the tolerance
     assert abs(removed - share_inner) < 0.01, (removed, share_inner)
     assert np.linalg.norm(np.asarray(mesh.vertices), axis=1).min() > 0.95
+    # A shell 0.2 outside the sphere lies in front of every view's surface
+    # (a fused average where no view put one): no view measured it, it goes;
+    # one at 0.03 is within the tolerance of the measured surface and stays.
+    for radius, kept_share in ((1.2, 0.0), (1.03, 1.0)):
+        shell = o3d.geometry.TriangleMesh.create_sphere(radius=radius, resolution=40)
+        both, removed = remove_unseen(outer + shell, sphere_views, 0.05)
+        share_shell = shell.get_surface_area() / (area_outer + shell.get_surface_area())
+        assert abs(removed - (1.0 - kept_share) * share_shell) < 0.01, (radius, removed, share_shell)
     # a few stray triangles far from everything form small clusters and go
     stray = o3d.geometry.TriangleMesh.create_tetrahedron(radius=0.05).translate((0.0, 0.0, 0.5))
     mesh2, kept = keep_large_clusters(outer + stray, min_triangles=50)

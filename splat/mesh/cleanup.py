@@ -4,15 +4,23 @@ Unseen surfaces.  TSDF fusion marks a zero crossing wherever some view's
 depth ends, including depth rendered too far (through a thin floor, past a
 silhouette).  Such a sheet lies *behind* what every camera observes, so no
 image can confirm it, yet it is part of the mesh that is printed, simulated
-or measured.  A vertex x is kept if at least one view v sees it:
+or measured.  Where the views disagree (a model's depth is off at grazing
+angles, at the foot of an object), the fused surface is their average and
+can lie where no view put a surface: in front of some, behind others.  A
+vertex x is kept if at least one view v measured a surface at it:
 
     x is in front of v, projects inside its image at pixel p,
-    D_v(p) > 0 (a measurement), and z_v(x) <= D_v(p) + tolerance,
+    D_v(p) > 0 (a measurement), and |z_v(x) - D_v(p)| <= tolerance,
 
 with D_v the view's front depth (views.py: the nearer of expected and
 median), and a triangle is kept if its three vertices are.  ``tolerance``
 absorbs the fusion's own scatter around each view's depth (on the sphere of
 tests/test_mesh.py: at most a voxel).
+
+Requiring the vertex *on* some view's surface, not merely not behind it,
+removed a further 6 % of the fast config's still_life mesh and lowered the
+share no camera sees from 5.3 % to 4.7 % with F1 up from 0.878 to 0.882
+(default config: 3.2 % to 3.1 %, F1 0.943 to 0.948; ``bench/mesh.py``).
 
 Fragments.  As 2DGS's ``post_process_mesh``: connected components of
 triangles below ``min_triangles`` are dropped; 2DGS keeps the 1000 largest
@@ -56,10 +64,9 @@ def observe_vertices(vertices: np.ndarray, views: Sequence[FusionView], toleranc
             z, inside, pixel = pixel_lookup(verts[idx], viewmat, K, v.height, v.width)
             d = torch.zeros_like(z)
             d[inside] = depth[pixel]
-            measured = inside & (d > 0)
-            seen[idx] |= measured & (z <= d + tol[idx])
+            on_surface = inside & (d > 0) & ((z - d).abs() <= tol[idx])
+            seen[idx] |= on_surface
             if with_color:
-                on_surface = measured & ((z - d).abs() <= tol[idx])
                 c = torch.zeros(len(z), 3, dtype=torch.float64)
                 c[inside] = rgb[pixel]
                 color_sum[idx] += c * on_surface[:, None]
