@@ -35,8 +35,8 @@ in front of the camera projects into it or into one of its 8 neighbours
 (occlusion is ignored: cheap, and an upper bound).  Only cells that hold
 content count: not those the render's background colour already
 reproduces (every pixel within :data:`BACKGROUND_TOLERANCE`), and where the
-image has alpha or a loss mask, only those whose mean is at least 0.5.  The coverage is the mean over views of the covered
-fraction of counted cells.
+image has alpha or a loss mask, only those whose mean is at least 0.5.
+The coverage is the mean over views of the covered fraction of counted cells.
 
 Initial size: the 3DGS rule (a surfel's scale is the mean distance to its 3
 nearest points) makes huge surfels from a sparse cloud, which are slow to
@@ -60,7 +60,8 @@ from ..errors import ConfigError, SplatInputError
 from ..model import project_points
 
 __all__ = ["InitialPoints", "initial_points", "coverage", "uncovered_filter", "pixel_footprint",
-           "hole_cells", "thin_to_cells", "COVERAGE_CELLS", "FILL_SPACING_CELLS", "FILL_BELOW", "MAX_INIT_SCALE_PX", "MIN_INIT_POINTS", "INIT_MODES"]
+           "hole_cells", "thin_to_cells", "COVERAGE_CELLS", "FILL_SPACING_CELLS", "FILL_BELOW", "MAX_INIT_SCALE_PX",
+           "MIN_INIT_POINTS", "INIT_MODES"]
 
 INIT_MODES = ("auto", "points", "triangulate", "stereo", "random")
 #: Cells across the width of a view when measuring coverage (~5 px at 256 px,
