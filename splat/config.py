@@ -90,6 +90,8 @@ class LrConfig:
 @dataclass
 class TrainConfig:
     iterations: int = _f(30000, "total optimisation steps", ge=0)
+    batch_size: int = _f(1, "training cameras per step; the loss is their mean, and each step takes the next "
+                         "batch_size views of the seeded view order", ge=1)
     sh_increase_every: int = _f(1000, "one more SH degree every n steps", ge=0)
     appearance: Literal["none", "affine"] = _f(
         "none", "affine: a learned per-train-image colour correction A rgb + b (exposure, white balance) "

@@ -281,16 +281,37 @@ class Trainer:
             opt.zero_grad(set_to_none=True)
 
     def train_step(self, step: int) -> dict:
-        """One optimisation step (1-based ``step``); returns logging terms."""
+        """One optimisation step (1-based ``step``) over ``train.batch_size``
+        cameras B: views ``(step - 1) B + 1 ... step B`` of the seeded view
+        order (:func:`view_index`; B = 1 is one view per step).  The loss is
+        the mean of the cameras' losses; each camera's backward runs before
+        the next one renders, so memory is that of one camera.  Returns
+        logging terms, averaged over the cameras."""
         cfg = self.cfg
         iterations = cfg["train"]["iterations"]
+        batch = int(cfg["train"]["batch_size"])
         frames = self.scene.train
-        index = view_index(cfg["seed"], step, len(frames))
-        frame = frames[index]
         lr = cfg["train"]["lr"]
         for g in self.optimizers["means"].param_groups:
             g["lr"] = means_lr(step, iterations, lr["means"], lr["means_final"]) * self.scene_radius
 
+        outs, terms = [], {}
+        for b in range(batch):
+            index = view_index(cfg["seed"], (step - 1) * batch + b + 1, len(frames))
+            out, loss, camera_terms = self._camera_loss(frames[index], index, step)
+            self.strategy.step_pre_backward(self.model, self.optimizers, out, step)
+            (loss / batch).backward()
+            outs.append(out)
+            for k, v in camera_terms.items():
+                terms[k] = terms.get(k, 0.0) + v / batch
+        self.optimizer_step()
+        self.strategy.step_post_backward(self.model, self.optimizers, outs[0] if batch == 1 else outs, step)
+        return terms
+
+    def _camera_loss(self, frame, index: int, step: int):
+        """(render, loss, logging terms) of one training camera ``frame``
+        (``index`` in the training views)."""
+        cfg = self.cfg
         bg = self.background
         if cfg["data"]["random_background"] and frame.mask is not None:
             bg = torch.rand(3)
@@ -303,13 +324,9 @@ class Trainer:
             covered = (out.alpha, bg) if frame.mask is not None else ()
             out = dataclasses.replace(out, rgb=self.appearance(out.rgb, index, *covered))
         loss, terms = self.loss(out, gt, frame, step)
-        self.strategy.step_pre_backward(self.model, self.optimizers, out, step)
-        loss.backward()
-        self.optimizer_step()
-        self.strategy.step_post_backward(self.model, self.optimizers, out, step)
         terms["loss"] = float(loss.detach())
         terms["psnr"] = psnr(out.rgb, gt)
-        return terms
+        return out, loss, terms
 
     def train(self) -> dict:
         """Run (or continue) training to ``train.iterations``; write outputs;

@@ -319,17 +319,20 @@ def _final_params(out: Path) -> dict:
     return load_latest_checkpoint(out)["params"]
 
 
-def test_resume_after_sigkill_reproduces_uninterrupted_run(tiny_scene, tmp_path):
+@pytest.mark.parametrize("batch", [1, 2])
+def test_resume_after_sigkill_reproduces_uninterrupted_run(tiny_scene, tmp_path, batch):
     """Kill training (SIGKILL) right after its first checkpoint, resume, and
     compare with an uninterrupted run: same surfel count, parameters equal to
     atol 1e-5 (the loop is deterministic: seeded view order and RNG states in
-    the checkpoint; we observe bit-identical results on CPU)."""
+    the checkpoint; we observe bit-identical results on CPU).  With
+    ``train.batch_size=2`` too: a step's views follow from the step alone."""
     iters = 60
+    extra = RESUME_EXTRA + [f"train.batch_size={batch}"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     full, killed = tmp_path / "full", tmp_path / "killed"
-    ref = subprocess.Popen(_train_cmd(tiny_scene, full, iters, *RESUME_EXTRA), env=env,
+    ref = subprocess.Popen(_train_cmd(tiny_scene, full, iters, *extra), env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    proc = subprocess.Popen(_train_cmd(tiny_scene, killed, iters, *RESUME_EXTRA), env=env,
+    proc = subprocess.Popen(_train_cmd(tiny_scene, killed, iters, *extra), env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 60
     while not list_checkpoints(killed) and time.time() < deadline and proc.poll() is None:
@@ -352,7 +355,7 @@ def test_resume_after_sigkill_reproduces_uninterrupted_run(tiny_scene, tmp_path)
     corrupt.write_bytes(good[: len(good) // 2])
     assert load_latest_checkpoint(killed)["step"] == killed_at
 
-    res = subprocess.run(_train_cmd(tiny_scene, killed, iters, *RESUME_EXTRA, "--resume"), env=env,
+    res = subprocess.run(_train_cmd(tiny_scene, killed, iters, *extra, "--resume"), env=env,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"at step {killed_at}" in res.stderr

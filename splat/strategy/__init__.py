@@ -7,11 +7,12 @@ through ``state_dict`` / ``load_state_dict`` so checkpoints can resume it.
 
 The trainer calls, every step::
 
-    out = rasterize(...)
-    strategy.step_pre_backward(model, optimizers, out, step)
-    loss.backward()
+    for each of the step's B cameras (train.batch_size):
+        out = rasterize(...)
+        strategy.step_pre_backward(model, optimizers, out, step)
+        (loss / B).backward()
     optimizer steps
-    strategy.step_post_backward(model, optimizers, out, step)
+    strategy.step_post_backward(model, optimizers, out, step)   # B > 1: the list of outs
 
 ``optimizers`` is a dict ``{param name: torch.optim.Adam}``, one optimiser per
 parameter, so a strategy can edit one parameter's Adam moments at a time.
@@ -36,7 +37,9 @@ class Strategy:
         """Called after rendering, before ``loss.backward()``."""
 
     def step_post_backward(self, model, optimizers: Dict, out, step: int) -> None:
-        """Called after the optimiser step; ``out.means2d.grad`` is populated."""
+        """Called after the optimiser step; ``out.means2d.grad`` is populated.
+        With ``train.batch_size`` B > 1, ``out`` is the list of the step's B
+        outputs, and each gradient is that of its camera's loss over B."""
 
     def state_dict(self) -> dict:
         return {}

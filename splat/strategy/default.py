@@ -1,7 +1,7 @@
 """The 3DGS / 2DGS adaptive density control, in gsplat's formulation.
 
 Every step (until ``refine_stop``) it accumulates, for each surfel visible in
-the view, the norm of the screen-space positional gradient ``out.means2d.grad``
+each of the step's views (``train.batch_size``), the norm of the screen-space positional gradient ``out.means2d.grad``
 scaled by ``[W/2, H/2]`` (so the threshold is in normalised-device units and
 independent of resolution, like gsplat and the original 3DGS), and the largest
 screen radius it had (as a fraction of ``max(W, H)``).
@@ -100,7 +100,12 @@ class DefaultStrategy(Strategy):
     def step_post_backward(self, model, optimizers: Dict, out, step: int) -> None:
         if step >= self.refine_stop:
             return
-        self._accumulate(model, out)
+        outs = out if isinstance(out, (list, tuple)) else [out]
+        for camera in outs:
+            # The step's loss is the mean over its cameras, so each camera's
+            # means2d gradient is 1/len(outs) of its own loss's; undone here
+            # so that grow_grad2d means the same for any batch size (gsplat).
+            self._accumulate(model, camera, scale=float(len(outs)))
         resets = self.reset_every > 0  # reset_every <= 0: never reset opacities
         if (
             step >= self.refine_start
@@ -112,7 +117,7 @@ class DefaultStrategy(Strategy):
             self._reset_opacity(model, optimizers)
 
     @torch.no_grad()
-    def _accumulate(self, model, out) -> None:
+    def _accumulate(self, model, out, scale: float = 1.0) -> None:
         n = model.num_gaussians
         dev = model.means.device
         if self.grad2d is None or self.grad2d.shape[0] != n:
@@ -123,7 +128,7 @@ class DefaultStrategy(Strategy):
         if g is None:
             return
         H, W = out.rgb.shape[0], out.rgb.shape[1]
-        g = g.detach().float() * torch.tensor([W / 2.0, H / 2.0], device=g.device)  # [N, 2] NDC units
+        g = g.detach().float() * torch.tensor([W / 2.0 * scale, H / 2.0 * scale], device=g.device)  # [N, 2] NDC units
         radii = out.radii.detach()  # [N]
         vis = radii > 0
         self.grad2d[vis] += g[vis].norm(dim=-1)
