@@ -28,6 +28,9 @@ MEDIAN_TRANSMITTANCE = 0.5
 #: Screen-space low-pass filter: rho_2d = LOWPASS_INV_VARIANCE * |pixel - centre|^2
 #: (a Gaussian of standard deviation 1/sqrt(2) pixels, as in 2DGS).
 LOWPASS_INV_VARIANCE = 2.0
+#: 3D Gaussians: EWA splatting adds this to the projected 2D covariance (px^2),
+#: so that every footprint covers about a pixel (3DGS, gsplat's ``eps2d``).
+EWA_DILATION = 0.3
 #: Tile edge in pixels.
 TILE_SIZE = 16
 #: Spherical-harmonic colours are offset by this before clamping at 0 (3DGS/gsplat).

@@ -92,12 +92,8 @@ def rasterize_reference(means, quats, scales, opacities, colors, viewmat, K, wid
     c_cross_a = torch.cross(c, a, dim=-1)
     K_inv = torch.linalg.inv(K)
 
-    rows, cols = torch.meshgrid(torch.arange(height, device=device, dtype=dtype),
-                                torch.arange(width, device=device, dtype=dtype), indexing="ij")
-    pix = torch.stack([cols.reshape(-1), rows.reshape(-1)], -1) + cv.pixel_centers_offset()  # [HW, 2]
-
     def per_pair(p, sel):
-        """alpha, z, validity for pixels p [P, 2] against the surfels ``sel``."""
+        """alpha, z, validity, normals for pixels p [P, 2] against the surfels ``sel``."""
         sample = p[:, None, :] - shift[sel][None]  # [P, n, 2] footprint moved by the shift
         d = (sample[..., :1] * K_inv[:, 0] + sample[..., 1:] * K_inv[:, 1] + K_inv[:, 2])  # [P, n, 3]
         den = (d * n_cam[sel]).sum(-1)
@@ -113,24 +109,44 @@ def rasterize_reference(means, quats, scales, opacities, colors, viewmat, K, wid
         z = torch.where(use_3d, z_3d, c[sel, 2].expand_as(z_3d))
         alpha = torch.clamp_max(opac[sel] * torch.exp(-0.5 * rho), cv.ALPHA_MAX)
         valid = (alpha >= cv.ALPHA_MIN) & (z > near)
-        return alpha, z, valid
+        return alpha, z, valid, normals[sel]
 
+    return composite_image(per_pair, ids.numel(), col, width, height, near, far, dtype, device,
+                           max_pairs_per_chunk)
+
+
+def composite_image(per_pair, n, colors, width, height, near, far, dtype, device, max_pairs_per_chunk):
+    """Every pixel of a ``width`` x ``height`` image, in chunks of about
+    ``max_pairs_per_chunk`` (pixel, primitive) pairs, against the ``n``
+    primitives (already in depth order) that touch each chunk.
+
+    ``per_pair(p, sel)`` gives, for pixel centres p [P, 2] and the primitives
+    ``sel`` (indices or a slice): (alpha [P, s], z [P, s], valid [P, s],
+    normals [s, 3] or [P, s, 3]).  ``colors`` [n, 3].  Returns the six raw sums
+    of :func:`rasterize_reference`, shaped as the image."""
+    rows, cols = torch.meshgrid(torch.arange(height, device=device, dtype=dtype),
+                                torch.arange(width, device=device, dtype=dtype), indexing="ij")
+    pix = torch.stack([cols.reshape(-1), rows.reshape(-1)], -1) + cv.pixel_centers_offset()  # [HW, 2]
     n_pix = pix.shape[0]
-    chunk = max(1, min(n_pix, max_pairs_per_chunk // max(1, ids.numel())))
+    chunk = max(1, min(n_pix, max_pairs_per_chunk // max(1, n)))
     pieces = []
     for start in range(0, n_pix, chunk):
         p = pix[start:start + chunk]
-        with torch.no_grad():  # which surfels touch this chunk at all
-            _, _, valid = per_pair(p, slice(None))
+        with torch.no_grad():  # which primitives touch this chunk at all
+            valid = per_pair(p, slice(None))[2]
             sel = torch.nonzero(valid.any(0)).squeeze(1)
-        pieces.append(_blend(p.shape[0], *per_pair(p, sel), col[sel], normals[sel], near, far, dtype, device))
+        alpha, z, valid, normals = per_pair(p, sel)
+        pieces.append(composite_samples(p.shape[0], alpha, z, valid, colors[sel], normals, near, far, dtype, device))
     outputs = [torch.cat(parts, 0) for parts in zip(*pieces)]
     shapes = [(height, width, 3), (height, width), (height, width), (height, width, 3), (height, width), (height, width)]
     return tuple(o.reshape(s) for o, s in zip(outputs, shapes))
 
 
-def _blend(n_pix, alpha, z, valid, colors, normals, near, far, dtype, device):
-    """Front-to-back compositing of [P, n] samples already in depth order."""
+def composite_samples(n_pix, alpha, z, valid, colors, normals, near, far, dtype, device):
+    """Front-to-back compositing of [P, n] samples already in depth order.
+
+    ``normals``: [n, 3] (one per primitive: surfels) or [P, n, 3] (one per
+    sample: 3D Gaussians, splat/reference_3dgs.py)."""
     if alpha.shape[1] == 0:
         zeros = torch.zeros(n_pix, dtype=dtype, device=device)
         return (torch.zeros(n_pix, 3, dtype=dtype, device=device), torch.ones_like(zeros), zeros,
@@ -150,4 +166,5 @@ def _blend(n_pix, alpha, z, valid, colors, normals, near, far, dtype, device):
     order = torch.arange(1, alpha.shape[1] + 1, device=device)
     last = (in_median * order).argmax(dim=1, keepdim=True)
     median = torch.where(in_median.any(1), z.gather(1, last).squeeze(1), torch.zeros_like(z[:, 0]))
-    return (w @ colors, trans_after[:, -1], (w * z).sum(1), w @ normals, distortion, median)
+    normal_sum = w @ normals if normals.dim() == 2 else (w[..., None] * normals).sum(1)
+    return (w @ colors, trans_after[:, -1], (w * z).sum(1), normal_sum, distortion, median)
