@@ -85,8 +85,12 @@ def run_one(scene_dir: Path, layout: str, points_from, config: str, init: str, o
 
 
 def compare(runs: list, baseline: dict) -> list:
-    """Flags (one line each) for runs that lost quality against the baseline's same run."""
-    old = {(r["scene"], r["config"], r["init"]): r for r in baseline.get("runs", []) if "metrics" in r}
+    """Flags (one line each) for runs that lost quality against the baseline's same run.
+
+    Baseline runs marked ``"ablation": true`` (a config with an override,
+    kept beside the real runs for the record) are not compared against."""
+    old = {(r["scene"], r["config"], r["init"]): r for r in baseline.get("runs", [])
+           if "metrics" in r and not r.get("ablation")}
     flags = []
     for r in runs:
         b = old.get((r["scene"], r["config"], r["init"]))
@@ -103,9 +107,21 @@ def compare(runs: list, baseline: dict) -> list:
     return flags
 
 
-def _newest_baseline(exclude: Path):
-    files = [p for p in (ROOT / "bench" / "results").glob("quality*.json") if p.resolve() != exclude.resolve()]
-    return max(files, key=lambda p: p.stat().st_mtime) if files else None
+def _newest_baseline(exclude: Path, folder: Path = ROOT / "bench" / "results"):
+    """The stored quality file with the latest ``date``, ties broken by name.
+
+    Not the file time: a fresh clone gives every file the time of the
+    checkout, in no particular order."""
+    files = [p for p in folder.glob("quality*.json") if p.resolve() != exclude.resolve()]
+
+    def key(p: Path):
+        try:
+            date = str(json.loads(p.read_text()).get("date", ""))
+        except (OSError, ValueError):
+            date = ""
+        return date, p.name
+
+    return max(files, key=key) if files else None
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,35 @@
+"""bench/quality.py's comparison with the stored runs (issue 26's guard)."""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+quality = runpy.run_path(str(ROOT / "bench" / "quality.py"))
+
+
+def _run(config, init, psnr, depth, **extra):
+    return dict(scene="s", config=config, init=init, metrics={"test.psnr": psnr, "test.depth_rel_err": depth}, **extra)
+
+
+def test_flags_drops_and_ignores_ablations():
+    baseline = {"runs": [_run("fast", "auto", 37.0, 0.009), _run("fast", "auto", 30.0, 0.05, ablation=True),
+                         _run("default", "auto", 39.0, 0.005)]}
+    runs = [_run("fast", "auto", 36.4, 0.009), _run("default", "auto", 39.0, 0.0155)]
+    flags = quality["compare"](runs, baseline)
+    assert len(flags) == 2, flags  # the ablation (listed last) does not replace the real fast run
+    assert "0.60 dB below the baseline's 37.00" in flags[0] and "depth error 1.55 %" in flags[1]
+    assert quality["compare"]([_run("fast", "auto", 36.6, 0.018)], baseline) == []
+
+
+def test_newest_baseline_is_by_date_then_name_not_file_time(tmp_path):
+    for name, date in (("quality_b.json", "2026-11-24"), ("quality_a.json", "2026-11-25"),
+                       ("quality_c.json", "2026-11-25"), ("quality_new.json", "2026-11-26")):
+        (tmp_path / name).write_text(json.dumps({"date": date, "runs": []}))
+    os.utime(tmp_path / "quality_b.json", (2e9, 2e9))  # the newest file time, the oldest date
+    newest = quality["_newest_baseline"]
+    assert newest(tmp_path / "quality_new.json", tmp_path).name == "quality_c.json"
+    assert newest(tmp_path / "none.json", tmp_path).name == "quality_new.json"
