@@ -1,10 +1,11 @@
 """The 3DGS / 2DGS adaptive density control, in gsplat's formulation.
 
 Every step (until ``refine_stop``) it accumulates, for each surfel visible in
-each of the step's views (``train.batch_size``), the norm of the screen-space positional gradient ``out.means2d.grad``
-scaled by ``[W/2, H/2]`` (so the threshold is in normalised-device units and
-independent of resolution, like gsplat and the original 3DGS), and the largest
-screen radius it had (as a fraction of ``max(W, H)``).
+each of the step's views (``train.batch_size``), the norm of the screen-space
+positional gradient ``out.means2d.grad`` scaled by ``[W/2, H/2]`` (so the
+threshold is in normalised-device units and independent of resolution, like
+gsplat and the original 3DGS), and the largest screen radius it had (as a
+fraction of ``max(W, H)``).
 
 Every ``refine_every`` steps in ``[refine_start, refine_stop)``:
 
