@@ -88,12 +88,15 @@ def compare(runs: list, baseline: dict) -> list:
     """Flags (one line each) for runs that lost quality against the baseline's same run.
 
     Baseline runs marked ``"ablation": true`` (a config with an override,
-    kept beside the real runs for the record) are not compared against."""
-    old = {(r["scene"], r["config"], r["init"]): r for r in baseline.get("runs", [])
-           if "metrics" in r and not r.get("ablation")}
+    kept beside the real runs for the record) are not compared against, nor
+    runs with other config overrides (``data.downscale=4``, ...)."""
+    def key(r):
+        return r["scene"], r["config"], r["init"], tuple(r.get("overrides") or ())
+
+    old = {key(r): r for r in baseline.get("runs", []) if "metrics" in r and not r.get("ablation")}
     flags = []
     for r in runs:
-        b = old.get((r["scene"], r["config"], r["init"]))
+        b = old.get(key(r))
         if b is None or "metrics" not in r:
             continue
         name = f"{r['scene']} {r['config']} init={r['init']}"
@@ -157,7 +160,8 @@ def main(argv=None) -> int:
             return 2
         for config in args.configs:
             for init in args.inits:
-                rec = dict(scene=scene, layout=spec["layout"], config=config, init=init)
+                rec = dict(scene=scene, layout=spec["layout"], config=config, init=init,
+                           overrides=list(args.overrides))
                 if init == "points" and spec["points_from"] is None and spec["layout"] == "transforms":
                     rec["skipped"] = "no point cloud"
                     runs.append(rec)

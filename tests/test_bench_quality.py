@@ -23,6 +23,8 @@ def test_flags_drops_and_ignores_ablations():
     assert len(flags) == 2, flags  # the ablation (listed last) does not replace the real fast run
     assert "0.60 dB below the baseline's 37.00" in flags[0] and "depth error 1.55 %" in flags[1]
     assert quality["compare"]([_run("fast", "auto", 36.6, 0.018)], baseline) == []
+    # a run at another resolution is not the same run
+    assert quality["compare"]([_run("fast", "auto", 20.0, 0.5, overrides=["data.downscale=4"])], baseline) == []
 
 
 def test_newest_baseline_is_by_date_then_name_not_file_time(tmp_path):
