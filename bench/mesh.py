@@ -94,7 +94,7 @@ def load_views(scene_dir: Path):
 
     from splat.data.nerf import load_nerf
     from splat.mesh.metrics import depth_points
-    from splat.trainer import _gt_geometry
+    from splat.evaluation import ground_truth_geometry
 
     test_json = scene_dir / "transforms_test.json"
     if not test_json.is_file():
@@ -104,7 +104,7 @@ def load_views(scene_dir: Path):
         raise SplatInputError(f"{test_json}: no test frames")
     pts = []
     for f in scene.test:
-        depth, _ = _gt_geometry(scene_dir, f.stem, f.height, f.width)
+        depth, _ = ground_truth_geometry(scene_dir, f.stem, f.height, f.width)
         if depth is None:
             raise SplatInputError(f"{scene_dir / (f.stem + '_depth.npy')}: missing ground-truth depth of test view "
                                   f"{f.stem}")

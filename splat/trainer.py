@@ -55,13 +55,14 @@ from .checkpoint import (
     seed_everything,
     set_rng_state,
 )
-from .appearance import fit_affine, make_appearance, make_optimizer
+from .appearance import make_appearance, make_optimizer
 from .config import check_config
+from .evaluation import check_eval_masks, evaluate_frames
 from .errors import ConfigError, RunStateError, SplatInputError
-from .losses import masked_psnr, masked_ssim, psnr, ssim, total_loss
+from .losses import psnr, total_loss
 from .model import GaussianModel, create_from_points, save_ply
 from .progress import LogLines, format_duration, use_progress_bar  # noqa: F401 (re-exported)
-from .render import normalized_normals, render_frame
+from .render import render_frame
 from .strategy import make_strategy
 
 # ---------------------------------------------------------------- helpers
@@ -126,26 +127,6 @@ def gt_image(frame, background: torch.Tensor, cfg_background: torch.Tensor) -> t
         return frame.image
     a = frame.mask[..., None]  # [H, W, 1]
     return frame.image + (1.0 - a) * (background - cfg_background).view(1, 1, 3)
-
-
-def _gt_geometry(data_dir: Path, stem: str, H: int, W: int):
-    """Ground-truth depth/normal next to the data (``<stem>_depth.npy`` /
-    ``<stem>_normal.npy``), nearest-sampled at pixel centres if the images
-    were downscaled.  Returns (depth [H,W] or None, normal [H,W,3] or None)."""
-    out = []
-    for suffix in ("depth", "normal"):
-        p = Path(data_dir) / f"{stem}_{suffix}.npy"
-        if not p.is_file():
-            out.append(None)
-            continue
-        a = np.load(p).astype(np.float32)
-        if a.shape[0] != H or a.shape[1] != W:
-            sy, sx = a.shape[0] / H, a.shape[1] / W
-            rows = np.minimum(((np.arange(H) + 0.5) * sy).astype(int), a.shape[0] - 1)
-            cols = np.minimum(((np.arange(W) + 0.5) * sx).astype(int), a.shape[1] - 1)
-            a = a[rows][:, cols]
-        out.append(torch.from_numpy(np.ascontiguousarray(a)))
-    return out[0], out[1]
 
 
 # ---------------------------------------------------------------- trainer
@@ -421,75 +402,6 @@ class Trainer:
                 parts.append(f"test {k} {m[f'test.{k}']:.4g}")
         parts.append(f"peak mem {m['peak_memory_mb']:.0f} MB")
         print("done: " + ", ".join(parts) + f" -> {self.out_dir}", file=sys.stderr)
-
-
-def check_eval_masks(cfg: Dict, scene) -> None:
-    """``eval.masked=true`` needs a test view with an object mask
-    (``Frame.object_mask``): else a one-line ConfigError naming the key
-    (``auto`` skips the masked figures instead)."""
-    if cfg["eval"]["masked"] is not True or any(f.object_mask is not None for f in scene.test):
-        return
-    what = (f"none of the {len(scene.test)} test view(s) has an object mask" if scene.test
-            else "the scene has no test views")
-    raise ConfigError(f"eval.masked=true: {what}; masks are read from transforms.json mask_path "
-                      "(data.layout=transforms); use eval.masked=auto to skip the masked figures")
-
-
-def evaluate_frames(trainer: "Trainer", frames) -> dict:
-    """Mean PSNR/SSIM over ``frames`` of the raw render, ``psnr_affine_fit``
-    of the render after the least-squares affine colour fit to each image
-    (:func:`splat.appearance.fit_affine`: the number to compare with
-    appearance-modelling methods), plus depth/normal errors where ground
-    truth files exist next to the data (pixels with z_gt > 0).
-
-    With ``eval.masked`` not ``false``, ``psnr_masked`` / ``ssim_masked``:
-    the same means over the frames with an object mask, of
-    :func:`splat.losses.masked_psnr` and :func:`splat.losses.masked_ssim`
-    (inside the mask only; SSIM after compositing render and photo over
-    ``data.background`` outside it), and ``num_views_masked``, how many
-    frames they average; absent when no frame has a (non-empty) mask."""
-    if not frames:
-        return {}
-    psnrs, ssims, psnrs_fit = [], [], []
-    psnrs_masked, ssims_masked = [], []
-    use_masks = trainer.cfg["eval"]["masked"] is not False
-    depth_err_sum, normal_err_sum, n_px = 0.0, 0.0, 0
-    data_dir = Path(trainer.cfg["data"]["path"])
-    use_median = trainer.cfg["render"]["depth"] == "median"
-    for f in frames:
-        out = trainer.render(f)
-        rgb = out.rgb.clamp(0, 1).cpu()
-        psnrs.append(psnr(rgb, f.image))
-        ssims.append(float(ssim(rgb, f.image)))
-        psnrs_fit.append(psnr(fit_affine(rgb, f.image)[0], f.image))
-        m = f.object_mask if use_masks else None
-        p_masked = None if m is None else masked_psnr(rgb, f.image, m)
-        if p_masked is not None:  # an empty mask (all cropped away) has no figure
-            psnrs_masked.append(p_masked)
-            ssims_masked.append(masked_ssim(rgb, f.image, m, trainer.background))
-        z_gt, n_gt = _gt_geometry(data_dir, f.stem, f.height, f.width)
-        if z_gt is None:
-            continue
-        valid = z_gt > 0
-        if not bool(valid.any()):
-            continue
-        z = (out.median_depth if use_median else out.depth).cpu()
-        depth_err_sum += float(((z - z_gt).abs() / z_gt.clamp_min(1e-12))[valid].sum())
-        if n_gt is not None:
-            n = normalized_normals(out.normal.cpu(), out.alpha.cpu())
-            ngt = n_gt / n_gt.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-            cos = (n * ngt).sum(-1).abs().clamp(0, 1)  # GT normals are not oriented
-            normal_err_sum += float(torch.rad2deg(torch.acos(cos))[valid].sum())
-        n_px += int(valid.sum())
-    res = {"psnr": float(np.mean(psnrs)), "ssim": float(np.mean(ssims)),
-           "psnr_affine_fit": float(np.mean(psnrs_fit)), "num_views": len(frames)}
-    if psnrs_masked:
-        res.update(psnr_masked=float(np.mean(psnrs_masked)), ssim_masked=float(np.mean(ssims_masked)),
-                   num_views_masked=len(psnrs_masked))
-    if n_px > 0:
-        res["depth_rel_err"] = depth_err_sum / n_px
-        res["normal_deg_err"] = normal_err_sum / n_px
-    return res
 
 
 def train(cfg: Dict, out_dir, resume: bool = False, callbacks: Sequence[StepCallback] = ()) -> dict:
