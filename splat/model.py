@@ -246,6 +246,12 @@ def camera_to_world(viewmat: torch.Tensor, cam: torch.Tensor) -> torch.Tensor:
     return (cam - t) @ R
 
 
+def in_image(uv: torch.Tensor, z: torch.Tensor, widths, heights) -> torch.Tensor:
+    """bool, shaped as ``z``: the projection ``uv`` [..., 2] (pixels) at camera
+    depth ``z`` is in front of the camera and inside the image [0, W) x [0, H)
+    (``widths``/``heights``: ints, or tensors broadcasting against ``z``)."""
+    return (z > 1e-6) & (uv[..., 0] >= 0) & (uv[..., 0] < widths) & (uv[..., 1] >= 0) & (uv[..., 1] < heights)
+
 
 def seen_by(points: torch.Tensor, viewmats: torch.Tensor, Ks: torch.Tensor, widths, heights) -> torch.Tensor:
     """[C, M] bool: point m is in front of camera c and inside its image
@@ -255,13 +261,12 @@ def seen_by(points: torch.Tensor, viewmats: torch.Tensor, Ks: torch.Tensor, widt
     # 200k points in 60 views), and chunks of them fragment glibc's heap
     # (resident memory grew by 10 MB a chunk).  Per camera they are [M, 3].
     C, M = viewmats.shape[0], points.shape[0]
-    out = torch.empty(C, M, dtype=torch.bool)
+    out = torch.empty(C, M, dtype=torch.bool, device=points.device)
     w = torch.as_tensor(widths).reshape(-1).expand(C) if torch.is_tensor(widths) else [widths] * C
     h = torch.as_tensor(heights).reshape(-1).expand(C) if torch.is_tensor(heights) else [heights] * C
     for c in range(C):
         uv, z = project_points(points, viewmats[c:c + 1], Ks[c:c + 1])
-        u, v = uv[0, :, 0], uv[0, :, 1]
-        out[c] = (z[0] > 1e-6) & (u >= 0) & (u < w[c]) & (v >= 0) & (v < h[c])
+        out[c] = in_image(uv[0], z[0], w[c], h[c])
     return out
 
 

@@ -57,7 +57,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, SplatInputError
-from ..model import project_points
+from ..model import in_image, project_points
 
 __all__ = ["InitialPoints", "initial_points", "coverage", "uncovered_filter", "pixel_footprint",
            "hole_cells", "thin_to_cells", "COVERAGE_CELLS", "FILL_SPACING_CELLS", "FILL_BELOW", "MAX_INIT_SCALE_PX",
@@ -151,7 +151,7 @@ def _cell_index(points: torch.Tensor, frames: Sequence):
     for c, f in enumerate(frames):
         rows, cols, cell = _grid(f)
         u, v = uv[c, :, 0], uv[c, :, 1]
-        inside = (z[c] > 1e-6) & (u >= 0) & (u < f.width) & (v >= 0) & (v < f.height)
+        inside = in_image(uv[c], z[c], f.width, f.height)
         i = (v / cell).floor().clamp(0, rows - 1).long()
         j = (u / cell).floor().clamp(0, cols - 1).long()
         out.append((rows, cols, inside, i, j))
@@ -218,7 +218,7 @@ def pixel_footprint(points: torch.Tensor, frames: Sequence) -> torch.Tensor:
     for part in points.float().split(_chunk(frames)):
         uv, z = project_points(part, V, Ks)  # [C, m, 2], [C, m]
         ahead = z > 1e-6
-        seen = ahead & (uv[..., 0] >= 0) & (uv[..., 0] < W) & (uv[..., 1] >= 0) & (uv[..., 1] < H)
+        seen = in_image(uv, z, W, H)
         use = torch.where(seen.any(0, keepdim=True), seen, ahead)
         size = torch.where(use, z / focal, torch.full_like(z, float("nan")))
         out.append(torch.nan_to_num(size.nanmedian(dim=0).values, nan=float("inf")))
