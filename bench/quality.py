@@ -62,8 +62,16 @@ METRICS = ("test.psnr", "test.ssim", "test.psnr_masked", "test.ssim_masked", "te
            "test.normal_deg_err", "n_gaussians", "train_seconds", "peak_memory_mb")
 
 
-def run_one(scene_dir: Path, layout: str, points_from, config: str, init: str, out: Path, overrides) -> dict:
-    """Child process: train one run and return its record."""
+def run_one(scene_dir: Path, layout: str, points_from, config: str, init: str, out: Path, overrides,
+            curve_every: int = 0) -> dict:
+    """Child process: train one run and return its record.
+
+    ``curve_every`` > 0 also evaluates the test views every that many steps
+    and records ``curve``: (step, seconds, psnr, depth error, normal error)
+    rows, where seconds is the time since the trainer was built (the
+    initialisation included) without the evaluations themselves, so a start
+    is judged by the time it takes to reach a quality, not only by where it
+    ends (issue 26)."""
     import torch
 
     from splat.config import load_config
@@ -78,10 +86,38 @@ def run_one(scene_dir: Path, layout: str, points_from, config: str, init: str, o
         _, _, xyz, rgb, _ = read_model(scene_dir / points_from)
         scene.points = torch.from_numpy(xyz).float()
         scene.point_colors = torch.from_numpy(rgb).float() / 255.0
+    curve, paused = [], [0.0]
+
+    def record(trainer, step, _terms):
+        if step % curve_every == 0 and step < trainer.cfg["train"]["iterations"]:
+            t = time.perf_counter()
+            m = trainer.evaluate()
+            curve.append(_curve_row(step, t - t0 - paused[0], m))
+            paused[0] += time.perf_counter() - t
+
     t0 = time.perf_counter()
-    metrics = Trainer(cfg, out, scene=scene).train()
+    metrics = Trainer(cfg, out, scene=scene, callbacks=[record] if curve_every > 0 else ()).train()
     wall = time.perf_counter() - t0
-    return dict(metrics={k: metrics.get(k) for k in METRICS}, wall_seconds=round(wall, 1))
+    rec = dict(metrics={k: metrics.get(k) for k in METRICS}, wall_seconds=round(wall, 1))
+    if curve_every > 0:
+        # The final evaluation is part of wall; the last row is the trained model.
+        curve.append(_curve_row(metrics["iterations"], wall - paused[0], metrics))
+        rec["curve"] = curve
+    return rec
+
+
+def _curve_row(step: int, seconds: float, m: dict) -> list:
+    return [step, round(seconds, 1), m.get("test.psnr"), m.get("test.depth_rel_err"), m.get("test.normal_deg_err")]
+
+
+def time_to_reach(curve: list, psnr: float, depth_rel_err=None, normal_deg_err=None):
+    """Seconds at the first ``curve`` row (see :func:`run_one`) at or above
+    ``psnr`` and at or below the given errors, or None if no row is."""
+    for step, seconds, p, d, n in curve:
+        if p is not None and p >= psnr and (depth_rel_err is None or (d is not None and d <= depth_rel_err)) \
+                and (normal_deg_err is None or (n is not None and n <= normal_deg_err)):
+            return seconds
+    return None
 
 
 def compare(runs: list, baseline: dict) -> list:
@@ -136,6 +172,8 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", help="stored quality JSON to compare with (default: the newest)")
     ap.add_argument("--out", help="write the report here too (e.g. bench/results/quality_cpu.json)")
     ap.add_argument("--keep", help="keep the run folders under this folder (default: a temporary one)")
+    ap.add_argument("--curve", type=int, default=0, metavar="N",
+                    help="also evaluate the test views every N steps and record the quality over time")
     ap.add_argument("overrides", nargs="*", help="config overrides key=value applied to every run")
     ap.add_argument("--child", nargs=5, metavar=("SCENE_DIR", "LAYOUT", "POINTS_FROM", "CONFIG", "INIT"),
                     help=argparse.SUPPRESS)
@@ -145,7 +183,7 @@ def main(argv=None) -> int:
     if args.child:
         scene_dir, layout, points_from, config, init = args.child
         rec = run_one(Path(scene_dir), layout, None if points_from == "-" else points_from, config, init,
-                      Path(args.child_out), args.overrides)
+                      Path(args.child_out), args.overrides, args.curve)
         print("RESULT " + json.dumps(rec), flush=True)
         return 0
 
@@ -169,7 +207,7 @@ def main(argv=None) -> int:
                 out = work / f"{scene}_{config}_{init}"
                 cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(scene_dir), spec["layout"],
                        spec["points_from"] or "-", CONFIGS[config], init, "--child-out", str(out),
-                       *args.overrides]
+                       "--curve", str(args.curve), *args.overrides]
                 print(f"== {scene} {config} init={init}", file=sys.stderr, flush=True)
                 proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
                 init_lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("init: ")]

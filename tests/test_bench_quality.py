@@ -35,3 +35,14 @@ def test_newest_baseline_is_by_date_then_name_not_file_time(tmp_path):
     newest = quality["_newest_baseline"]
     assert newest(tmp_path / "quality_new.json", tmp_path).name == "quality_c.json"
     assert newest(tmp_path / "none.json", tmp_path).name == "quality_new.json"
+
+
+def test_time_to_reach_needs_every_target_at_once():
+    curve = [[250, 20.0, 30.0, 0.02, 9.0], [500, 40.0, 34.0, 0.009, 5.0], [750, 60.0, 33.5, 0.008, 4.8],
+             [1000, 80.0, 35.0, 0.007, 4.0]]
+    reach = quality["time_to_reach"]
+    assert reach(curve, 33.7) == 40.0
+    # 750's errors are good enough but its PSNR is not: the first row with all three is 1000
+    assert reach(curve, 33.7, 0.0081, 4.86) == 80.0
+    assert reach(curve, 36.0) is None
+    assert reach([[250, 20.0, 35.0, None, None]], 33.7, 0.01) is None  # no depth measured: not reached
