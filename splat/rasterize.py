@@ -328,23 +328,29 @@ class _RasterizeSurfels(torch.autograd.Function):
         Tuvw = inputs[0]
         H, W = ctx.image[1], ctx.image[0]
 
-        def grad_or_zeros(g, *shape):
-            # The CPU kernel also reads a gradient broadcast to every pixel
-            # (stride 0: autograd's gradient of a sum or mean, or our zeros)
-            # in place; anything else is made contiguous.
-            if g is None:
-                g = Tuvw.new_zeros(()).expand(shape)
-            if Tuvw.is_cuda or not _broadcast_over_pixels(g):
-                g = g.contiguous()
-            return g
-
-        upstream = (grad_or_zeros(v_color_sum, H, W, 3), grad_or_zeros(v_transmittance, H, W),
-                    grad_or_zeros(v_depth_sum, H, W), grad_or_zeros(v_normal_sum, H, W, 3),
-                    grad_or_zeros(v_distortion, H, W), grad_or_zeros(v_median, H, W))
+        upstream = upstream_grads(Tuvw, H, W, v_color_sum, v_transmittance, v_depth_sum, v_normal_sum,
+                                  v_distortion, v_median)
         bwd = ext.backward_cuda if Tuvw.is_cuda else ext.backward_cpu
         v = bwd(*inputs, *ctx.image, *binning_and_state, *upstream, *extra)  # [N, 18]
         return (v[:, 0:9], v[:, 9:11], v[:, 11:14], v[:, 14:17], v[:, 17],
                 None, None, None, None, None, None)
+
+
+def upstream_grads(like, H, W, v_color_sum, v_transmittance, v_depth_sum, v_normal_sum, v_distortion, v_median):
+    """The six upstream gradients of the raw sums as the kernels' backward
+    takes them: None becomes zeros; the CPU kernels also read a gradient
+    broadcast to every pixel (stride 0: autograd's gradient of a sum or
+    mean, or those zeros) in place; anything else is made contiguous."""
+    def grad_or_zeros(g, *shape):
+        if g is None:
+            g = like.new_zeros(()).expand(shape)
+        if like.is_cuda or not _broadcast_over_pixels(g):
+            g = g.contiguous()
+        return g
+
+    return (grad_or_zeros(v_color_sum, H, W, 3), grad_or_zeros(v_transmittance, H, W),
+            grad_or_zeros(v_depth_sum, H, W), grad_or_zeros(v_normal_sum, H, W, 3),
+            grad_or_zeros(v_distortion, H, W), grad_or_zeros(v_median, H, W))
 
 
 # ---------------------------------------------------------------------------
@@ -421,7 +427,7 @@ def _check_clip_range(near, far, dtype):
 
 
 def _validate(means, quats, scales, opacities, colors, viewmat, K, width, height, near, far,
-              background, sh_degree, backend):
+              background, sh_degree, backend, num_scales=2):
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if not isinstance(means, torch.Tensor):
@@ -433,7 +439,7 @@ def _validate(means, quats, scales, opacities, colors, viewmat, K, width, height
     n, dtype, device = means.shape[0], means.dtype, means.device
     _check_tensor("means", means, (n, 3), dtype, device)
     _check_tensor("quats", quats, (n, 4), dtype, device)
-    _check_tensor("scales", scales, (n, 2), dtype, device)
+    _check_tensor("scales", scales, (n, num_scales), dtype, device)
     _check_tensor("opacities", opacities, (n,), dtype, device)
     if sh_degree is None:
         _check_tensor("colors", colors, (n, 3), dtype, device)

@@ -101,7 +101,9 @@ def sample_depth_and_normal(rays, mu, precision):
     x = t[..., None] * rays  # [P, n, 3] the peaks
     n = torch.einsum("nij,pnj->pni", precision, 2.0 * x - mu[None])
     n = torch.where((n * x).sum(-1, keepdim=True) > 0, -n, n)
-    return t * rays[..., 2], n / n.norm(dim=-1, keepdim=True)
+    # z = t: the rays have d_z = 1 (K's last row is (0, 0, 1)); t d_z would
+    # be the same value but another gradient for K's fixed last row.
+    return t, n / n.norm(dim=-1, keepdim=True)
 
 
 def rasterize_reference_3dgs(means, quats, scales, opacities, colors, viewmat, K, width, height, near, far,
@@ -142,6 +144,9 @@ def rasterize_reference_3dgs(means, quats, scales, opacities, colors, viewmat, K
         rays = sample[..., :1] * K_inv[:, 0] + sample[..., 1:] * K_inv[:, 1] + K_inv[:, 2]  # [P, n, 3]
         z, normal_cam = sample_depth_and_normal(rays, mu[sel], precision[sel])
         normal = normal_cam @ W  # camera -> world: W^T n, row by row
+        # Normalised after the rotation too, as the kernels do: the same value,
+        # and the same gradient for viewmat's rotation entries off SO(3).
+        normal = normal / normal.norm(dim=-1, keepdim=True)
         valid = (alpha >= cv.ALPHA_MIN) & (z > near)
         return alpha, z, valid, normal
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core.h"
+#include "cpu/gaussians_cpu.h"
 #include "cpu/normal_loss_cpu.h"
 #include "cpu/project_cpu.h"
 #include "cpu/rasterize_cpu.h"
@@ -121,6 +122,40 @@ std::vector<torch::Tensor> forward_cpu(const torch::Tensor& Tuvw, const torch::T
           end,       median_index,  totals,    tile_offsets, point_list, packed};
 }
 
+// The six upstream gradients of a backward pass.  Each is contiguous, or
+// broadcast: one value (per channel) for every pixel, as autograd hands over
+// for a sum or mean.
+template <typename T>
+splat::UpstreamGrads<T> upstream_grads(const torch::Tensor& v_color_sum, const torch::Tensor& v_transmittance,
+                                       const torch::Tensor& v_depth_sum, const torch::Tensor& v_normal_sum,
+                                       const torch::Tensor& v_distortion, const torch::Tensor& v_median_depth,
+                                       int64_t width, int64_t height) {
+  const torch::Tensor* ups[6] = {&v_color_sum, &v_transmittance, &v_depth_sum,
+                                 &v_normal_sum, &v_distortion, &v_median_depth};
+  const char* up_names[6] = {"v_color_sum", "v_transmittance", "v_depth_sum",
+                             "v_normal_sum", "v_distortion", "v_median_depth"};
+  int64_t pixel_stride[6], channel_stride[6];
+  for (int a = 0; a < 6; ++a) {
+    const torch::Tensor& t = *ups[a];
+    const int64_t channels = (a == 0 || a == 3) ? 3 : 0;
+    TORCH_CHECK(t.scalar_type() == c10::CppTypeToScalarType<T>::value && t.dim() == (channels ? 3 : 2) &&
+                    t.size(0) == height && t.size(1) == width && (!channels || t.size(2) == channels),
+                up_names[a], " must be [H, W", channels ? ", 3" : "", "] of the input dtype");
+    const bool broadcast = t.stride(0) == 0 && t.stride(1) == 0 && (!channels || t.stride(2) <= 1);
+    TORCH_CHECK(t.is_contiguous() || broadcast, up_names[a],
+                " must be contiguous or broadcast to every pixel");
+    pixel_stride[a] = broadcast ? 0 : (channels ? channels : 1);
+    channel_stride[a] = channels ? t.stride(2) : 0;
+  }
+  splat::UpstreamGrads<T> up{v_color_sum.data_ptr<T>(),  v_transmittance.data_ptr<T>(),
+                             v_depth_sum.data_ptr<T>(),  v_normal_sum.data_ptr<T>(),
+                             v_distortion.data_ptr<T>(), v_median_depth.data_ptr<T>()};
+  for (int a = 0; a < 6; ++a) up.pixel_stride[a] = pixel_stride[a];
+  up.color_channel_stride = channel_stride[0];
+  up.normal_channel_stride = channel_stride[3];
+  return up;
+}
+
 torch::Tensor backward_cpu(const torch::Tensor& Tuvw, const torch::Tensor& center,
                            const torch::Tensor& normal, const torch::Tensor& color,
                            const torch::Tensor& opacity, const torch::Tensor& depth,
@@ -136,25 +171,6 @@ torch::Tensor backward_cpu(const torch::Tensor& Tuvw, const torch::Tensor& cente
                            const torch::Tensor& v_median_depth, const torch::Tensor& packed) {
   auto v_surfels = scratch_empty({Tuvw.size(0), splat::kGradSize}, Tuvw.options());
   const int tiles_x = tiles_along(width), tiles_y = tiles_along(height);
-  // Each upstream gradient is contiguous, or broadcast: one value (per
-  // channel) for every pixel, as autograd hands over for a sum or mean.
-  const torch::Tensor* ups[6] = {&v_color_sum, &v_transmittance, &v_depth_sum,
-                                 &v_normal_sum, &v_distortion, &v_median_depth};
-  const char* up_names[6] = {"v_color_sum", "v_transmittance", "v_depth_sum",
-                             "v_normal_sum", "v_distortion", "v_median_depth"};
-  int64_t pixel_stride[6], channel_stride[6];
-  for (int a = 0; a < 6; ++a) {
-    const torch::Tensor& t = *ups[a];
-    const int64_t channels = (a == 0 || a == 3) ? 3 : 0;
-    TORCH_CHECK(t.scalar_type() == Tuvw.scalar_type() && t.dim() == (channels ? 3 : 2) &&
-                    t.size(0) == height && t.size(1) == width && (!channels || t.size(2) == channels),
-                up_names[a], " must be [H, W", channels ? ", 3" : "", "] of the input dtype");
-    const bool broadcast = t.stride(0) == 0 && t.stride(1) == 0 && (!channels || t.stride(2) <= 1);
-    TORCH_CHECK(t.is_contiguous() || broadcast, up_names[a],
-                " must be contiguous or broadcast to every pixel");
-    pixel_stride[a] = broadcast ? 0 : (channels ? channels : 1);
-    channel_stride[a] = channels ? t.stride(2) : 0;
-  }
   AT_DISPATCH_FLOATING_TYPES(Tuvw.scalar_type(), "splat_backward_cpu", [&] {
     // forward_cpu's packed records, if they match this kernel mode (else repacked)
     const bool reuse = packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() && packed.numel() > 0 &&
@@ -164,13 +180,8 @@ torch::Tensor backward_cpu(const torch::Tensor& Tuvw, const torch::Tensor& cente
                                      width, height, near, far);
     splat::TileBins bins{tile_offsets.data_ptr<int64_t>(), point_list.data_ptr<int32_t>(),
                          tiles_x, tiles_y};
-    splat::UpstreamGrads<scalar_t> up{
-        v_color_sum.data_ptr<scalar_t>(),  v_transmittance.data_ptr<scalar_t>(),
-        v_depth_sum.data_ptr<scalar_t>(),  v_normal_sum.data_ptr<scalar_t>(),
-        v_distortion.data_ptr<scalar_t>(), v_median_depth.data_ptr<scalar_t>()};
-    for (int a = 0; a < 6; ++a) up.pixel_stride[a] = pixel_stride[a];
-    up.color_channel_stride = channel_stride[0];
-    up.normal_channel_stride = channel_stride[3];
+    const auto up = upstream_grads<scalar_t>(v_color_sum, v_transmittance, v_depth_sum, v_normal_sum,
+                                             v_distortion, v_median_depth, width, height);
     splat::backward_cpu<scalar_t>(s, bins, end.data_ptr<int32_t>(),
                                   median_index.data_ptr<int32_t>(),
                                   transmittance.data_ptr<scalar_t>(),
@@ -178,6 +189,87 @@ torch::Tensor backward_cpu(const torch::Tensor& Tuvw, const torch::Tensor& cente
                                   v_surfels.data_ptr<scalar_t>(), packed_in);
   });
   return v_surfels;
+}
+
+// 3D Gaussians (cpu/gaussians_cpu.h): params [N, kGaussParams], color [N, 3],
+// depth [N] (sort key), pixel_rect [N, 4].  Same outputs and saved state as
+// forward_cpu (no packed records).
+template <typename T>
+splat::GaussianArrays<T> gaussian_arrays(const torch::Tensor& params, const torch::Tensor& color,
+                                         const torch::Tensor& depth, const torch::Tensor& pixel_rect,
+                                         int64_t width, int64_t height, double near, double far) {
+  const int64_t n = params.size(0);
+  const auto dtype = params.scalar_type();
+  check_input(params, "params", n, splat::kGaussParams, dtype);
+  check_input(color, "color", n, 3, dtype);
+  check_input(depth, "depth", n, 0, dtype);
+  check_input(pixel_rect, "pixel_rect", n, 4, torch::kInt32);
+  TORCH_CHECK(n < (int64_t(1) << 31), "too many Gaussians");
+  return splat::GaussianArrays<T>{params.data_ptr<T>(), color.data_ptr<T>(), depth.data_ptr<T>(),
+                                  pixel_rect.data_ptr<int32_t>(), n, static_cast<int>(width),
+                                  static_cast<int>(height), static_cast<T>(near), static_cast<T>(far)};
+}
+
+std::vector<torch::Tensor> forward_gaussians(const torch::Tensor& params, const torch::Tensor& color,
+                                             const torch::Tensor& depth, const torch::Tensor& pixel_rect,
+                                             int64_t width, int64_t height, double near, double far) {
+  const auto opts = params.options();
+  const auto iopts = opts.dtype(torch::kInt32);
+  auto color_sum = scratch_empty({height, width, 3}, opts);
+  auto transmittance = scratch_empty({height, width}, opts);
+  auto depth_sum = scratch_empty({height, width}, opts);
+  auto normal_sum = scratch_empty({height, width, 3}, opts);
+  auto distortion = scratch_empty({height, width}, opts);
+  auto median_depth = scratch_empty({height, width}, opts);
+  auto end = scratch_empty({height, width}, iopts);
+  auto median_index = scratch_empty({height, width}, iopts);
+  auto totals = scratch_empty({height, width, splat::kTotalsSize}, opts);
+  const int tiles_x = tiles_along(width), tiles_y = tiles_along(height);
+  std::vector<int64_t> offsets;
+  torch::Tensor point_list;
+  const auto alloc_points = [&](int64_t count) {
+    point_list = scratch_empty({count}, iopts);
+    return point_list.data_ptr<int32_t>();
+  };
+  AT_DISPATCH_FLOATING_TYPES(params.scalar_type(), "splat_forward_gaussians_cpu", [&] {
+    const auto g = gaussian_arrays<scalar_t>(params, color, depth, pixel_rect, width, height, near, far);
+    splat::bin_tiles_cpu<scalar_t>(g.num_gaussians, g.depth, g.pixel_rect, tiles_x, tiles_y, offsets,
+                                   alloc_points);
+    splat::TileBins bins{offsets.data(), point_list.data_ptr<int32_t>(), tiles_x, tiles_y};
+    splat::ForwardOutputs<scalar_t> out{
+        color_sum.data_ptr<scalar_t>(), transmittance.data_ptr<scalar_t>(),
+        depth_sum.data_ptr<scalar_t>(), normal_sum.data_ptr<scalar_t>(),
+        distortion.data_ptr<scalar_t>(), median_depth.data_ptr<scalar_t>(),
+        end.data_ptr<int32_t>(),         median_index.data_ptr<int32_t>(),
+        totals.data_ptr<scalar_t>()};
+    splat::forward_gaussians_cpu<scalar_t>(g, bins, out);
+  });
+  auto tile_offsets = torch::from_blob(offsets.data(), {int64_t(offsets.size())}, torch::kInt64).clone();
+  return {color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth,
+          end,       median_index,  totals,    tile_offsets, point_list};
+}
+
+torch::Tensor backward_gaussians(const torch::Tensor& params, const torch::Tensor& color,
+                                 const torch::Tensor& depth, const torch::Tensor& pixel_rect, int64_t width,
+                                 int64_t height, double near, double far, const torch::Tensor& tile_offsets,
+                                 const torch::Tensor& point_list, const torch::Tensor& end,
+                                 const torch::Tensor& median_index, const torch::Tensor& transmittance,
+                                 const torch::Tensor& totals, const torch::Tensor& v_color_sum,
+                                 const torch::Tensor& v_transmittance, const torch::Tensor& v_depth_sum,
+                                 const torch::Tensor& v_normal_sum, const torch::Tensor& v_distortion,
+                                 const torch::Tensor& v_median_depth) {
+  auto v_gaussians = scratch_empty({params.size(0), splat::kGaussGradSize}, params.options());
+  const int tiles_x = tiles_along(width), tiles_y = tiles_along(height);
+  AT_DISPATCH_FLOATING_TYPES(params.scalar_type(), "splat_backward_gaussians_cpu", [&] {
+    const auto g = gaussian_arrays<scalar_t>(params, color, depth, pixel_rect, width, height, near, far);
+    splat::TileBins bins{tile_offsets.data_ptr<int64_t>(), point_list.data_ptr<int32_t>(), tiles_x, tiles_y};
+    const auto up = upstream_grads<scalar_t>(v_color_sum, v_transmittance, v_depth_sum, v_normal_sum,
+                                             v_distortion, v_median_depth, width, height);
+    splat::backward_gaussians_cpu<scalar_t>(g, bins, end.data_ptr<int32_t>(), median_index.data_ptr<int32_t>(),
+                                            transmittance.data_ptr<scalar_t>(), totals.data_ptr<scalar_t>(), up,
+                                            v_gaussians.data_ptr<scalar_t>());
+  });
+  return v_gaussians;
 }
 
 // The fused projection (cpu/project_cpu.h).  coeffs: [N, K, 3] SH
@@ -401,6 +493,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "splat rasterizer kernels (CPU always; CUDA when built with it)";
   m.def("forward_cpu", &forward_cpu, "rasterize forward on the CPU");
   m.def("backward_cpu", &backward_cpu, "rasterize backward on the CPU");
+  m.def("forward_gaussians_cpu", &forward_gaussians, "rasterize 3D Gaussians forward on the CPU");
+  m.def("backward_gaussians_cpu", &backward_gaussians, "its backward: [N, gauss_grad_record_size]");
   m.def("project_forward_cpu", &project_forward, "fused per-surfel projection on the CPU");
   m.def("project_backward_cpu", &project_backward, "its exact backward");
   m.def("ssim_forward_cpu", &ssim_forward, "fused SSIM (mean) and its gradient maps on the CPU");
@@ -423,5 +517,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("with_cuda") = false;
 #endif
   m.attr("grad_record_size") = splat::kGradSize;
+  m.attr("gauss_params_size") = splat::kGaussParams;
+  m.attr("gauss_grad_record_size") = splat::kGaussGradSize;
   m.attr("tile_size") = splat::kTileSize;
 }

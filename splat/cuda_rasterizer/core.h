@@ -349,9 +349,12 @@ SPLAT_HD void init_pixel(PixelState<T>& p) {
 // Blends one contributing sample into the pixels of the lanes in `active`.
 // A lane whose transmittance would fall below kTransmittanceMin is left
 // unchanged and reported in the returned mask: that pixel is then finished.
-template <typename V, typename T>
-SPLAT_HD MaskOf<V> blend_lanes(PixelState<V>& p, const Hit<V>& h, MaskOf<V> active,
-                               const T* color, const T* normal, T near, T far,
+// HitT: any sample with `alpha` and `z` (Hit, GaussianHit); NormalT: T for a
+// normal per surfel, V for one per lane (a 3D Gaussian's normal varies over
+// its footprint).
+template <typename V, typename T, typename HitT, typename NormalT>
+SPLAT_HD MaskOf<V> blend_lanes(PixelState<V>& p, const HitT& h, MaskOf<V> active,
+                               const T* color, const NormalT* normal, T near, T far,
                                int32_t list_pos) {
   const V next_T = p.transmittance * (T(1) - h.alpha);
   const MaskOf<V> stop = next_T < T(kTransmittanceMin);
@@ -378,10 +381,10 @@ SPLAT_HD MaskOf<V> blend_lanes(PixelState<V>& p, const Hit<V>& h, MaskOf<V> acti
 }
 
 // The scalar form: returns false (pixel unchanged) when the pixel is finished.
-template <typename T>
-SPLAT_HD bool blend(PixelState<T>& p, const Hit<T>& h, const T* color, const T* normal, T near,
+template <typename T, typename HitT>
+SPLAT_HD bool blend(PixelState<T>& p, const HitT& h, const T* color, const T* normal, T near,
                     T far, int32_t list_pos) {
-  return !blend_lanes(p, h, true, color, normal, near, far, list_pos);
+  return !blend_lanes<T>(p, h, true, color, normal, near, far, list_pos);
 }
 
 // ---- back-to-front gradients -----------------------------------------------
@@ -459,35 +462,52 @@ SPLAT_HD BackwardState<T> initial_backward_state(const T* transmittance, const U
 // Differentiates the samples of the lanes in `active` (list position
 // `list_pos`) and adds their gradients to `grad` (kGradSize accumulators, one
 // lane each).  `is_median`: lanes whose median surfel this is.
+// What one blended sample (alpha, z, colour, normal) contributes to the
+// gradient before the primitive's own maths: its weight w_i and dL/dalpha_i,
+// dL/dz_i.  Advances the walk `st` past the sample (lanes in `active`).
+template <typename V>
+struct SampleGrad {
+  V w, v_alpha, v_z;
+};
+
+template <typename T, typename V, typename NormalT>
+SPLAT_HD SampleGrad<V> blend_backward(BackwardState<V>& st, const PixelGrad<V>& g, V alpha, V z,
+                                      MaskOf<V> active, const T* color, const NormalT* normal,
+                                      T near, T far, MaskOf<V> is_median) {
+  const V one_minus_alpha = T(1) - alpha;
+  const V T_i = st.transmittance / one_minus_alpha;
+  SampleGrad<V> r;
+  r.w = alpha * T_i;
+  const V m = normalized_depth(z, near, far) - g.m_shift;
+
+  // s_i: dL/dw_i with the distortion term taken from the final totals,
+  // distortion = A D2 - D^2  =>  d/dw_i = D2 + m_i^2 A - 2 m_i D.
+  V s_i = g.v_depth_sum * z + g.v_distortion * (g.D2 + m * m * g.A - T(2) * m * g.D);
+  for (int c = 0; c < kChannels; ++c) s_i += g.v_color[c] * color[c];
+  for (int k = 0; k < 3; ++k) s_i += g.v_normal[k] * normal[k];
+
+  r.v_alpha = T_i * (s_i - st.last_dL_dT);
+  st.last_dL_dT = select(active, alpha * s_i + one_minus_alpha * st.last_dL_dT, st.last_dL_dT);
+  st.transmittance = select(active, T_i, st.transmittance);
+
+  // d distortion / d m_i = w_i (2 m_i A - 2 D)
+  const V v_z = r.w * g.v_depth_sum +
+                g.v_distortion * r.w * (T(2) * m * g.A - T(2) * g.D) * normalized_depth_dz(z, near, far);
+  r.v_z = select(is_median, v_z + g.v_median, v_z);
+  return r;
+}
+
 template <typename T, typename V>
 SPLAT_HD void backward_lanes(BackwardState<V>& st, const PixelGrad<V>& g,
                              const SurfelParams<T>& s, const Hit<V>& h, MaskOf<V> active,
                              const T* color, const T* normal, V px, V py, T near, T far,
                              MaskOf<V> is_median, V* grad) {
   const V zero = V(T(0));
-  const V one_minus_alpha = T(1) - h.alpha;
-  const V T_i = st.transmittance / one_minus_alpha;
-  const V w = h.alpha * T_i;
-  const V m = normalized_depth(h.z, near, far) - g.m_shift;
-
-  // s_i: dL/dw_i with the distortion term taken from the final totals,
-  // distortion = A D2 - D^2  =>  d/dw_i = D2 + m_i^2 A - 2 m_i D.
-  V s_i = g.v_depth_sum * h.z + g.v_distortion * (g.D2 + m * m * g.A - T(2) * m * g.D);
-  for (int c = 0; c < kChannels; ++c) s_i += g.v_color[c] * color[c];
-  for (int k = 0; k < 3; ++k) s_i += g.v_normal[k] * normal[k];
-
-  const V v_alpha = T_i * (s_i - st.last_dL_dT);
-  st.last_dL_dT = select(active, h.alpha * s_i + one_minus_alpha * st.last_dL_dT, st.last_dL_dT);
-  st.transmittance = select(active, T_i, st.transmittance);
+  const SampleGrad<V> sg = blend_backward(st, g, h.alpha, h.z, active, color, normal, near, far, is_median);
+  const V w = sg.w, v_alpha = sg.v_alpha, v_z = sg.v_z;
 
   for (int c = 0; c < kChannels; ++c) grad[kGradColor + c] += select(active, w * g.v_color[c], zero);
   for (int k = 0; k < 3; ++k) grad[kGradNormal + k] += select(active, w * g.v_normal[k], zero);
-
-  // d distortion / d m_i = w_i (2 m_i A - 2 D)
-  V v_z = w * g.v_depth_sum +
-          g.v_distortion * w * (T(2) * m * g.A - T(2) * g.D) *
-              normalized_depth_dz(h.z, near, far);
-  v_z = select(is_median, v_z + g.v_median, v_z);
 
   // alpha = min(kAlphaMax, o G): the clamp has zero gradient.
   const MaskOf<V> unclamped = mask_and(active, MaskOf<V>(s.opacity * h.G < T(kAlphaMax)));
@@ -532,6 +552,163 @@ SPLAT_HD void backward_step(BackwardState<T>& st, const PixelGrad<T>& g,
                             const T* color, const T* normal, T px, T py,
                             T near, T far, bool is_median, T* grad) {
   backward_lanes(st, g, s, h, true, color, normal, px, py, near, far, is_median, grad);
+}
+
+// ---- 3D Gaussians (issue 22) -------------------------------------------------
+// A 3D Gaussian reaches the pixel loop as kGaussParams scalars in pixel space,
+// built (with autograd) by splat/rasterize_3dgs.py; splat/reference_3dgs.py
+// is the oracle and derives them.  At pixel centre p, with
+// delta = p - m (m the footprint's centre) and d~ = (delta_x, delta_y, 1):
+//
+//   rho    = delta^T C delta                       C = S^-1, the EWA conic
+//   alpha  = min(kAlphaMax, o exp(-rho / 2))       o includes the antialiasing factor
+//   z      = (b . d~) / (d~^T Q d~)                where the density peaks along the ray
+//   n      = n0 - 2 z N d~,  normal = n / |n|      world space, facing the camera
+//
+// For the camera-space mean mu and precision P = Sigma_c^-1, the world ->
+// camera rotation W, and the ray of the pixel d = A d~ (d_z = 1) with
+// A = K^-1 [[1, 0, m_x], [0, 1, m_y], [0, 0, 1]]:
+//   b = A^T P mu,   Q = A^T P A,   N = W^T P A,   n0 = W^T P mu,
+// i.e. z = t* = d^T P mu / d^T P d maximises exp(-(t d - mu)^T P (t d - mu) / 2),
+// and n = W^T P (mu - 2 x*) at the peak x* = t* d is the normal of the
+// surface the peaks sweep (it always faces the camera: x*^T P (2 x* - mu) =
+// t*^2 d^T P d >= 0).  A sample counts where alpha >= kAlphaMin, z > near,
+// and d~^T Q d~ and |n| are positive (they are, up to rounding, for any
+// positive-definite P).
+//
+// Row layout of the parameters [N, kGaussParams]; the gradient record
+// [N, kGaussGradSize] is the same followed by the colour.
+constexpr int kGaussConic = 0;         // C_xx, C_xy, C_yy
+constexpr int kGaussCenter = 3;        // m_x, m_y
+constexpr int kGaussOpacity = 5;       // o
+constexpr int kGaussPeakNum = 6;       // b (3)
+constexpr int kGaussPeakDen = 9;       // Q_00, Q_01, Q_02, Q_11, Q_12, Q_22
+constexpr int kGaussNormalSlope = 15;  // N, row-major 3 x 3
+constexpr int kGaussNormalBase = 24;   // n0 (3)
+constexpr int kGaussParams = 27;
+constexpr int kGaussGradColor = kGaussParams, kGaussGradSize = kGaussParams + kChannels;
+
+// Q_rc's place among the six stored entries of a symmetric 3 x 3.
+SPLAT_HD int sym3_index(int r, int c) {
+  const int lo = r < c ? r : c, hi = r < c ? c : r;
+  return lo == 0 ? hi : (lo == 1 ? 2 + hi : 5);
+}
+
+template <typename T>
+struct GaussianParams {
+  T p[kGaussParams];
+};
+
+template <typename T>
+SPLAT_HD void load_gaussian(const T* params, int64_t id, GaussianParams<T>& g) {
+  for (int k = 0; k < kGaussParams; ++k) g.p[k] = params[id * kGaussParams + k];
+}
+
+SPLAT_HD float sqrt_of(float x) { return sqrtf(x); }
+SPLAT_HD double sqrt_of(double x) { return sqrt(x); }
+
+// Everything the backward pass needs of one pixel-Gaussian pair.
+template <typename V>
+struct GaussianHit {
+  V d[3];        // d~ = (delta_x, delta_y, 1)
+  V G, alpha;    // exp(-rho / 2), min(kAlphaMax, o G)
+  V Qd[3];       // Q d~
+  V num, den;    // b . d~, d~^T Q d~
+  V z;           // num / den
+  V Nd[3];       // N d~
+  V inv_len;     // 1 / |n|
+  V normal[3];   // n / |n|
+  MaskOf<V> contributes;
+};
+
+template <typename T, typename V>
+SPLAT_HD void intersect_gaussian(const GaussianParams<T>& g, V px, V py, T near, GaussianHit<V>& h) {
+  const T* q = g.p;
+  h.d[0] = px - q[kGaussCenter];
+  h.d[1] = py - q[kGaussCenter + 1];
+  h.d[2] = V(T(1));
+  const V rho = q[kGaussConic] * h.d[0] * h.d[0] + T(2) * q[kGaussConic + 1] * h.d[0] * h.d[1] +
+                q[kGaussConic + 2] * h.d[1] * h.d[1];
+  // Past kRhoCutoff even o = 1 gives alpha < kAlphaMin (a cheap exact reject).
+  const MaskOf<V> near_enough = rho < T(kRhoCutoff);
+  h.contributes = near_enough;
+  h.G = h.alpha = h.z = V(T(0));
+  if (!any_lane(near_enough)) return;
+  h.G = select(near_enough, exp_of(T(-0.5) * rho), V(T(0)));
+  const V raw_alpha = q[kGaussOpacity] * h.G;
+  h.alpha = select(raw_alpha < T(kAlphaMax), raw_alpha, V(T(kAlphaMax)));
+  for (int r = 0; r < 3; ++r)
+    h.Qd[r] = q[kGaussPeakDen + sym3_index(r, 0)] * h.d[0] + q[kGaussPeakDen + sym3_index(r, 1)] * h.d[1] +
+              q[kGaussPeakDen + sym3_index(r, 2)];
+  h.num = q[kGaussPeakNum] * h.d[0] + q[kGaussPeakNum + 1] * h.d[1] + q[kGaussPeakNum + 2];
+  h.den = h.d[0] * h.Qd[0] + h.d[1] * h.Qd[1] + h.Qd[2];
+  const MaskOf<V> ray_ok = h.den > T(0);
+  h.z = select(ray_ok, h.num / h.den, V(T(0)));
+  V n[3];
+  for (int k = 0; k < 3; ++k) {
+    h.Nd[k] = q[kGaussNormalSlope + 3 * k] * h.d[0] + q[kGaussNormalSlope + 3 * k + 1] * h.d[1] +
+              q[kGaussNormalSlope + 3 * k + 2];
+    n[k] = q[kGaussNormalBase + k] - T(2) * h.z * h.Nd[k];
+  }
+  const V len2 = n[0] * n[0] + n[1] * n[1] + n[2] * n[2];
+  const MaskOf<V> normal_ok = len2 > T(0);
+  h.inv_len = select(normal_ok, T(1) / sqrt_of(len2), V(T(0)));
+  for (int k = 0; k < 3; ++k) h.normal[k] = n[k] * h.inv_len;
+  h.contributes = mask_and(mask_and(near_enough, h.alpha >= T(kAlphaMin)),
+                           mask_and(mask_and(ray_ok, normal_ok), h.z > near));
+}
+
+// Differentiates one contributing Gaussian sample at pixel centre (px, py)
+// (the maths above, backwards) and adds to `grad` (kGaussGradSize).
+template <typename T>
+SPLAT_HD void backward_gaussian_step(BackwardState<T>& st, const PixelGrad<T>& g, const GaussianParams<T>& gp,
+                                     const GaussianHit<T>& h, const T* color, T near, T far, bool is_median,
+                                     T* grad) {
+  const T* q = gp.p;
+  const SampleGrad<T> sg = blend_backward(st, g, h.alpha, h.z, true, color, h.normal, near, far, is_median);
+  const T w = sg.w;
+  T v_z = sg.v_z;
+  for (int c = 0; c < kChannels; ++c) grad[kGaussGradColor + c] += w * g.v_color[c];
+  T v_d[2] = {T(0), T(0)};
+
+  // normal = n / |n|:  dL/dn = (v - normal (normal . v)) / |n|, v = w dL/d(normal sum)
+  T v_normal[3], dot = T(0);
+  for (int k = 0; k < 3; ++k) {
+    v_normal[k] = w * g.v_normal[k];
+    dot += h.normal[k] * v_normal[k];
+  }
+  for (int k = 0; k < 3; ++k) {
+    const T v_n = (v_normal[k] - h.normal[k] * dot) * h.inv_len;
+    // n = n0 - 2 z N d~
+    grad[kGaussNormalBase + k] += v_n;
+    v_z -= T(2) * v_n * h.Nd[k];
+    const T v_Nd = T(-2) * h.z * v_n;
+    for (int j = 0; j < 3; ++j) grad[kGaussNormalSlope + 3 * k + j] += v_Nd * h.d[j];
+    for (int j = 0; j < 2; ++j) v_d[j] += v_Nd * q[kGaussNormalSlope + 3 * k + j];
+  }
+
+  // z = num / den, num = b . d~, den = d~^T Q d~
+  const T v_num = v_z / h.den;
+  const T v_den = -v_z * h.z / h.den;
+  for (int j = 0; j < 3; ++j) grad[kGaussPeakNum + j] += v_num * h.d[j];
+  for (int r = 0; r < 3; ++r)
+    for (int c = r; c < 3; ++c)  // an off-diagonal entry stands for Q_rc and Q_cr
+      grad[kGaussPeakDen + sym3_index(r, c)] += (r == c ? T(1) : T(2)) * v_den * h.d[r] * h.d[c];
+  for (int j = 0; j < 2; ++j) v_d[j] += v_num * q[kGaussPeakNum + j] + T(2) * v_den * h.Qd[j];
+
+  // alpha = min(kAlphaMax, o G), G = exp(-rho / 2): the clamp has zero gradient.
+  if (q[kGaussOpacity] * h.G < T(kAlphaMax)) {
+    grad[kGaussOpacity] += h.G * sg.v_alpha;
+    const T v_rho = T(-0.5) * h.G * q[kGaussOpacity] * sg.v_alpha;
+    grad[kGaussConic] += v_rho * h.d[0] * h.d[0];
+    grad[kGaussConic + 1] += T(2) * v_rho * h.d[0] * h.d[1];
+    grad[kGaussConic + 2] += v_rho * h.d[1] * h.d[1];
+    v_d[0] += T(2) * v_rho * (q[kGaussConic] * h.d[0] + q[kGaussConic + 1] * h.d[1]);
+    v_d[1] += T(2) * v_rho * (q[kGaussConic + 1] * h.d[0] + q[kGaussConic + 2] * h.d[1]);
+  }
+  // delta = p - m
+  grad[kGaussCenter] -= v_d[0];
+  grad[kGaussCenter + 1] -= v_d[1];
 }
 
 }  // namespace splat

@@ -22,6 +22,18 @@ struct SurfelArrays {
   T near, far;
 };
 
+// 3D Gaussians (core.h "3D Gaussians"): per-Gaussian pixel-space parameters.
+template <typename T>
+struct GaussianArrays {
+  const T* params;      // [N, kGaussParams] conic, centre, opacity, depth and normal terms
+  const T* color;       // [N, 3]
+  const T* depth;       // [N] camera z of the mean: the sort key
+  const int32_t* pixel_rect;  // [N, 4] as for surfels
+  int64_t num_gaussians;
+  int width, height;
+  T near, far;
+};
+
 template <typename T>
 struct ForwardOutputs {
   T* color_sum;       // [H, W, 3] sum w c

@@ -34,8 +34,16 @@
 #include "../core.h"
 #include "scratch.h"
 #include "simd.h"
+#include "tiles.h"
 
 namespace splat {
+
+using tiles::kPixels;
+using tiles::load_tile_grads;
+using tiles::max_threads;
+using tiles::ThreadChunk;
+using tiles::TileWindow;
+using tiles::tiles_by_cost;
 
 namespace {
 int g_kernel_mode = kModeSimd;
@@ -45,31 +53,6 @@ void set_cpu_kernel_mode(int mode) { g_kernel_mode = mode; }
 int cpu_kernel_mode() { return g_kernel_mode; }
 
 namespace {
-
-// This thread's share [lo, hi) of n items inside an OpenMP parallel region:
-// fixed contiguous chunks in thread order, so that work done chunk by chunk
-// and then combined in chunk order gives the same result for any number of
-// threads.
-struct ThreadChunk {
-  int part = 0, parts = 1;
-  int64_t lo, hi;
-  explicit ThreadChunk(int64_t n) {
-#ifdef _OPENMP
-    part = omp_get_thread_num();
-    parts = omp_get_num_threads();
-#endif
-    lo = n * part / parts;
-    hi = n * (part + 1) / parts;
-  }
-};
-
-int max_threads() {
-#ifdef _OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
 
 // Sorts values by keys, stably (equal keys keep their input order): a parallel
 // LSD radix sort, 8 bits a pass, skipping passes whose digit all keys share.
@@ -128,10 +111,9 @@ struct ListedSurfel {
 }  // namespace
 
 template <typename T>
-void bin_tiles_cpu(const SurfelArrays<T>& s, int tiles_x, int tiles_y,
+void bin_tiles_cpu(int64_t n, const T* depth, const int32_t* pixel_rect, int tiles_x, int tiles_y,
                    std::vector<int64_t>& tile_offsets,
                    const std::function<int32_t*(int64_t)>& alloc_point_list) {
-  const int64_t n = s.num_surfels;
   const int num_tiles = tiles_x * tiles_y;
   // Front to back: every surfel sorted by depth, stably (equal depths keep
   // index order, as the CUDA sort); culled ones are skipped when listing.
@@ -142,8 +124,8 @@ void bin_tiles_cpu(const SurfelArrays<T>& s, int tiles_x, int tiles_y,
   int64_t pairs = 0;
 #pragma omp parallel for schedule(static) reduction(+ : pairs)
   for (int64_t i = 0; i < n; ++i) {
-    keys[i] = depth_sort_key(s.depth[i]);
-    const PixelRect t = listed_tiles(s.pixel_rect, i, tiles_x, tiles_y);
+    keys[i] = depth_sort_key(depth[i]);
+    const PixelRect t = listed_tiles(pixel_rect, i, tiles_x, tiles_y);
     order[i] = ListedSurfel{static_cast<int32_t>(i), static_cast<uint16_t>(t.x0), static_cast<uint16_t>(t.y0),
                             static_cast<uint16_t>(t.x1), static_cast<uint16_t>(t.y1)};
     pairs += tile_count(t);
@@ -189,24 +171,6 @@ void bin_tiles_cpu(const SurfelArrays<T>& s, int tiles_x, int tiles_y,
 }
 
 namespace {
-
-constexpr int kPixels = kTileSize * kTileSize;
-
-// The pixels of one tile, and the part of a surfel's rectangle inside it.
-struct TileWindow {
-  int x0, y0, x1, y1;  // the tile's pixels, clipped to the image
-
-  TileWindow(int tile, int tiles_x, int width, int height) {
-    x0 = (tile % tiles_x) * kTileSize;
-    y0 = (tile / tiles_x) * kTileSize;
-    x1 = std::min(width, x0 + kTileSize);
-    y1 = std::min(height, y0 + kTileSize);
-  }
-  PixelRect clip(const PixelRect& r) const {
-    return PixelRect{std::max(r.x0, x0), std::max(r.y0, y0), std::min(r.x1, x1), std::min(r.y1, y1)};
-  }
-  int local(int px, int py) const { return (py - y0) * kTileSize + (px - x0); }
-};
 
 // The exact per-row span of a surfel's footprint: the pixels of row y whose
 // centre can pass intersect()'s cutoff with alpha >= kAlphaMin.  With
@@ -331,28 +295,6 @@ void forward_tile_scalar(const SurfelArrays<T>& s, const TileBins& bins, int til
       store_pixel(pixels[win.local(px, py)], int64_t(py) * s.width + px, out);
 }
 
-// Backward state of a tile's pixels, loaded from the forward's outputs.
-template <typename T>
-int32_t load_tile_grads(const SurfelArrays<T>& s, const TileWindow& win, const int32_t* end,
-                        const int32_t* median_index, const T* transmittance, const T* totals,
-                        const UpstreamGrads<T>& up, PixelGrad<T>* grads,
-                        BackwardState<T>* states, int32_t* ends, int32_t* medians) {
-  int32_t max_end = 0;
-  for (int i = 0; i < kPixels; ++i) ends[i] = 0, medians[i] = -1;
-  for (int py = win.y0; py < win.y1; ++py) {
-    for (int px = win.x0; px < win.x1; ++px) {
-      const int i = win.local(px, py);
-      const int64_t pix = int64_t(py) * s.width + px;
-      load_pixel_grad(up, totals, pix, grads[i]);
-      states[i] = initial_backward_state(transmittance, up, pix);
-      ends[i] = end[pix];
-      medians[i] = median_index[pix];
-      max_end = std::max(max_end, ends[i]);
-    }
-  }
-  return max_end;
-}
-
 template <typename T>
 void backward_tile_scalar(const SurfelArrays<T>& s, const TileBins& bins, int tile,
                           const int32_t* end, const int32_t* median_index,
@@ -364,7 +306,7 @@ void backward_tile_scalar(const SurfelArrays<T>& s, const TileBins& bins, int ti
   BackwardState<T> states[kPixels];
   int32_t ends[kPixels], medians[kPixels];
   const int32_t max_end =
-      load_tile_grads(s, win, end, median_index, transmittance, totals, up, grads, states, ends,
+      load_tile_grads(s.width, win, end, median_index, transmittance, totals, up, grads, states, ends,
                       medians);
   SurfelParams<T> sp;
   Hit<T> h;
@@ -781,17 +723,6 @@ namespace {
 
 // Tiles ordered by decreasing list length, so that dynamic scheduling starts
 // the expensive tiles first and the threads finish together.
-std::vector<int> tiles_by_cost(const TileBins& bins) {
-  const int num_tiles = bins.tiles_x * bins.tiles_y;
-  std::vector<int> order(num_tiles);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-    return bins.tile_offsets[a + 1] - bins.tile_offsets[a] >
-           bins.tile_offsets[b + 1] - bins.tile_offsets[b];
-  });
-  return order;
-}
-
 template <typename T>
 constexpr bool kHasSimd = false;
 template <>
@@ -837,28 +768,6 @@ void backward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const int32_t*
                   const int32_t* median_index, const T* transmittance, const T* totals,
                   const UpstreamGrads<T>& up, T* v_surfels /* [N, kGradSize] */,
                   const uint8_t* packed_in) {
-  const int W = s.width, H = s.height;
-  const int num_tiles = bins.tiles_x * bins.tiles_y;
-  // Records only for list positions below each tile's largest `end`: those
-  // are the only ones any pixel of the tile blended.
-  std::vector<int32_t> tile_end(num_tiles, 0);
-#pragma omp parallel for schedule(static)
-  for (int tile = 0; tile < num_tiles; ++tile) {
-    const TileWindow win(tile, bins.tiles_x, W, H);
-    int32_t m = 0;
-    for (int py = win.y0; py < win.y1; ++py)
-      for (int px = win.x0; px < win.x1; ++px) m = std::max(m, end[int64_t(py) * W + px]);
-    tile_end[tile] = m;
-  }
-  std::vector<int64_t> record_offset(num_tiles + 1, 0);
-  for (int tile = 0; tile < num_tiles; ++tile)
-    record_offset[tile + 1] = record_offset[tile] + tile_end[tile];
-  // Left uninitialised here: each tile's thread zeroes its own records just
-  // before filling them (one pass over memory that is then in cache, and the
-  // pages are first touched by the thread that uses them).
-  ScratchArray<T> records(static_cast<size_t>(record_offset[num_tiles]) * kGradSize);
-
-  const std::vector<int> order = tiles_by_cost(bins);
   const int mode = g_kernel_mode;
   // The forward pass's packed records when it kept them, else packed here.
   ScratchArray<PackedSurfel> own(kHasSimd<T> && mode == kModeSimd && !packed_in ? s.num_surfels : 0);
@@ -869,56 +778,25 @@ void backward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const int32_t*
       packed = own.data();
     }
   }
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int t = 0; t < num_tiles; ++t) {
-    const int tile = order[t];
-    if (tile_end[tile] == 0) continue;
-    T* tile_records = records.data() + record_offset[tile] * kGradSize;
-    std::fill(tile_records, tile_records + int64_t(tile_end[tile]) * kGradSize, T(0));
-    if constexpr (kHasSimd<T>) {
-      if (mode == kModeSimd) {
-        backward_tile_simd(s, packed, bins, tile, end, median_index, transmittance, totals, up,
-                           tile_records);
-        continue;
-      }
-    }
-    backward_tile_scalar(s, bins, tile, end, median_index, transmittance, totals, up,
-                         tile_records, mode != kModeReference);
-  }
-
-  constexpr int32_t kReducePrefetchAhead = 8;
-  // Reduction into surfels in tile order; each thread owns a range of surfel
-  // ids, so the order of additions into any surfel is the same for any
-  // number of threads.
-  const int64_t n = s.num_surfels;
-#pragma omp parallel
-  {
-    const ThreadChunk c(n);
-    const int64_t lo = c.lo, hi = c.hi;
-    std::fill(v_surfels + lo * kGradSize, v_surfels + hi * kGradSize, T(0));
-    for (int tile = 0; tile < num_tiles; ++tile) {
-      const int32_t* list = bins.point_list + bins.tile_offsets[tile];
-      const T* src = records.data() + record_offset[tile] * kGradSize;
-      for (int32_t k = 0; k < tile_end[tile]; ++k, src += kGradSize) {
-        // The surfels are at random addresses: fetch a few records ahead.
-        if (k + kReducePrefetchAhead < tile_end[tile]) {
-          const int64_t ahead = list[k + kReducePrefetchAhead];
-          if (ahead >= lo && ahead < hi) {
-            __builtin_prefetch(v_surfels + ahead * kGradSize, 1);
-            __builtin_prefetch(v_surfels + ahead * kGradSize + kGradSize - 1, 1);
+  tiles::backward_over_tiles<kGradSize>(
+      bins, s.width, s.height, end, s.num_surfels,
+      [&](int tile, T* tile_records) {
+        if constexpr (kHasSimd<T>) {
+          if (mode == kModeSimd) {
+            backward_tile_simd(s, packed, bins, tile, end, median_index, transmittance, totals, up,
+                               tile_records);
+            return;
           }
         }
-        const int64_t id = list[k];
-        if (id < lo || id >= hi) continue;
-        T* dst = v_surfels + id * kGradSize;
-        for (int j = 0; j < kGradSize; ++j) dst[j] += src[j];
-      }
-    }
-  }
+        backward_tile_scalar(s, bins, tile, end, median_index, transmittance, totals, up,
+                             tile_records, mode != kModeReference);
+      },
+      v_surfels);
 }
 
 #define SPLAT_INSTANTIATE(T)                                                                 \
-  template void bin_tiles_cpu<T>(const SurfelArrays<T>&, int, int, std::vector<int64_t>&,   \
+  template void bin_tiles_cpu<T>(int64_t, const T*, const int32_t*, int, int,               \
+                                 std::vector<int64_t>&,                                     \
                                  const std::function<int32_t*(int64_t)>&);                  \
   template int64_t packed_surfel_bytes<T>(int64_t);                                         \
   template void forward_cpu<T>(const SurfelArrays<T>&, const TileBins&,                     \

@@ -16,12 +16,19 @@ constexpr int kModeSimd = 2;       // 8 float32 pixels at a time (float64: kMode
 void set_cpu_kernel_mode(int mode);
 int cpu_kernel_mode();
 
-// Sorts the visible surfels front to back and lists them per tile; the list
-// (P entries) is written to alloc_point_list(P).
+// Sorts the n primitives front to back by depth [n] and lists those with a
+// non-empty pixel_rect [n, 4] per tile; the list (P entries) is written to
+// alloc_point_list(P).  Shared by surfels and 3D Gaussians.
 template <typename T>
-void bin_tiles_cpu(const SurfelArrays<T>& s, int tiles_x, int tiles_y,
+void bin_tiles_cpu(int64_t n, const T* depth, const int32_t* pixel_rect, int tiles_x, int tiles_y,
                    std::vector<int64_t>& tile_offsets,
                    const std::function<int32_t*(int64_t)>& alloc_point_list);
+
+template <typename T>
+void bin_tiles_cpu(const SurfelArrays<T>& s, int tiles_x, int tiles_y, std::vector<int64_t>& tile_offsets,
+                   const std::function<int32_t*(int64_t)>& alloc_point_list) {
+  bin_tiles_cpu(s.num_surfels, s.depth, s.pixel_rect, tiles_x, tiles_y, tile_offsets, alloc_point_list);
+}
 
 // Bytes of the per-surfel records the float32 SIMD kernels pack (0 when the
 // kernels do not pack: float64, or a scalar kernel mode).

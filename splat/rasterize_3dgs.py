@@ -1,0 +1,236 @@
+"""``splat.rasterize_3dgs``: 3D Gaussians through the surfels' tile pipeline (issue 22).
+
+The same binning, depth sort, front-to-back blending, back-to-front walk
+with ``last_dL_dT``, outputs (rgb, alpha, expected and median depth,
+normals, the distortion from the A, D, D^2 sums) and public output type as
+:func:`splat.rasterize`; only the per-pixel evaluation differs.  The maths
+is in :mod:`splat.reference_3dgs` (the oracle) and, per pixel, in
+``core.h`` ("3D Gaussians").
+
+Why a sibling function and not ``rasterize(..., primitive="3dgs")``: the two
+take different inputs (three scales instead of two, and the ``antialiased``
+option only means something for EWA splatting), so one signature would
+have to say "scales is [N, 2] or [N, 3] depending on another argument".
+gsplat makes the same split (``rasterization`` / ``rasterization_2dgs``).
+
+Projection (EWA, the antialiasing compensation, and the per-Gaussian terms
+of the peak depth and normal) is plain PyTorch, so autograd differentiates
+it with respect to means, quats, scales, opacities, colours, viewmat and K;
+the compiled kernel does the per-pixel work and its exact backward.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from . import conventions as cv
+from ._backend import has_extension, load_extension
+from .outputs import RasterOutput, compose
+from .rasterize import (_connect, _empty_sums, _surfel_colors, _validate, depth_in_range, upstream_grads)
+from .reference_3dgs import project_gaussians, rasterize_reference_3dgs
+
+__all__ = ["rasterize_3dgs", "gaussian_kernel_inputs"]
+
+#: (row, column) of the six stored entries of the symmetric Q (core.h kGaussPeakDen).
+_SYM3 = ([0, 0, 0, 1, 1, 2], [0, 1, 2, 1, 2, 2])
+
+
+def rasterize_3dgs(means, quats, scales, opacities, colors, viewmat, K, width, height,
+                   near=0.2, far=100.0, background=None, sh_degree=None, backend="auto",
+                   antialiased=False) -> RasterOutput:
+    """Renders N 3D Gaussians into a W x H image.
+
+    Args:
+        means: [N, 3] world positions.
+        quats: [N, 4] rotations (w, x, y, z); normalised here.
+        scales: [N, 3] standard deviations along the rotation's axes, > 0
+            (the depth and normal need the precision matrix Sigma^-1).
+        opacities: [N] in [0, 1].
+        colors: [N, 3] RGB, or SH coefficients [N, K, 3] with ``sh_degree``
+            (as :func:`splat.rasterize`).
+        viewmat, K, width, height, near, far, background: as
+            :func:`splat.rasterize` (one camera and pixel convention,
+            :mod:`splat.conventions`).
+        backend: "cpu" (C++/OpenMP), "torch" (:mod:`splat.reference_3dgs`)
+            or "auto".  There are no CUDA kernels for 3D Gaussians yet:
+            "cuda" is an error and "auto" on CUDA tensors warns and uses
+            "torch".
+        antialiased: Mip-Splatting's opacity compensation (gsplat's
+            ``rasterize_mode="antialiased"``).
+
+    Per Gaussian: EWA projection with the 0.3 px^2 screen-space dilation
+    (``conventions.EWA_DILATION``); per pixel p, with delta = p - centre,
+    alpha = min(0.99, o exp(-delta^T S^-1 delta / 2)).  A sample's depth is
+    where the Gaussian's density peaks along the pixel's ray,
+    z = d^T P mu / d^T P d (d = K^-1 (p, 1), camera space, P = Sigma^-1),
+    and its normal is that of the surface the peaks sweep,
+    n = W^T P (mu - 2 z d) normalised.  Blending, depth, median and
+    distortion are the surfels' (:func:`splat.rasterize`).
+
+    Returns:
+        :class:`RasterOutput`; gradients flow from any output to every input.
+        ``means2d`` [N, 2] holds the projected centres, and its gradient is
+        dL/d(translating the footprint by one pixel), as for surfels.
+    """
+    _validate(means, quats, scales, opacities, colors, viewmat, K, width, height, near, far,
+              background, sh_degree, backend, num_scales=3)
+    if scales.numel() and float(scales.detach().amin()) <= 0:
+        bad = (scales <= 0).any(-1).nonzero().flatten()[:5].tolist()
+        raise ValueError(f"scales must be > 0 for 3D Gaussians (their depth needs the inverse covariance); "
+                         f"not at rows {bad}")
+    backend = _resolve_backend(backend, means.device)
+    n, dtype, device = means.shape[0], means.dtype, means.device
+    inputs = (means, quats, scales, opacities, colors, viewmat, K, background)
+    grad_enabled = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
+    means2d = torch.zeros(n, 2, dtype=dtype, device=device)
+    radii = torch.zeros(n, dtype=torch.int32, device=device)
+    if n == 0:
+        means2d.requires_grad_(grad_enabled)
+        sums = _connect(_empty_sums(width, height, dtype, device), inputs + (means2d,))
+        return compose(*sums, background=background, radii=radii, means2d=means2d)
+
+    rgb_colors = _surfel_colors(means, colors, viewmat, sh_degree)
+    kin = gaussian_kernel_inputs(means, quats, scales, opacities, viewmat, K, width, height, near, far,
+                                 antialiased)
+    ids = kin["ids"]
+    with torch.no_grad():
+        means2d[ids] = kin["centre"].detach()
+        radii[ids] = kin["radii"]
+    means2d.requires_grad_(grad_enabled)
+    if backend == "torch":
+        sums = rasterize_reference_3dgs(means, quats, scales, opacities, rgb_colors, viewmat, K, width, height,
+                                        near, far, means2d=means2d if grad_enabled else None,
+                                        antialiased=antialiased)
+    else:
+        params = kin["params"]
+        if grad_enabled:
+            params = _shift_footprints(params, means2d[ids] - means2d[ids].detach())
+        sums = _RasterizeGaussians.apply(params, rgb_colors[ids], kin["depth"], kin["pixel_rect"],
+                                         width, height, near, far)
+    if grad_enabled:
+        sums = _connect(sums, inputs + (means2d,))
+    return compose(*sums, background=background, radii=radii, means2d=means2d)
+
+
+def gaussian_kernel_inputs(means, quats, scales, opacities, viewmat, K, width, height, near, far,
+                           antialiased=False) -> dict:
+    """The per-Gaussian rows the kernels read (core.h "3D Gaussians"), for the
+    Gaussians that are not culled.
+
+    Returns a dict: ``ids`` [M] (the Gaussians kept: centre depth in
+    (near, far) and opacity >= ALPHA_MIN, in index order), ``params``
+    [M, 27] (with autograd), ``centre`` [M, 2] px, ``depth`` [M] (the sort
+    key, camera z of the mean), ``pixel_rect`` [M, 4] int32 and ``radii`` [M].
+    Culled Gaussians are left out *before* the projection divides by their
+    depth, so they receive exactly zero gradient, never 0 * inf.
+    """
+    depth_all = means.detach() @ viewmat.detach()[2, :3] + viewmat.detach()[2, 3]
+    keep = depth_in_range(depth_all, near, far) & (opacities.detach().double() >= cv.ALPHA_MIN)
+    ids = keep.nonzero().flatten()
+    mu, precision, centre, conic, factor = project_gaussians(means[ids], quats[ids], scales[ids], viewmat, K,
+                                                             width, height, antialiased)
+    opacity = opacities[ids] * factor  # [M]
+    # The ray of pixel p = centre + delta is A (delta, 1) with
+    # A = K^-1 [[1, 0, cx], [0, 1, cy], [0, 0, 1]]: columns K^-1 e_x, K^-1 e_y, K^-1 (centre, 1).
+    m = centre.shape[0]
+    K_inv = torch.linalg.inv(K)
+    centre_ray = centre[:, :1] * K_inv[:, 0] + centre[:, 1:] * K_inv[:, 1] + K_inv[:, 2]  # [M, 3]
+    A = torch.stack([K_inv[:, 0].expand(m, 3), K_inv[:, 1].expand(m, 3), centre_ray], 2)  # [M, 3, 3]
+    PA = precision @ A
+    Pmu = (precision @ mu[:, :, None])[:, :, 0]  # [M, 3]
+    W = viewmat[:3, :3]
+    peak_num = (A.transpose(1, 2) @ Pmu[:, :, None])[:, :, 0]  # A^T P mu
+    peak_den = (A.transpose(1, 2) @ PA)[:, _SYM3[0], _SYM3[1]]  # A^T P A, upper triangle
+    normal_slope = (W.T @ PA).reshape(m, 9)  # W^T P A
+    normal_base = Pmu @ W  # W^T P mu, row by row
+    conic3 = torch.stack([conic[:, 0, 0], conic[:, 0, 1], conic[:, 1, 1]], 1)
+    params = torch.cat([conic3, centre, opacity[:, None], peak_num, peak_den, normal_slope, normal_base], 1)
+    if not bool(torch.isfinite(params.detach()).all()):
+        bad = ids[~torch.isfinite(params.detach()).all(1)][:5].tolist()
+        raise ValueError(f"Gaussians at rows {bad} are too thin or too large for {means.dtype}: their inverse "
+                         f"covariance overflows (scales, or the scene's scale); rescale the scene or use float64")
+    with torch.no_grad():
+        rect, radii = _screen_bounds(conic3, centre, opacity, width, height)
+    return {"ids": ids, "params": params, "centre": centre, "depth": mu[:, 2].detach().contiguous(),
+            "pixel_rect": rect, "radii": radii}
+
+
+def _shift_footprints(params, delta):
+    """Moves each footprint by ``delta`` [M, 2] px (value 0: the gradient of
+    means2d).  The centre moves, and the depth and normal terms stay
+    expressed in delta = p - centre, so the whole sample moves with it."""
+    c = 3  # core.h kGaussCenter
+    return torch.cat([params[:, :c], params[:, c:c + 2] + delta, params[:, c + 2:]], 1)
+
+
+def _screen_bounds(conic3, centre, opacity, width, height):
+    """Pixels each Gaussian may draw: int32 [M, 4] (x0, y0, x1, y1, exclusive), and radii [M].
+
+    alpha >= 1/255 needs delta^T C delta <= k^2 = 2 ln(255 o); that ellipse's
+    extent along x is k sqrt(S_xx) with S = C^-1 (and along y, k sqrt(S_yy)).
+    Computed in float64 with a one-pixel margin, so rounding never drops a pixel."""
+    c = conic3.double()
+    o = opacity.double()
+    k2 = 2.0 * torch.log(torch.clamp_min(o * 255.0, 1e-30))
+    det = c[:, 0] * c[:, 2] - c[:, 1] * c[:, 1]
+    visible = (o >= cv.ALPHA_MIN) & (k2 > 1e-12) & (det > 0)
+    safe_det = torch.where(visible, det, torch.ones_like(det))
+    half = torch.sqrt(torch.clamp_min(k2, 0.0)[:, None] * torch.stack([c[:, 2], c[:, 0]], 1) / safe_det[:, None])
+    mid = centre.double()
+    screen = torch.tensor([width, height], dtype=torch.float64, device=c.device)
+    margin = 1.0
+    first = torch.ceil(mid - half - 0.5 - margin).clamp(min=-1, max=max(width, height) + 1).long()
+    last = torch.floor(mid + half - 0.5 + margin).clamp(min=-1, max=max(width, height) + 1).long() + 1
+    first = torch.minimum(torch.clamp_min(first, 0), screen.long())
+    last = torch.minimum(torch.clamp_min(last, 0), screen.long())
+    visible &= (last > first).all(-1)
+    rect = torch.where(visible[:, None], torch.cat([first, last], 1), torch.zeros_like(torch.cat([first, last], 1)))
+    radii = torch.where(visible, torch.ceil(half.amax(-1)), torch.zeros_like(k2))
+    return rect.to(torch.int32).contiguous(), radii.to(torch.int32)
+
+
+def _resolve_backend(backend, device):
+    if backend == "cuda" or (backend == "auto" and device.type == "cuda"):
+        if backend == "cuda":
+            raise ValueError("backend='cuda': 3D Gaussians have no CUDA kernels yet; use backend='torch' "
+                             "(the reference) on CUDA tensors")
+        warnings.warn("splat: 3D Gaussians have no CUDA kernels yet; using the slow torch reference", stacklevel=3)
+        return "torch"
+    if backend == "cpu" and device.type != "cpu":
+        raise ValueError(f"backend='cpu' needs CPU tensors, got tensors on {device}")
+    if backend == "cpu":
+        load_extension()  # raises ImportError with the reason
+    if backend == "auto":
+        if has_extension():
+            return "cpu"
+        warnings.warn("splat: compiled kernels unavailable; using the slow torch reference", stacklevel=3)
+        return "torch"
+    return backend
+
+
+class _RasterizeGaussians(torch.autograd.Function):
+    """Per-pixel rasterization of 3D Gaussians by splat._C.  Returns the raw sums of compose()."""
+
+    @staticmethod
+    def forward(ctx, params, color, depth, pixel_rect, width, height, near, far):
+        ext = load_extension()
+        args = [t.contiguous() for t in (params, color, depth, pixel_rect)]
+        outs = ext.forward_gaussians_cpu(*args, width, height, near, far)
+        (color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth,
+         end, median_index, totals, tile_offsets, point_list) = outs
+        ctx.save_for_backward(*args, tile_offsets, point_list, end, median_index, transmittance, totals)
+        ctx.image = (width, height, near, far)
+        return color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth
+
+    @staticmethod
+    def backward(ctx, v_color_sum, v_transmittance, v_depth_sum, v_normal_sum, v_distortion, v_median):
+        ext = load_extension()
+        saved = ctx.saved_tensors
+        params = saved[0]
+        width, height = ctx.image[0], ctx.image[1]
+        upstream = upstream_grads(params, height, width, v_color_sum, v_transmittance, v_depth_sum, v_normal_sum,
+                                  v_distortion, v_median)
+        v = ext.backward_gaussians_cpu(*saved[:4], *ctx.image, *saved[4:], *upstream)  # [M, 30]
+        p = params.shape[1]
+        return v[:, :p], v[:, p:], None, None, None, None, None, None
