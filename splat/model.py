@@ -1,14 +1,16 @@
-"""Gaussian-surfel model: raw parameters, activations, initialisation, PLY I/O.
+"""Gaussian model (surfels or 3D Gaussians): raw parameters, activations, initialisation, PLY I/O.
 
 The model stores *raw* (unconstrained) parameters, optimised by Adam, and
-exposes the *activated* values that :func:`splat.rasterize` expects:
+exposes the *activated* values that :func:`splat.rasterize` (surfels, two
+scales) or :func:`splat.rasterize_3dgs` (3D Gaussians, three scales)
+expects; the number of scales is the primitive (:attr:`GaussianModel.primitive`):
 
 =================  ===============  ===================================  =====================
 parameter          shape            activation                           rasterize argument
 =================  ===============  ===================================  =====================
 ``means``          [N, 3]           identity                             ``means``
 ``quats``          [N, 4] (w,x,y,z) identity (rasterize normalises)      ``quats``
-``scales``         [N, 2]           ``exp`` (stored as log std devs)     ``scales``
+``scales``         [N, 2] or [N, 3] ``exp`` (stored as log std devs)     ``scales``
 ``opacities``      [N]              ``sigmoid`` (stored as logits)       ``opacities``
 ``sh0``            [N, 1, 3]        SH DC coefficient                    ``colors[:, :1]``
 ``shN``            [N, K-1, 3]      higher SH bands, K = (d_max+1)^2     ``colors[:, 1:]``
@@ -30,7 +32,14 @@ A relative thickness (rather than a fixed tiny constant such as 1e-7) keeps
 the disc look while keeping the squared scales far from float16 underflow in
 viewers that pack covariances as half floats.  ``scale_2`` is ignored on load,
 so a save/load round trip is lossless.  ``nx ny nz`` hold the surfel normal
-(3DGS viewers ignore them).
+(3DGS viewers ignore them).  A 3D Gaussian writes its three scales, as
+INRIA's 3DGS does, and ``nx ny nz`` hold its shortest axis.
+
+The file says which primitive it holds in a header comment
+(``comment splat primitive 2dgs`` or ``3dgs``).  A file without one is read
+as surfels when it has two scales (2DGS's files) or when ``scale_2`` is the
+thin axis above (splat's files before the comment), else as 3D Gaussians
+(INRIA 3DGS and the viewers and tools that follow it).
 """
 
 from __future__ import annotations
@@ -50,6 +59,10 @@ from .errors import SplatInputError
 SH_C0 = 0.28209479177387814
 #: Thickness of the normal axis written to PLY, relative to the smaller tangent scale.
 PLY_THIN_FACTOR = 1e-2
+#: PLY header comment naming the primitive ("splat primitive 2dgs" / "... 3dgs").
+PLY_PRIMITIVE_COMMENT = "splat primitive"
+#: Primitives and their number of scales.
+PRIMITIVE_SCALES = {"2dgs": 2, "3dgs": 3}
 #: Names of the raw parameters, in a fixed order (checkpoints, optimisers, PLY).
 PARAM_NAMES = ("means", "quats", "scales", "opacities", "sh0", "shN")
 
@@ -126,7 +139,12 @@ class GaussianModel(nn.Module):
         return self.params["quats"]
 
     @property
-    def scales(self) -> torch.Tensor:  # [N, 2] std devs (> 0)
+    def primitive(self) -> str:
+        """"2dgs" (surfels: two scales) or "3dgs" (3D Gaussians: three)."""
+        return "3dgs" if self.params["scales"].shape[1] == 3 else "2dgs"
+
+    @property
+    def scales(self) -> torch.Tensor:  # [N, 2] or [N, 3] std devs (> 0)
         return torch.exp(self.params["scales"])
 
     @property
@@ -140,8 +158,13 @@ class GaussianModel(nn.Module):
         return torch.cat([self.params["sh0"], rest], dim=1)
 
     def normals(self) -> torch.Tensor:
-        """World-space surfel normals (third rotation column). [N, 3]"""
-        return quat_to_rotmat(self.params["quats"])[..., 2]
+        """World-space normals [N, 3]: a surfel's third rotation column, a 3D
+        Gaussian's shortest axis."""
+        rot = quat_to_rotmat(self.params["quats"])  # [N, 3, 3]
+        if self.primitive == "2dgs":
+            return rot[..., 2]
+        shortest = self.params["scales"].argmin(dim=1)  # [N]
+        return rot.gather(2, shortest[:, None, None].expand(-1, 3, 1))[..., 0]
 
     # ------------------------------------------------------------ state I/O
     def raw_state(self) -> Dict[str, torch.Tensor]:
@@ -192,19 +215,23 @@ def create_from_points(
     init_scale: float = 1.0,
     generator: Optional[torch.Generator] = None,
     max_scales: Optional[torch.Tensor] = None,  # [M]
+    primitive: str = "2dgs",
 ) -> GaussianModel:
-    """Surfels centred on ``points``: colour -> SH DC, random orientation, and
-    isotropic tangent scale = ``init_scale`` x mean distance to the 3 nearest
-    neighbours (the 3DGS rule, so neighbouring discs just touch), at most
-    ``max_scales`` (world units, per point; see
-    :func:`splat.data.initial_points.pixel_footprint`): an isolated point
-    of a sparse cloud would otherwise start as a disc over much of the image."""
+    """Surfels (or, ``primitive="3dgs"``, 3D Gaussians) centred on
+    ``points``: colour -> SH DC, random orientation, and isotropic scale =
+    ``init_scale`` x mean distance to the 3 nearest neighbours (the 3DGS
+    rule, so neighbours just touch), at most ``max_scales`` (world units,
+    per point; see :func:`splat.data.initial_points.pixel_footprint`): an
+    isolated point of a sparse cloud would otherwise start as a disc over
+    much of the image."""
+    if primitive not in PRIMITIVE_SCALES:
+        raise ValueError(f"primitive must be one of {list(PRIMITIVE_SCALES)}, got {primitive!r}")
     points = points.float()
     n = points.shape[0]
     dist = knn_mean_distance(points, k=3).clamp_min(1e-7) * init_scale  # [N]
     if max_scales is not None:
         dist = torch.minimum(dist, max_scales.to(dist)).clamp_min(1e-7)
-    log_s = torch.log(dist)[:, None].repeat(1, 2)  # [N, 2]
+    log_s = torch.log(dist)[:, None].repeat(1, PRIMITIVE_SCALES[primitive])  # [N, 2 or 3]
     sh0 = rgb_to_sh(colors.float().clamp(0, 1))[:, None, :]  # [N, 1, 3]
     shN = torch.zeros(n, num_sh_bases(sh_degree) - 1, 3)  # [N, K-1, 3]
     params = {
@@ -335,10 +362,12 @@ def save_ply(model: GaussianModel, path) -> None:
     f_dc = p["sh0"].reshape(n, 3)  # [N, 3]
     # INRIA stores rest as [N, 3, K-1] flattened: channel-major.
     f_rest = p["shN"].transpose(1, 2).reshape(n, -1)  # [N, 3*(K-1)]
-    thin = p["scales"].min(dim=1, keepdim=True).values + math.log(PLY_THIN_FACTOR)  # [N, 1]
-    cols = [
-        p["means"], normals, f_dc, f_rest, p["opacities"][:, None], p["scales"], thin, p["quats"],
-    ]
+    if model.primitive == "2dgs":
+        thin = p["scales"].min(dim=1, keepdim=True).values + math.log(PLY_THIN_FACTOR)  # [N, 1]
+        scales = torch.cat([p["scales"], thin], dim=1)  # [N, 3]
+    else:
+        scales = p["scales"]  # [N, 3]
+    cols = [p["means"], normals, f_dc, f_rest, p["opacities"][:, None], scales, p["quats"]]
     data = torch.cat(cols, dim=1).numpy().astype(np.float32)  # [N, A]
     names = ply_attribute_names(model.sh_degree)
     assert data.shape[1] == len(names)
@@ -348,15 +377,17 @@ def save_ply(model: GaussianModel, path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    PlyData([PlyElement.describe(arr, "vertex")]).write(str(tmp))
+    PlyData([PlyElement.describe(arr, "vertex")],
+            comments=[f"{PLY_PRIMITIVE_COMMENT} {model.primitive}"]).write(str(tmp))
     tmp.replace(path)  # never leave a half-written point_cloud.ply behind
 
 
-def load_ply(path) -> GaussianModel:
+def load_ply(path, primitive: Optional[str] = None) -> GaussianModel:
     """Read a PLY written by :func:`save_ply` (or INRIA 3DGS/2DGS) into a model.
 
-    The SH degree is inferred from the number of ``f_rest_*`` attributes;
-    ``scale_2`` (if any) is ignored because surfels have two scales.
+    The SH degree is inferred from the number of ``f_rest_*`` attributes.
+    ``primitive`` (default: what the file says, module doc) "2dgs" reads
+    surfels (ignoring ``scale_2``), "3dgs" three scales.
 
     Raises :class:`splat.errors.SplatInputError` naming the file for a
     missing, truncated or garbage file, a missing attribute, or values that
@@ -406,13 +437,18 @@ def load_ply(path) -> GaussianModel:
     zero = ~np.any(quats != 0, axis=1)
     if zero.any():
         raise SplatInputError(f"{path}: zero quaternion (rot_0..3) at vertex {int(np.argmax(zero))}")
-    scales = np.stack([col("scale_0"), col("scale_1")], axis=1)  # log standard deviations
+    primitive = primitive or _ply_primitive(path, ply, names, col)
+    if primitive not in PRIMITIVE_SCALES:
+        raise SplatInputError(f"{path}: unknown primitive {primitive!r} (expected one of {list(PRIMITIVE_SCALES)})")
+    if primitive == "3dgs" and "scale_2" not in names:
+        raise SplatInputError(f"{path}: PLY vertex lacks scale_2: 3D Gaussians need three scales")
+    scales = np.stack([col(f"scale_{i}") for i in range(PRIMITIVE_SCALES[primitive])], axis=1)  # log std devs
     with np.errstate(over="ignore"):
         huge = ~np.all(np.isfinite(np.exp(scales)), axis=1)
     if huge.any():
         row = int(np.argmax(huge))
         raise SplatInputError(f"{path}: log-scale {scales[row].max()} at vertex {row} overflows float32 "
-                              "(scale_0/scale_1 hold log standard deviations)")
+                              "(scale_* hold log standard deviations)")
     params = {
         "means": torch.from_numpy(means),
         "quats": torch.from_numpy(quats),
@@ -422,3 +458,19 @@ def load_ply(path) -> GaussianModel:
         "shN": torch.from_numpy(np.ascontiguousarray(shN)),
     }
     return GaussianModel(params, degree)
+
+
+def _ply_primitive(path, ply, names, col) -> str:
+    """The primitive a PLY holds (module doc): its comment, else its scales."""
+    for comment in ply.comments:
+        if comment.startswith(PLY_PRIMITIVE_COMMENT):
+            value = comment[len(PLY_PRIMITIVE_COMMENT):].strip()
+            if value not in PRIMITIVE_SCALES:
+                raise SplatInputError(f"{path}: header comment names primitive {value!r}, "
+                                      f"expected one of {list(PRIMITIVE_SCALES)}")
+            return value
+    if "scale_2" not in names:
+        return "2dgs"
+    s0, s1, s2 = col("scale_0"), col("scale_1"), col("scale_2")
+    thin = np.minimum(s0, s1) + np.float32(math.log(PLY_THIN_FACTOR))
+    return "2dgs" if np.allclose(s2, thin, rtol=0.0, atol=1e-5) else "3dgs"

@@ -62,14 +62,21 @@ def project_gaussians(means, quats, scales, viewmat, K, width: int, height: int,
     """EWA projection of 3D Gaussians (module doc).
 
     means [N, 3], quats [N, 4] (w, x, y, z), scales [N, 3], viewmat [4, 4],
-    K [3, 3].  Returns (mu_c [N, 3], precision_c [N, 3, 3], centre [N, 2] px,
+    K [3, 3].  Returns (mu_c [N, 3], precision_c [N, 3, 3] (Sigma_c^-1 times a positive
+    factor per Gaussian, largest eigenvalue 1), centre [N, 2] px,
     conic [N, 2, 2] = S^-1, opacity factor [N]: 1, or the antialiasing
     compensation sqrt(det(S - eps I) / det S))."""
     W, t = viewmat[:3, :3], viewmat[:3, 3]
     mu = means @ W.T + t  # [N, 3]
     rot = W @ quat_to_rotmat(quats)  # [N, 3, 3] camera-space axes
     cov = rot @ torch.diag_embed(scales * scales) @ rot.transpose(1, 2)  # [N, 3, 3]
-    precision = rot @ torch.diag_embed(1.0 / (scales * scales)) @ rot.transpose(1, 2)
+    # P_c up to a positive factor per Gaussian: the peak depth and the
+    # normalised normal do not change when P is scaled, so it is normalised to
+    # largest eigenvalue 1 (1 / s^2 alone overflows float32 for s < 1e-19, and
+    # its products much sooner).  The factor is detached: the exact gradient
+    # through it is zero.
+    s_min = scales.detach().amin(-1, keepdim=True)  # [N, 1]
+    precision = rot @ torch.diag_embed((s_min / scales) ** 2) @ rot.transpose(1, 2)
     fx, fy, cx, cy = K[0, 0], K[1, 1], K[0, 2], K[1, 2]
     x, y, z = mu.unbind(-1)
     tan_x, tan_y = 0.5 * width / fx, 0.5 * height / fy

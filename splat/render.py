@@ -64,7 +64,8 @@ def render_frame(
     far: float = 100.0,
     device: Optional[torch.device] = None,
 ):
-    """Rasterize ``model`` (a :class:`splat.model.GaussianModel`) in ``frame``'s camera.
+    """Rasterize ``model`` (a :class:`splat.model.GaussianModel`) in ``frame``'s camera,
+    with :func:`splat.rasterize` or, for 3D Gaussians, :func:`splat.rasterize_3dgs`.
 
     ``sh_degree`` (default: the model's max) selects how many SH bands are used.
     Returns the rasterizer's output object (rgb, alpha, depth, median_depth,
@@ -72,7 +73,13 @@ def render_frame(
     """
     d = model.sh_degree if sh_degree is None else min(int(sh_degree), model.sh_degree)
     dev = device if device is not None else model.means.device
-    return get_rasterize()(
+    if model.primitive == "3dgs":
+        from .rasterize_3dgs import rasterize_3dgs
+
+        rasterize = rasterize_3dgs
+    else:
+        rasterize = get_rasterize()
+    return rasterize(
         model.means,
         model.quats,
         model.scales,

@@ -226,7 +226,7 @@ class Trainer:
                                background=self.background)
         print(f"init: {start.description}", file=sys.stderr)
         return create_from_points(start.points, start.colors, mcfg["sh_degree"], mcfg["init_opacity"],
-                                  mcfg["init_scale"], max_scales=start.max_scales)
+                                  mcfg["init_scale"], max_scales=start.max_scales, primitive=mcfg["primitive"])
 
     # ------------------------------------------------------------ loop
     def render(self, frame, background=None, sh_degree=None):

@@ -62,10 +62,13 @@ def test_projection_matches_gsplat(antialiased):
         assert torch.allclose(factor, comp[0], rtol=1e-10, atol=1e-12) and (factor < 1).all()
     else:
         assert torch.equal(factor, torch.ones_like(factor))
-    # the precision is the exact inverse of the camera-space covariance
+    # the precision is the inverse of the camera-space covariance times
+    # min(s)^2 (largest eigenvalue 1; depth and normal do not see the factor)
     W3 = viewmat[:3, :3]
-    assert torch.allclose(precision @ (W3 @ covars @ W3.T), torch.eye(3, dtype=torch.float64).expand(12, 3, 3),
+    factor_min = scales.amin(-1)[:, None, None] ** 2
+    assert torch.allclose(precision @ (W3 @ covars @ W3.T), factor_min * torch.eye(3, dtype=torch.float64),
                           atol=1e-9)
+    assert torch.allclose(torch.linalg.eigvalsh(precision)[:, -1], torch.ones(12, dtype=torch.float64))
 
 
 def test_depth_is_where_the_density_peaks_along_the_ray():

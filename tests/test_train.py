@@ -319,15 +319,16 @@ def _final_params(out: Path) -> dict:
     return load_latest_checkpoint(out)["params"]
 
 
-@pytest.mark.parametrize("batch", [1, 2])
-def test_resume_after_sigkill_reproduces_uninterrupted_run(tiny_scene, tmp_path, batch):
+@pytest.mark.parametrize("batch, primitive", [(1, "2dgs"), (2, "2dgs"), (1, "3dgs")])
+def test_resume_after_sigkill_reproduces_uninterrupted_run(tiny_scene, tmp_path, batch, primitive):
     """Kill training (SIGKILL) right after its first checkpoint, resume, and
     compare with an uninterrupted run: same surfel count, parameters equal to
     atol 1e-5 (the loop is deterministic: seeded view order and RNG states in
     the checkpoint; we observe bit-identical results on CPU).  With
-    ``train.batch_size=2`` too: a step's views follow from the step alone."""
+    ``train.batch_size=2`` too: a step's views follow from the step alone;
+    and with 3D Gaussians."""
     iters = 60
-    extra = RESUME_EXTRA + [f"train.batch_size={batch}"]
+    extra = RESUME_EXTRA + [f"train.batch_size={batch}", f"model.primitive={primitive}"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     full, killed = tmp_path / "full", tmp_path / "killed"
     ref = subprocess.Popen(_train_cmd(tiny_scene, full, iters, *extra), env=env,

@@ -572,9 +572,11 @@ SPLAT_HD void backward_step(BackwardState<T>& st, const PixelGrad<T>& g,
 // i.e. z = t* = d^T P mu / d^T P d maximises exp(-(t d - mu)^T P (t d - mu) / 2),
 // and n = W^T P (mu - 2 x*) at the peak x* = t* d is the normal of the
 // surface the peaks sweep (it always faces the camera: x*^T P (2 x* - mu) =
-// t*^2 d^T P d >= 0).  A sample counts where alpha >= kAlphaMin, z > near,
-// and d~^T Q d~ and |n| are positive (they are, up to rounding, for any
-// positive-definite P).
+// t*^2 d^T P d >= 0).  Both z and the normal are unchanged when P is scaled,
+// so P comes normalised to largest eigenvalue 1.  A sample counts where
+// alpha >= kAlphaMin, z > near, d~^T Q d~ > 0 and |n|^2 is positive and
+// finite (true, up to rounding, for any positive-definite P and a scene
+// whose coordinates' squares fit the float type).
 //
 // Row layout of the parameters [N, kGaussParams]; the gradient record
 // [N, kGaussGradSize] is the same followed by the colour.
@@ -651,7 +653,8 @@ SPLAT_HD void intersect_gaussian(const GaussianParams<T>& g, V px, V py, T near,
     n[k] = q[kGaussNormalBase + k] - T(2) * h.z * h.Nd[k];
   }
   const V len2 = n[0] * n[0] + n[1] * n[1] + n[2] * n[2];
-  const MaskOf<V> normal_ok = len2 > T(0);
+  // Positive and finite (len2 * 0 is NaN for inf): a normal that overflows is no normal.
+  const MaskOf<V> normal_ok = mask_and(len2 > T(0), len2 * T(0) == T(0));
   h.inv_len = select(normal_ok, T(1) / sqrt_of(len2), V(T(0)));
   for (int k = 0; k < 3; ++k) h.normal[k] = n[k] * h.inv_len;
   h.contributes = mask_and(mask_and(near_enough, h.alpha >= T(kAlphaMin)),

@@ -14,7 +14,8 @@ Every ``refine_every`` steps in ``[refine_start, refine_stop)``:
       copy is appended, and both then move apart under the next gradients;
     - split if large (or if larger than ``grow_scale2d`` of the screen, before
       ``refine_scale2d_stop``): replaced by 2 surfels sampled from the surfel's
-      own 2D Gaussian *in its tangent plane*, with scales divided by 1.6;
+      own 2D Gaussian *in its tangent plane* (a 3D Gaussian: from its 3D
+      Gaussian, as 3DGS does), with scales divided by 1.6;
 * prune: opacity < ``prune_opa``; and after the first opacity reset also
   too big in world (> ``prune_scale3d * scene_radius``) or, before
   ``refine_scale2d_stop``, on screen (> ``prune_scale2d``).
@@ -207,14 +208,15 @@ class DefaultStrategy(Strategy):
         """Replace each masked surfel by 2 samples of itself, scales / 1.6."""
         sel = mask.nonzero(as_tuple=True)[0]
         rest = (~mask).nonzero(as_tuple=True)[0]
-        scales = model.scales.detach()[sel]  # [S, 2]
+        scales = model.scales.detach()[sel]  # [S, 2] surfels, [S, 3] 3D Gaussians
         R = quat_to_rotmat(model.params["quats"].detach()[sel])  # [S, 3, 3]
         # Sample in the tangent plane: zero std along the normal axis (2DGS).
-        std = torch.cat([scales, torch.zeros_like(scales[:, :1])], dim=-1)  # [S, 3]
+        # A surfel's samples stay in its tangent plane (no spread along the normal).
+        std = scales if scales.shape[1] == 3 else torch.cat([scales, torch.zeros_like(scales[:, :1])], dim=-1)
         local = torch.randn(2, len(sel), 3).to(std.device) * std[None]  # [2, S, 3] (CPU RNG: reproducible)
         offsets = torch.einsum("sij,bsj->bsi", R, local)  # [2, S, 3]
         new_means = (model.params["means"].detach()[sel][None] + offsets).reshape(-1, 3)
-        new_log_scales = torch.log(scales / 1.6).repeat(2, 1)  # [2S, 2]
+        new_log_scales = torch.log(scales / 1.6).repeat(2, 1)  # [2S, 2 or 3]
 
         def param_fn(name: str, p: torch.Tensor) -> torch.Tensor:
             if name == "means":
