@@ -5,6 +5,9 @@ it with --out).  Not a test: numbers depend on the machine and its load.
     python bench/rasterize.py                      # CPU machine: cpu vs torch reference
     python bench/rasterize.py --out bench/results/cpu.json
 
+Surfels (splat.rasterize) and, in the "3dgs" rows, 3D Gaussians
+(splat.rasterize_3dgs, CPU kernels only) on the same scene.
+
 Each case runs in its own subprocess so that peak memory (ru_maxrss, or CUDA
 max allocated) belongs to that case alone.  Scenes come from
 splat.testing.surface_scene: surfels tangent to a ground plane and four
@@ -23,32 +26,44 @@ import time
 from report import emit, machine
 
 CASES = [
-    # (surfels, width, height, backends, repetitions)
-    (20_000, 256, 256, ("cpu", "torch"), 3),
-    (100_000, 512, 512, ("cpu",), 3),
-    (1_000_000, 256, 256, ("cpu",), 1),
-    (1_000_000, 1920, 1080, ("cuda",), 5),
+    # (surfels, width, height, backends, repetitions, primitive)
+    (20_000, 256, 256, ("cpu", "torch"), 3, "2dgs"),
+    (20_000, 256, 256, ("cpu",), 3, "3dgs"),
+    (100_000, 512, 512, ("cpu",), 3, "2dgs"),
+    (100_000, 512, 512, ("cpu",), 3, "3dgs"),
+    (1_000_000, 256, 256, ("cpu",), 1, "2dgs"),
+    (1_000_000, 1920, 1080, ("cuda",), 5, "2dgs"),
 ]
+#: The 3D Gaussians of a "3dgs" case: the same scene's surfels given a third
+#: scale, this fraction of the smaller tangent one (trained 3DGS models on
+#: surfaces are flat like that), so both primitives cover the same pixels.
+THIRD_SCALE = 0.3
 
 
-def run_case(n, width, height, backend, reps):
+def run_case(n, width, height, backend, reps, primitive="2dgs"):
     import torch
 
     import splat
     from splat._backend import load_extension
     from splat.rasterize import _project
+    from splat.rasterize_3dgs import gaussian_kernel_inputs, rasterize_3dgs
     from splat.testing import surface_scene
 
     device = "cuda" if backend == "cuda" else "cpu"
     scene = surface_scene(n, width, height, dtype=torch.float32, seed=0)
     scene = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in scene.items()}
+    render = splat.rasterize
+    if primitive == "3dgs":
+        s = scene["scales"]
+        scene["scales"] = torch.cat([s, THIRD_SCALE * s.amin(-1, keepdim=True)], -1)
+        render = rasterize_3dgs
     params = {k: scene[k].clone().requires_grad_(True) for k in ("means", "quats", "scales", "opacities", "colors")}
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     fwd, bwd = [], []
     for rep in range(reps + 1):  # the first run warms up (JIT, allocator, caches)
         sync()
         t0 = time.perf_counter()
-        out = splat.rasterize(**{**scene, **params}, backend=backend)
+        out = render(**{**scene, **params}, backend=backend)
         sync()
         t1 = time.perf_counter()
         loss = out.rgb.sum() + out.depth.sum() + out.normal.sum() + out.distortion.sum() + out.median_depth.sum()
@@ -60,7 +75,15 @@ def run_case(n, width, height, backend, reps):
             bwd.append(t2 - t1)
     # pixel-surfel pairs the forward pass evaluates (list positions walked per pixel)
     pairs = None
-    if backend in ("cpu", "cuda"):
+    if backend == "cpu" and primitive == "3dgs":
+        with torch.no_grad():
+            kin = gaussian_kernel_inputs(scene["means"], scene["quats"], scene["scales"], scene["opacities"],
+                                         scene["viewmat"], scene["K"], width, height, 0.2, 100.0)
+            res = load_extension().forward_gaussians_cpu(kin["params"], scene["colors"][kin["ids"]].contiguous(),
+                                                         kin["depth"], kin["pixel_rect"], width, height, 0.2, 100.0)
+            pairs = int(res[6].long().sum())
+            tile_pairs = int(res[10].numel())
+    elif backend in ("cpu", "cuda"):
         ext = load_extension()
         with torch.no_grad():
             p = _project(scene["means"], scene["quats"], scene["scales"], scene["opacities"],
@@ -75,7 +98,7 @@ def run_case(n, width, height, backend, reps):
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB
     fwd_ms, bwd_ms = 1e3 * statistics.median(fwd), 1e3 * statistics.median(bwd)
-    result = dict(backend=backend, surfels=n, width=width, height=height, forward_ms=round(fwd_ms, 2),
+    result = dict(backend=backend, primitive=primitive, surfels=n, width=width, height=height, forward_ms=round(fwd_ms, 2),
                   backward_ms=round(bwd_ms, 2), total_ms=round(fwd_ms + bwd_ms, 2), peak_memory_mib=round(peak, 1),
                   threads=torch.get_num_threads(), repetitions=reps)
     if pairs is not None:
@@ -91,31 +114,37 @@ def main():
     ap.add_argument("--quick", action="store_true", help="only the 20k/256 case")
     args = ap.parse_args()
     if args.case:
-        n, w, h, backend, reps = args.case.split(",")
-        print(json.dumps(run_case(int(n), int(w), int(h), backend, int(reps))))
+        n, w, h, backend, reps, primitive = args.case.split(",")
+        print(json.dumps(run_case(int(n), int(w), int(h), backend, int(reps), primitive)))
         return
     import torch
 
     from splat._backend import has_cuda_kernels
 
     results = []
-    for n, w, h, backends, reps in CASES[:1] if args.quick else CASES:
+    for n, w, h, backends, reps, primitive in CASES[:2] if args.quick else CASES:
         for backend in backends:
             if backend == "cuda" and not (torch.cuda.is_available() and has_cuda_kernels()):
                 continue
             r = 1 if backend == "torch" else reps
-            proc = subprocess.run([sys.executable, __file__, "--case", f"{n},{w},{h},{backend},{r}"],
+            proc = subprocess.run([sys.executable, __file__, "--case", f"{n},{w},{h},{backend},{r},{primitive}"],
                                   capture_output=True, text=True)
             if proc.returncode:
-                results.append(dict(backend=backend, surfels=n, width=w, height=h, error=proc.stderr[-2000:]))
+                results.append(dict(backend=backend, primitive=primitive, surfels=n, width=w, height=h,
+                                    error=proc.stderr[-2000:]))
             else:
                 results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
             print(json.dumps(results[-1]), file=sys.stderr)
     ratios = {}
-    by_key = {(r["backend"], r["surfels"], r["width"]): r for r in results if "error" not in r}
-    if ("cpu", 20_000, 256) in by_key and ("torch", 20_000, 256) in by_key:
+    by_key = {(r["backend"], r.get("primitive", "2dgs"), r["surfels"], r["width"]): r
+              for r in results if "error" not in r}
+    if ("cpu", "2dgs", 20_000, 256) in by_key and ("torch", "2dgs", 20_000, 256) in by_key:
         ratios["cpu_over_reference_speedup_20k_256"] = round(
-            by_key[("torch", 20_000, 256)]["total_ms"] / by_key[("cpu", 20_000, 256)]["total_ms"], 1)
+            by_key[("torch", "2dgs", 20_000, 256)]["total_ms"] / by_key[("cpu", "2dgs", 20_000, 256)]["total_ms"], 1)
+    for n, w in ((20_000, 256), (100_000, 512)):
+        a, b = by_key.get(("cpu", "3dgs", n, w)), by_key.get(("cpu", "2dgs", n, w))
+        if a and b:  # side by side in one run
+            ratios[f"cpu_3dgs_over_2dgs_time_{n // 1000}k_{w}"] = round(a["total_ms"] / b["total_ms"], 2)
     emit(dict(machine=machine(), results=results, ratios=ratios), args.out)
 
 if __name__ == "__main__":

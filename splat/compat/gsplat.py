@@ -1,8 +1,12 @@
-"""gsplat 1.5's ``rasterization_2dgs``, computed by splat.
+"""gsplat 1.5's ``rasterization_2dgs`` and ``rasterization`` (3DGS), computed by splat.
 
-A gsplat-based 2DGS trainer switches by changing one import::
+A gsplat-based trainer switches by changing one import::
 
     from splat.compat.gsplat import rasterization_2dgs   # was: from gsplat import rasterization_2dgs
+    from splat.compat.gsplat import rasterization        # was: from gsplat import rasterization
+
+``rasterization`` (3D Gaussians, :func:`splat.rasterize_3dgs`) is described
+in its own docstring; the rest of this one is about ``rasterization_2dgs``.
 
 The signature, the argument layouts, the returned tuple and the ``meta``
 dictionary that gsplat's ``DefaultStrategy(key_for_gradient="gradient_2dgs")``
@@ -103,8 +107,10 @@ import math
 
 import torch
 
+from .. import conventions as cv
 from ..losses import depth_to_normal
 from ..rasterize import _project, rasterize
+from ..rasterize_3dgs import gaussian_kernel_inputs, rasterize_3dgs
 from ..reference import facing_normals
 
 RENDER_MODES = ("RGB", "D", "ED", "RGB+D", "RGB+ED")
@@ -191,6 +197,96 @@ def rasterization_2dgs(means, quats, scales, opacities, colors, viewmats, Ks, wi
     meta = _meta(outs, means, quats, opacities, viewmats, width, height, tile_size, packed)
     return (render_colors, alphas, torch.stack([o.normal for o in outs]), surf_normals, meta["render_distort"],
             torch.stack([o.median_depth for o in outs])[..., None], meta)
+
+
+def rasterization(means, quats, scales, opacities, colors, viewmats, Ks, width, height,
+                  near_plane=0.01, far_plane=1e10, radius_clip=0.0, eps2d=0.3, sh_degree=None,
+                  packed=True, tile_size=16, backgrounds=None, render_mode="RGB", sparse_grad=False,
+                  absgrad=False, rasterize_mode="classic", channel_chunk=32, distributed=False,
+                  camera_model="pinhole", covars=None):
+    """Renders N 3D Gaussians into C cameras with gsplat 1.5's ``rasterization`` interface
+    and splat's maths (:func:`splat.rasterize_3dgs` per camera).
+
+    Arguments as gsplat's; ``rasterize_mode="antialiased"`` is Mip-Splatting's
+    opacity compensation, ``eps2d`` must be splat's screen-space dilation
+    (0.3 px^2, :data:`splat.conventions.EWA_DILATION`), ``channel_chunk`` has
+    no effect (3 channels), and ``distributed=True``, camera models other
+    than "pinhole", ``covars``, ``absgrad`` and ``sparse_grad`` raise a
+    ``ValueError`` naming them.
+
+    Where splat differs from gsplat's 3DGS kernels (v1.5.0):
+
+    * Depth.  "D" is sum_i w_i z_i and "ED" that over 1 - T, as gsplat, but
+      z_i is where Gaussian i's density peaks along the pixel's ray
+      (GOF, RaDe-GS), not the camera z of its centre.
+    * Alpha clamp 0.99 (gsplat 0.999), as for ``rasterization_2dgs``.
+    * ``meta["radii"]`` is splat's exact opacity-aware half-extent per axis
+      (where o exp(-rho / 2) >= 1/255), not gsplat's 3-sigma box.
+    * Skew K[0, 1] is used; ``Ks`` get gradients.
+
+    ``meta`` holds gsplat's keys (``means2d``, whose ``.grad`` is dL/d(screen
+    translation) in pixels for ``DefaultStrategy``; ``radii``, ``depths``,
+    ``conics``, ``opacities``, ``camera_ids`` / ``gaussian_ids`` when
+    packed, ``width``, ``height``, ``n_cameras``, tile counts) plus what only
+    splat renders: ``render_normals`` [C, H, W, 3] (world, sum w n),
+    ``render_distort`` [C, H, W, 1] (the distortion, ``rasterization_2dgs``'s
+    definition) and ``render_median`` [C, H, W, 1].
+
+    Returns:
+        (render_colors [C, H, W, X], render_alphas [C, H, W, 1], meta).
+    """
+    if rasterize_mode not in ("classic", "antialiased"):
+        raise ValueError(f"rasterize_mode must be 'classic' or 'antialiased', got {rasterize_mode!r}")
+    if distributed:
+        raise ValueError("distributed=True: splat's gsplat shim renders in one process")
+    if camera_model != "pinhole":
+        raise ValueError(f"camera_model={camera_model!r}: splat renders pinhole cameras (undistort the images)")
+    if covars is not None:
+        raise ValueError("covars: splat takes quats and scales, not covariances; pass covars=None")
+    if not isinstance(eps2d, (int, float)) or abs(eps2d - cv.EWA_DILATION) > 1e-12:
+        raise ValueError(f"eps2d={eps2d!r}: splat's screen-space dilation is fixed at {cv.EWA_DILATION} px^2")
+    if not isinstance(scales, torch.Tensor) or scales.dim() != 2 or scales.shape[1] != 3:
+        raise ValueError(f"scales must be [N, 3], got {_shape(scales)}")
+    _check_arguments(means, scales, colors, viewmats, Ks, width, height, near_plane, far_plane, radius_clip,
+                     eps2d, sh_degree, packed, tile_size, backgrounds, render_mode, sparse_grad, absgrad,
+                     False, "expected")
+    antialiased = rasterize_mode == "antialiased"
+    per_camera_colors = sh_degree is None and colors.dim() == 3
+    outs, conics, opacities_used = [], [], []
+    for c in range(viewmats.shape[0]):
+        viewmat, K = viewmats[c], Ks[c]
+        with torch.no_grad():
+            kin = gaussian_kernel_inputs(means.detach(), quats.detach(), scales.detach(), opacities.detach(),
+                                         viewmat.detach(), K.detach(), width, height, near_plane, far_plane,
+                                         antialiased)
+        camera_opacities = opacities
+        if radius_clip > 0:
+            radii = torch.zeros(means.shape[0], dtype=torch.int32, device=means.device)
+            radii[kin["ids"]] = kin["radii"]
+            camera_opacities = torch.where(radii > radius_clip, opacities, torch.zeros_like(opacities))
+        outs.append(rasterize_3dgs(means, quats, scales, camera_opacities,
+                                   colors[c] if per_camera_colors else colors, viewmat, K, width, height,
+                                   near=near_plane, far=far_plane,
+                                   background=None if backgrounds is None else backgrounds[c], sh_degree=sh_degree,
+                                   antialiased=antialiased))
+        conic = means.new_zeros(means.shape[0], 3)
+        conic[kin["ids"]] = kin["params"][:, 0:3]  # core.h kGaussConic: C_xx, C_xy, C_yy
+        used = means.new_zeros(means.shape[0])
+        used[kin["ids"]] = kin["params"][:, 5]  # the (compensated) opacity
+        conics.append(conic)
+        opacities_used.append(used)
+    render_colors = _render_colors(outs, render_mode)
+    alphas = torch.stack([o.alpha for o in outs])[..., None]
+    meta = _meta(outs, means, None, opacities, viewmats, width, height, tile_size, packed)
+    extra = {"conics": torch.stack(conics), "opacities": torch.stack(opacities_used)}
+    if packed:
+        extra = {k: v[meta["camera_ids"], meta["gaussian_ids"]] for k, v in extra.items()}
+    meta.update(extra)
+    for key in ("normals", "gradient_2dgs"):  # rasterization_2dgs's, not gsplat's 3DGS meta
+        del meta[key]
+    meta["render_normals"] = torch.stack([o.normal for o in outs])
+    meta["render_median"] = torch.stack([o.median_depth for o in outs])[..., None]
+    return render_colors, alphas, meta
 
 
 def _check_arguments(means, scales, colors, viewmats, Ks, width, height, near_plane, far_plane, radius_clip,
@@ -310,7 +406,8 @@ def _meta(outs, means, quats, opacities, viewmats, width, height, tile_size, pac
     radii = torch.stack([_gsplat_radii(o.radii) for o in outs])  # [C, N, 2]
     centres = torch.stack([o.means2d.detach() for o in outs])  # [C, N, 2]
     depths = torch.stack([_camera_depths(means, v) for v in viewmats])  # [C, N]
-    normals = torch.stack([_camera_normals(means, quats, v) for v in viewmats])  # [C, N, 3]
+    normals = (torch.stack([_camera_normals(means, quats, v) for v in viewmats]) if quats is not None  # [C, N, 3]
+               else means.new_zeros(n_cameras, n, 3))
     camera_opacities = opacities.expand(n_cameras, n)  # [C, N]
     camera_ids = gaussian_ids = None
     if packed:
