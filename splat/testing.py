@@ -87,6 +87,21 @@ def random_scene(n, width, height, dtype=torch.float64, seed=0, principal_offset
     return scene
 
 
+def random_gaussians(n, seed=0, dtype=torch.float64, spread=(1.3, 1.0, 0.8), scale_range=(0.05, 0.3)):
+    """n random 3D Gaussians (means, quats, scales [n, 3], opacities, colors)
+    in a box of half-sides ``spread`` around the origin, where
+    :func:`random_scene`'s camera looks."""
+    g = torch.Generator().manual_seed(seed)
+    lo, hi = scale_range
+    return dict(
+        means=(torch.rand(n, 3, generator=g, dtype=dtype) * 2 - 1) * torch.tensor(spread, dtype=dtype),
+        quats=torch.randn(n, 4, generator=g, dtype=dtype),
+        scales=torch.rand(n, 3, generator=g, dtype=dtype) * (hi - lo) + lo,
+        opacities=torch.rand(n, generator=g, dtype=dtype) * 0.8 + 0.15,
+        colors=torch.rand(n, 3, generator=g, dtype=dtype),
+    )
+
+
 def surface_scene(n, width, height, dtype=torch.float32, seed=0, distance=3.0):
     """Surfels on surfaces, with sizes and opacities like a trained model's.
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from shim_install import assert_shim_installs
 from twodgs_style import (
     Cam,
     OptimizationParams,
@@ -473,21 +474,8 @@ def test_float64_central_differences_of_means2d_gradient():
 # Installing the shim distribution, debug snapshots
 # ---------------------------------------------------------------------------
 def test_shim_distribution_installs_offline_and_imports_splats_classes(tmp_path):
-    src = tmp_path / "src"
-    shutil.copytree(ROOT / "compat" / "diff-surfel-rasterization", src,
-                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-                    "--target", str(target), str(src)], check=True, capture_output=True, timeout=120)
-    code = ("import diff_surfel_rasterization as d, splat.compat.diff_surfel_rasterization as s; "
-            "assert d.GaussianRasterizer is s.GaussianRasterizer; "
-            "assert d.GaussianRasterizationSettings is s.GaussianRasterizationSettings; "
-            "assert d.rasterize_gaussians is s.rasterize_gaussians; print(d.__file__)")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(target), str(ROOT)]))
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                          cwd=tmp_path, check=False)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().startswith(str(target))
+    assert_shim_installs(tmp_path, "diff-surfel-rasterization", "diff_surfel_rasterization",
+                         ("GaussianRasterizer", "GaussianRasterizationSettings", "rasterize_gaussians"))
 
 
 def test_debug_saves_a_snapshot_of_the_inputs_on_error(tmp_path, monkeypatch):

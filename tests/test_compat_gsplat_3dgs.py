@@ -13,28 +13,17 @@ import torch
 
 import splat
 from splat.compat import gsplat as shim
-from splat.testing import intrinsics, look_at_viewmat
+from splat.testing import intrinsics, look_at_viewmat, random_gaussians
 
 WIDTH, HEIGHT = 24, 17
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _scene(n=12, seed=3, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
     p = dict(
-        means=(torch.rand(n, 3, generator=g, dtype=torch.float64) * 2 - 1) * torch.tensor([1.3, 1.0, 0.8],
-                                                                                          dtype=torch.float64),
-        quats=torch.randn(n, 4, generator=g, dtype=torch.float64),
-        scales=torch.rand(n, 3, generator=g, dtype=torch.float64) * 0.25 + 0.05,
-        opacities=torch.rand(n, generator=g, dtype=torch.float64) * 0.8 + 0.15,
-        colors=torch.rand(n, 3, generator=g, dtype=torch.float64),
+        random_gaussians(n, seed),
         viewmats=torch.stack([look_at_viewmat((0.3, -0.2, -4.0), (0.0, 0.0, 0.0)),
                               look_at_viewmat((-0.6, 0.4, -4.2), (0.1, 0.0, 0.0))]),
         Ks=torch.stack([intrinsics(WIDTH, HEIGHT, 60.0, (4.3, -3.1), 1.15), intrinsics(WIDTH, HEIGHT, 55.0)]),
@@ -44,10 +33,9 @@ def _scene(n=12, seed=3, dtype=torch.float64):
 
 
 def _call(p, **kw):
-    kw.setdefault("near_plane", 0.2)
-    kw.setdefault("far_plane", 100.0)
-    return shim.rasterization(p["means"], p["quats"], p["scales"], p["opacities"], p["colors"], p["viewmats"],
-                              p["Ks"], WIDTH, HEIGHT, backgrounds=p.get("backgrounds"), **kw)
+    args = [p[k] for k in ("means", "quats", "scales", "opacities", "colors", "viewmats", "Ks")]
+    return shim.rasterization(*args, WIDTH, HEIGHT, backgrounds=p.get("backgrounds"),
+                              **{"near_plane": 0.2, "far_plane": 100.0, **kw})
 
 
 def _single(p, c, **kw):

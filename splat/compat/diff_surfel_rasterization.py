@@ -237,8 +237,10 @@ def camera_from_settings(settings: GaussianRasterizationSettings) -> Camera:
 # ---------------------------------------------------------------------------
 # The renderer
 # ---------------------------------------------------------------------------
-def _check_inputs(settings, means3D, means2D, opacities, shs, colors_precomp, scales, rotations, cov3D_precomp):
-    """2DGS's argument rules, with one-line errors that use 2DGS's names."""
+def _check_inputs(settings, means3D, means2D, opacities, shs, colors_precomp, scales, rotations, cov3D_precomp,
+                  num_scales=2, cov_size=9):
+    """2DGS's (and INRIA's: ``num_scales=3``, ``cov_size=6``) argument rules,
+    with one-line errors that use their names."""
     if (shs is None) == (colors_precomp is None):
         raise ValueError("pass exactly one of shs and colors_precomp")
     pair_given = scales is not None or rotations is not None
@@ -247,14 +249,14 @@ def _check_inputs(settings, means3D, means2D, opacities, shs, colors_precomp, sc
     if not isinstance(means3D, torch.Tensor) or means3D.dim() != 2 or means3D.shape[1] != 3:
         raise ValueError(f"means3D must be a [N, 3] tensor, got {_shape(means3D)}")
     n = means3D.shape[0]
-    shapes = {"opacities": ((n, 1), (n,)), "scales": ((n, 2),), "rotations": ((n, 4),),
-              "colors_precomp": ((n, 3),), "cov3D_precomp": ((n, 9),), "means2D": ((n, 2), (n, 3))}
+    shapes = {"opacities": ((n, 1), (n,)), "scales": ((n, num_scales),), "rotations": ((n, 4),),
+              "colors_precomp": ((n, 3),), "cov3D_precomp": ((n, cov_size),), "means2D": ((n, 2), (n, 3))}
     values = {"opacities": opacities, "scales": scales, "rotations": rotations, "colors_precomp": colors_precomp,
               "cov3D_precomp": cov3D_precomp, "means2D": means2D}
     for name, value in values.items():
         if value is not None and (not isinstance(value, torch.Tensor) or tuple(value.shape) not in shapes[name]):
             want = " or ".join(str(list(s)) for s in shapes[name])
-            extra = " (surfels have two scales)" if name == "scales" else ""
+            extra = " (surfels have two scales)" if name == "scales" and num_scales == 2 else ""
             raise ValueError(f"{name} must have shape {want}{extra}, got {_shape(value)}")
     if shs is not None:
         degree = settings.sh_degree
@@ -363,20 +365,28 @@ def _rasterize_transforms(cam, transforms, means3D, colors, opacities, backgroun
     return compose(*sums, background=background, radii=radii, means2d=handle), M
 
 
+def edge_tensors(cam, settings, means3D, opacities, bg):
+    """(viewmat, K, opacities [N], background [3]) in means3D's dtype and
+    device; with ``prefiltered``, the promise that no mean lies at camera
+    z <= NEAR is checked (the INRIA-family kernels trap where it is broken)."""
+    dtype, device = means3D.dtype, means3D.device
+    viewmat = cam.viewmat.to(dtype=dtype, device=device)
+    if settings.prefiltered and means3D.shape[0]:
+        z = (means3D.detach().double() @ viewmat[:3, :3].T.double() + viewmat[:3, 3].double())[:, 2]
+        if bool((z <= NEAR).any()):
+            rows = (z <= NEAR).nonzero().flatten()[:5].tolist()
+            raise ValueError(f"prefiltered=True, but means3D rows {rows} lie at camera z <= {NEAR} "
+                             "(the original kernel traps here)")
+    return (viewmat, cam.K.to(dtype=dtype, device=device), opacities.reshape(means3D.shape[0]).to(dtype),
+            bg.reshape(3).to(dtype=dtype, device=device))
+
+
 def _render(cam, settings, means3D, shs, colors_precomp, opacities, scales, rotations, cov3D_precomp, bg,
             want_handle):
     """(color [3, H, W], radii [N], allmap [7, H, W], means2d [N, 2] pixel handle)."""
     dtype, device = means3D.dtype, means3D.device
     n = means3D.shape[0]
-    viewmat = cam.viewmat.to(dtype=dtype, device=device)
-    K = cam.K.to(dtype=dtype, device=device)
-    opac = opacities.reshape(n).to(dtype)
-    background = bg.reshape(3).to(dtype=dtype, device=device)
-    if settings.prefiltered and n:
-        z = (means3D.detach().double() @ viewmat[:3, :3].T.double() + viewmat[:3, 3].double())[:, 2]
-        if bool((z <= NEAR).any()):
-            rows = (z <= NEAR).nonzero().flatten()[:5].tolist()
-            raise ValueError(f"prefiltered=True, but means3D rows {rows} lie at camera z <= {NEAR} (2DGS traps here)")
+    viewmat, K, opac, background = edge_tensors(cam, settings, means3D, opacities, bg)
     precomp = cov3D_precomp is not None and n > 0
     colors, sh_degree = _surfel_colors(cam, settings, means3D, shs, colors_precomp, may_fuse=not precomp)
     if precomp:
@@ -412,19 +422,22 @@ def _snapshot(path, tensors):
 
 
 class _Rasterize(torch.autograd.Function):
-    """Runs _render with its own graph, so that ``means2D`` (which splat's
-    rasterize does not take) receives the gradient of splat's pixel handle in
-    NDC units; every other gradient is the inner graph's, unchanged."""
+    """Runs ``render`` (_render here; the INRIA shim's for 3D Gaussians) with
+    its own graph, so that ``means2D`` (which splat's rasterize does not take)
+    receives the gradient of splat's pixel handle in NDC units; every other
+    gradient is the inner graph's, unchanged.  ``render`` returns (color,
+    radii, one more image, handle), where handle is a pixel handle [N, 2] or
+    a tuple of them (one per rendering pass; their gradients add up)."""
 
     @staticmethod
-    def forward(ctx, cam, settings, means2D, *tensors):
-        needs = list(ctx.needs_input_grad[3:])
-        if ctx.needs_input_grad[2] and not any(needs):
+    def forward(ctx, render, cam, settings, means2D, *tensors):
+        needs = list(ctx.needs_input_grad[4:])
+        if ctx.needs_input_grad[3] and not any(needs):
             needs[0] = True  # splat draws its pixel handle only for a graph; means3D's own gradient is dropped
         with torch.enable_grad():
             leaves = tuple(t.detach().requires_grad_(need) if isinstance(t, torch.Tensor) else t
                            for t, need in zip(tensors, needs))
-            color, radii, allmap, handle = _render(cam, settings, *leaves, want_handle=ctx.needs_input_grad[2])
+            color, radii, allmap, handle = render(cam, settings, *leaves, want_handle=ctx.needs_input_grad[3])
         ctx.inner = (leaves, color, allmap, handle)
         ctx.cam, ctx.settings = cam, settings
         ctx.means2D_like = means2D.detach() if means2D is not None else None
@@ -434,12 +447,12 @@ class _Rasterize(torch.autograd.Function):
     @staticmethod
     def backward(ctx, v_color, v_radii, v_allmap):
         leaves, color, allmap, handle = ctx.inner
+        handles = handle if isinstance(handle, tuple) else (handle,)
         wanted = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
-        if handle is not None and handle.requires_grad:
-            wanted.append(handle)
+        wanted += [h for h in handles if h is not None and h.requires_grad]
         outputs = [(o, g) for o, g in ((color, v_color), (allmap, v_allmap)) if g is not None and o.requires_grad]
         if not outputs or not wanted:
-            return (None,) * (3 + len(leaves))
+            return (None,) * (4 + len(leaves))
         try:
             grads = torch.autograd.grad([o for o, _ in outputs], wanted, [g for _, g in outputs], allow_unused=True)
         except Exception:
@@ -448,26 +461,35 @@ class _Rasterize(torch.autograd.Function):
             raise
         by_id = {id(t): g for t, g in zip(wanted, grads)}
         v_means2D = None
-        if ctx.needs_input_grad[2]:
+        if ctx.needs_input_grad[3]:
             v_means2D = torch.zeros_like(ctx.means2D_like)
-            v_handle = by_id.get(id(handle))
-            if v_handle is not None:
-                scale = v_handle.new_tensor(ctx.cam.ndc_per_pixel)
-                v_means2D[:, :2] = (v_handle * scale).to(v_means2D.dtype)
+            for h in handles:
+                v_handle = by_id.get(id(h))
+                if v_handle is not None:
+                    scale = v_handle.new_tensor(ctx.cam.ndc_per_pixel)
+                    v_means2D[:, :2] += (v_handle * scale).to(v_means2D.dtype)
         v_tensors = tuple(by_id.get(id(t)) if isinstance(t, torch.Tensor) and need else None
-                          for t, need in zip(leaves, ctx.needs_input_grad[3:]))
+                          for t, need in zip(leaves, ctx.needs_input_grad[4:]))
         ctx.inner = None
-        return (None, None, v_means2D) + v_tensors
+        return (None, None, None, v_means2D) + v_tensors
 
 
 def rasterize_gaussians(means3D, means2D, sh, colors_precomp, opacities, scales, rotations, cov3Ds_precomp,
                         raster_settings):
     """2DGS's functional entry (empty tensors standing for "not given" are accepted, as 2DGS passes them)."""
+    return functional_entry(GaussianRasterizer, means3D, means2D, sh, colors_precomp, opacities, scales, rotations,
+                            cov3Ds_precomp, raster_settings)
+
+
+def functional_entry(rasterizer_cls, means3D, means2D, sh, colors_precomp, opacities, scales, rotations,
+                     cov3Ds_precomp, raster_settings):
+    """The INRIA-family ``rasterize_gaussians(...)``: ``rasterizer_cls(raster_settings)`` called with
+    empty tensors (how those modules say "not given") as None."""
 
     def given(t):
         return None if isinstance(t, torch.Tensor) and t.numel() == 0 and means3D.shape[0] > 0 else t
 
-    rasterizer = GaussianRasterizer(raster_settings)
+    rasterizer = rasterizer_cls(raster_settings)
     return rasterizer(means3D, means2D, opacities, shs=given(sh), colors_precomp=given(colors_precomp),
                       scales=given(scales), rotations=given(rotations), cov3D_precomp=given(cov3Ds_precomp))
 
@@ -497,7 +519,7 @@ class GaussianRasterizer(nn.Module):
         try:
             if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                                for t in tensors + (means2D,)):
-                return _Rasterize.apply(cam, settings, means2D, *tensors)
+                return _Rasterize.apply(_render, cam, settings, means2D, *tensors)
             color, radii, allmap, _ = _render(cam, settings, *tensors, want_handle=False)
             return color, radii, allmap
         except Exception:
