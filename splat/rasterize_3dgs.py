@@ -91,8 +91,9 @@ def rasterize_3dgs(means, quats, scales, opacities, colors, viewmat, K, width, h
         return compose(*sums, background=background, radii=radii, means2d=means2d)
 
     rgb_colors = _surfel_colors(means, colors, viewmat, sh_degree)
-    kin = gaussian_kernel_inputs(means, quats, scales, opacities, viewmat, K, width, height, near, far,
-                                 antialiased)
+    with torch.set_grad_enabled(torch.is_grad_enabled() and backend != "torch"):  # the reference projects itself
+        kin = gaussian_kernel_inputs(means, quats, scales, opacities, viewmat, K, width, height, near, far,
+                                     antialiased)
     ids = kin["ids"]
     with torch.no_grad():
         means2d[ids] = kin["centre"].detach()

@@ -20,12 +20,14 @@ from splat.trainer import Trainer
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A 20-step model of the tiny fixture scene: (scene dir, output dir, test stems)."""
+@pytest.fixture(scope="module", params=["2dgs", "3dgs"])
+def trained(tmp_path_factory, request):
+    """A 20-step model of the tiny fixture scene, surfels or 3D Gaussians
+    (every render.py path, TSDF meshes included, for both): (scene dir,
+    output dir, test stems)."""
     scene = make_tiny_scene(tmp_path_factory.mktemp("scene"))
     out = tmp_path_factory.mktemp("run")
-    trainer = Trainer(tiny_config(scene, 20), out)
+    trainer = Trainer(tiny_config(scene, 20, [f"model.primitive={request.param}"]), out)
     trainer.train()
     return scene, out, [f.stem for f in trainer.scene.test]
 
