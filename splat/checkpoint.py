@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from .config import config_to_yaml
-from .errors import RunStateError
+from .errors import RunStateError, interrupt_behind
 
 
 def save_config(cfg: Dict, path: Path) -> None:
@@ -69,6 +69,15 @@ def atomic_write(path: Path, write_fn) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except BaseException as e:
+        interrupt = interrupt_behind(e)
+        if interrupt is not None and interrupt is not e:
+            # Ctrl+C or SIGTERM (Terminated) landed mid-write, and the writer's
+            # own clean-up then failed on the half-written file (torch.save's
+            # zip writer raises "unexpected pos"): the interrupt is what
+            # happened, and the CLI reports it in one line.
+            raise interrupt from None
+        raise
     finally:
         if tmp.exists():
             tmp.unlink()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Callable, Tuple
 
-__all__ = ["SplatInputError", "ConfigError", "RunStateError", "format_error", "run_cli"]
+__all__ = ["SplatInputError", "ConfigError", "RunStateError", "format_error", "interrupt_behind", "run_cli"]
 
 
 class SplatInputError(ValueError):
@@ -39,19 +39,34 @@ def format_error(e: BaseException) -> str:
     return " ".join(line.strip() for line in msg.splitlines() if line.strip())
 
 
+def interrupt_behind(e: BaseException):
+    """The KeyboardInterrupt (Ctrl+C, or SIGTERM's ``Terminated``) that ``e``
+    is, or was raised while handling (a library's clean-up can fail on the
+    state the interrupt left: torch.save's zip writer does), or None."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return e
+        seen.add(id(e))
+        e = e.__context__
+    return None
+
+
 def run_cli(fn: Callable[[], int], debug: bool = False, extra: Tuple[type, ...] = ()) -> int:
     """``fn()``, with every user-caused failure (SplatInputError, OSError,
     ValueError, ``extra``) printed as one line ``error: ...`` and exit code 1
-    instead of a traceback; ``debug=True`` re-raises (full traceback)."""
+    instead of a traceback, and Ctrl+C (or an error raised while handling it)
+    as ``error: interrupted``, exit code 130; ``debug=True`` re-raises (full
+    traceback)."""
     try:
         return int(fn() or 0)
-    except (SplatInputError, OSError, ValueError, *extra) as e:
+    except BaseException as e:
         if debug:
             raise
-        print(f"error: {format_error(e)}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        if debug:
-            raise
-        print("error: interrupted", file=sys.stderr)
-        return 130
+        if interrupt_behind(e) is not None:
+            print("error: interrupted", file=sys.stderr)
+            return 130
+        if isinstance(e, (SplatInputError, OSError, ValueError, *extra)):
+            print(f"error: {format_error(e)}", file=sys.stderr)
+            return 1
+        raise

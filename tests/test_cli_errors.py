@@ -267,3 +267,28 @@ def test_train_sigterm_is_one_line_and_keeps_checkpoints(scene, tmp_path):
     assert proc.returncode == 143, err
     assert err.splitlines()[-1] == "error: terminated (SIGTERM)", err
     assert list_checkpoints(out)
+
+
+def test_an_error_raised_while_handling_an_interrupt_is_the_interrupt(capsys):
+    """A clean-up that fails on what Ctrl+C or SIGTERM left (torch.save's zip
+    writer: "unexpected pos") must still end in the interrupt's one line and
+    exit code, not in its own traceback (CI caught SIGTERM landing mid-checkpoint)."""
+    from splat.errors import run_cli
+    from splat.sfm.sigterm import EXIT_CODE, Terminated, sigterm_as_interrupt
+
+    def failing_cleanup(interrupt):
+        def fn():
+            try:
+                raise interrupt
+            finally:
+                raise RuntimeError("unexpected pos 100096 vs 99984")
+        return fn
+
+    assert run_cli(failing_cleanup(KeyboardInterrupt())) == 130
+    assert capsys.readouterr().err == "error: interrupted\n"
+    assert run_cli(sigterm_as_interrupt(failing_cleanup(Terminated()))) == EXIT_CODE
+    assert capsys.readouterr().err == "error: terminated (SIGTERM)\n"
+    with pytest.raises(RuntimeError):  # debug: the traceback
+        run_cli(sigterm_as_interrupt(failing_cleanup(Terminated()), debug=True), debug=True)
+    with pytest.raises(RuntimeError):  # no interrupt behind it: a bug stays a traceback
+        run_cli(lambda: (_ for _ in ()).throw(RuntimeError("a bug")))

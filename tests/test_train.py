@@ -304,6 +304,40 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path):
     assert sorted(x.name for x in tmp_path.iterdir()) == ["x.bin"]  # no temp file left
 
 
+def test_an_interrupt_mid_write_is_reported_as_the_interrupt(tmp_path):
+    """Ctrl+C or SIGTERM inside torch.save: its zip writer's clean-up then
+    fails on the half-written file ("unexpected pos"), an error raised while
+    handling the interrupt.  The interrupt must come out (the CLI prints it
+    in one line and exits 130/143), not that error with a traceback; the old
+    file stays and no temp file is left.  (The race, found by CI in
+    test_cli_errors' SIGTERM test, made deterministic here.)"""
+    from splat.sfm.sigterm import Terminated
+
+    p = tmp_path / "x.bin"
+    atomic_write(p, lambda f: f.write(b"old"))
+
+    class Writer:  # torch.save's zip writer, in miniature
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 100096 vs 99984")
+
+    for interrupt in (KeyboardInterrupt(), Terminated()):
+        def interrupted(f, interrupt=interrupt):
+            with Writer():
+                f.write(b"partial")
+                raise interrupt
+
+        with pytest.raises(KeyboardInterrupt) as e:
+            atomic_write(p, interrupted)
+        assert e.value is interrupt
+        assert p.read_bytes() == b"old"
+        assert sorted(x.name for x in tmp_path.iterdir()) == ["x.bin"]
+    with pytest.raises(RuntimeError):  # an error that is no interrupt stays what it is
+        atomic_write(p, lambda f: (_ for _ in ()).throw(RuntimeError("disk full")))
+
+
 def _train_cmd(scene, out, iterations, *extra):
     return [sys.executable, str(ROOT / "train.py"), "--data", str(scene), "--out", str(out),
             "--iterations", str(iterations), "--no-progress", *TINY_OVERRIDES,

@@ -24,6 +24,8 @@ import sys
 import threading
 from typing import Callable
 
+from ..errors import interrupt_behind
+
 __all__ = ["Terminated", "sigterm_as_interrupt", "EXIT_CODE"]
 
 #: Exit code of a tool stopped by SIGTERM.
@@ -93,8 +95,10 @@ def sigterm_as_interrupt(fn: Callable[[], int], debug: bool = False) -> Callable
         try:
             with _sigterm_raises():
                 return fn()
-        except Terminated:
-            if debug:
+        except BaseException as e:
+            # An error raised while handling Terminated (a clean-up failing
+            # on what the interrupt left) is the termination too.
+            if debug or not isinstance(interrupt_behind(e), Terminated):
                 raise
             print("error: terminated (SIGTERM)", file=sys.stderr)
             return EXIT_CODE
