@@ -361,7 +361,7 @@ def save_ply(model: GaussianModel, path) -> None:
     normals = model.normals().detach().cpu().float()  # [N, 3]
     f_dc = p["sh0"].reshape(n, 3)  # [N, 3]
     # INRIA stores rest as [N, 3, K-1] flattened: channel-major.
-    f_rest = p["shN"].transpose(1, 2).reshape(n, -1)  # [N, 3*(K-1)]
+    f_rest = p["shN"].transpose(1, 2).reshape(n, 3 * p["shN"].shape[1])  # [N, 3*(K-1)] (N may be 0)
     if model.primitive == "2dgs":
         thin = p["scales"].min(dim=1, keepdim=True).values + math.log(PLY_THIN_FACTOR)  # [N, 1]
         scales = torch.cat([p["scales"], thin], dim=1)  # [N, 3]

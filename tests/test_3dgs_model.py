@@ -146,3 +146,15 @@ class _FakeServer:
         self._model, self._model_lock, self.backend = model, threading.Lock(), "auto"
         self.bg = SimpleNamespace(value=(255, 255, 255))
         self.near, self.far = SimpleNamespace(value=0.01), SimpleNamespace(value=100.0)
+
+
+@pytest.mark.parametrize("primitive", ["2dgs", "3dgs"])
+def test_a_model_without_primitives_saves_and_loads(tmp_path, primitive):
+    """Densification can prune everything: the final PLY must still be written."""
+    from splat.model import GaussianModel
+
+    m = _model(primitive)
+    empty = GaussianModel({k: v.detach()[:0] for k, v in m.params.items()}, m.sh_degree)
+    save_ply(empty, tmp_path / "e.ply")
+    back = load_ply(tmp_path / "e.ply")
+    assert back.num_gaussians == 0 and back.primitive == primitive and back.sh_degree == m.sh_degree
