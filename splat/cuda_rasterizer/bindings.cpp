@@ -78,48 +78,77 @@ int tiles_along(int64_t pixels) {
   return static_cast<int>((pixels + splat::kTileSize - 1) / splat::kTileSize);
 }
 
+// The forward pass's per-pixel outputs (ForwardOutputs) and the tile binning
+// it keeps for the backward pass, in scratch memory: one copy for surfels and
+// 3D Gaussians.
+struct ForwardImages {
+  torch::Tensor color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth, end,
+      median_index, totals, point_list;
+  std::vector<int64_t> offsets;
+  int tiles_x, tiles_y;
+
+  ForwardImages(const torch::TensorOptions& opts, int64_t width, int64_t height)
+      : tiles_x(tiles_along(width)), tiles_y(tiles_along(height)) {
+    const auto iopts = opts.dtype(torch::kInt32);
+    color_sum = scratch_empty({height, width, 3}, opts);
+    transmittance = scratch_empty({height, width}, opts);
+    depth_sum = scratch_empty({height, width}, opts);
+    normal_sum = scratch_empty({height, width, 3}, opts);
+    distortion = scratch_empty({height, width}, opts);
+    median_depth = scratch_empty({height, width}, opts);
+    end = scratch_empty({height, width}, iopts);
+    median_index = scratch_empty({height, width}, iopts);
+    totals = scratch_empty({height, width, splat::kTotalsSize}, opts);
+  }
+
+  // Sorts and lists the n primitives per tile (rasterize_cpu.h bin_tiles_cpu).
+  template <typename T>
+  splat::TileBins bin(int64_t n, const T* depth, const int32_t* pixel_rect) {
+    const auto iopts = end.options();
+    splat::bin_tiles_cpu<T>(n, depth, pixel_rect, tiles_x, tiles_y, offsets, [&](int64_t count) {
+      point_list = scratch_empty({count}, iopts);
+      return point_list.data_ptr<int32_t>();
+    });
+    return splat::TileBins{offsets.data(), point_list.data_ptr<int32_t>(), tiles_x, tiles_y};
+  }
+
+  template <typename T>
+  splat::ForwardOutputs<T> outputs() {
+    return splat::ForwardOutputs<T>{color_sum.data_ptr<T>(),  transmittance.data_ptr<T>(),
+                                    depth_sum.data_ptr<T>(),  normal_sum.data_ptr<T>(),
+                                    distortion.data_ptr<T>(), median_depth.data_ptr<T>(),
+                                    end.data_ptr<int32_t>(),  median_index.data_ptr<int32_t>(),
+                                    totals.data_ptr<T>()};
+  }
+
+  // The ops' return value: the six images, the saved state, the binning.
+  std::vector<torch::Tensor> results() {
+    auto tile_offsets = torch::from_blob(offsets.data(), {int64_t(offsets.size())}, torch::kInt64).clone();
+    return {color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth,
+            end,       median_index,  totals,    tile_offsets, point_list};
+  }
+};
+
 std::vector<torch::Tensor> forward_cpu(const torch::Tensor& Tuvw, const torch::Tensor& center,
                                        const torch::Tensor& normal, const torch::Tensor& color,
                                        const torch::Tensor& opacity, const torch::Tensor& depth,
                                        const torch::Tensor& pixel_rect, int64_t width,
                                        int64_t height, double near, double far) {
-  const auto opts = Tuvw.options();
-  const auto iopts = opts.dtype(torch::kInt32);
-  auto color_sum = scratch_empty({height, width, 3}, opts);
-  auto transmittance = scratch_empty({height, width}, opts);
-  auto depth_sum = scratch_empty({height, width}, opts);
-  auto normal_sum = scratch_empty({height, width, 3}, opts);
-  auto distortion = scratch_empty({height, width}, opts);
-  auto median_depth = scratch_empty({height, width}, opts);
-  auto end = scratch_empty({height, width}, iopts);
-  auto median_index = scratch_empty({height, width}, iopts);
-  auto totals = scratch_empty({height, width, splat::kTotalsSize}, opts);
-  const int tiles_x = tiles_along(width), tiles_y = tiles_along(height);
-  std::vector<int64_t> offsets;
-  torch::Tensor point_list, packed;
-  const auto alloc_points = [&](int64_t count) {
-    point_list = scratch_empty({count}, iopts);
-    return point_list.data_ptr<int32_t>();
-  };
+  ForwardImages images(Tuvw.options(), width, height);
+  torch::Tensor packed;
   AT_DISPATCH_FLOATING_TYPES(Tuvw.scalar_type(), "splat_forward_cpu", [&] {
     auto s = surfel_arrays<scalar_t>(Tuvw, center, normal, color, opacity, depth, pixel_rect,
                                      width, height, near, far);
-    splat::bin_tiles_cpu<scalar_t>(s, tiles_x, tiles_y, offsets, alloc_points);
-    splat::TileBins bins{offsets.data(), point_list.data_ptr<int32_t>(), tiles_x, tiles_y};
-    splat::ForwardOutputs<scalar_t> out{
-        color_sum.data_ptr<scalar_t>(), transmittance.data_ptr<scalar_t>(),
-        depth_sum.data_ptr<scalar_t>(), normal_sum.data_ptr<scalar_t>(),
-        distortion.data_ptr<scalar_t>(), median_depth.data_ptr<scalar_t>(),
-        end.data_ptr<int32_t>(),         median_index.data_ptr<int32_t>(),
-        totals.data_ptr<scalar_t>()};
+    const auto bins = images.bin<scalar_t>(s.num_surfels, s.depth, s.pixel_rect);
     // The SIMD kernels' packed surfel records, returned for the backward pass.
-    packed = scratch_empty({splat::packed_surfel_bytes<scalar_t>(Tuvw.size(0))}, opts.dtype(torch::kUInt8));
-    splat::forward_cpu<scalar_t>(s, bins, out, packed.numel() ? packed.data_ptr<uint8_t>() : nullptr);
+    packed = scratch_empty({splat::packed_surfel_bytes<scalar_t>(Tuvw.size(0))},
+                           Tuvw.options().dtype(torch::kUInt8));
+    splat::forward_cpu<scalar_t>(s, bins, images.outputs<scalar_t>(),
+                                 packed.numel() ? packed.data_ptr<uint8_t>() : nullptr);
   });
-  auto tile_offsets = torch::from_blob(offsets.data(), {int64_t(offsets.size())},
-                                       torch::kInt64).clone();
-  return {color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth,
-          end,       median_index,  totals,    tile_offsets, point_list, packed};
+  auto results = images.results();
+  results.push_back(packed);
+  return results;
 }
 
 // The six upstream gradients of a backward pass.  Each is contiguous, or
@@ -213,40 +242,13 @@ splat::GaussianArrays<T> gaussian_arrays(const torch::Tensor& params, const torc
 std::vector<torch::Tensor> forward_gaussians(const torch::Tensor& params, const torch::Tensor& color,
                                              const torch::Tensor& depth, const torch::Tensor& pixel_rect,
                                              int64_t width, int64_t height, double near, double far) {
-  const auto opts = params.options();
-  const auto iopts = opts.dtype(torch::kInt32);
-  auto color_sum = scratch_empty({height, width, 3}, opts);
-  auto transmittance = scratch_empty({height, width}, opts);
-  auto depth_sum = scratch_empty({height, width}, opts);
-  auto normal_sum = scratch_empty({height, width, 3}, opts);
-  auto distortion = scratch_empty({height, width}, opts);
-  auto median_depth = scratch_empty({height, width}, opts);
-  auto end = scratch_empty({height, width}, iopts);
-  auto median_index = scratch_empty({height, width}, iopts);
-  auto totals = scratch_empty({height, width, splat::kTotalsSize}, opts);
-  const int tiles_x = tiles_along(width), tiles_y = tiles_along(height);
-  std::vector<int64_t> offsets;
-  torch::Tensor point_list;
-  const auto alloc_points = [&](int64_t count) {
-    point_list = scratch_empty({count}, iopts);
-    return point_list.data_ptr<int32_t>();
-  };
+  ForwardImages images(params.options(), width, height);
   AT_DISPATCH_FLOATING_TYPES(params.scalar_type(), "splat_forward_gaussians_cpu", [&] {
     const auto g = gaussian_arrays<scalar_t>(params, color, depth, pixel_rect, width, height, near, far);
-    splat::bin_tiles_cpu<scalar_t>(g.num_gaussians, g.depth, g.pixel_rect, tiles_x, tiles_y, offsets,
-                                   alloc_points);
-    splat::TileBins bins{offsets.data(), point_list.data_ptr<int32_t>(), tiles_x, tiles_y};
-    splat::ForwardOutputs<scalar_t> out{
-        color_sum.data_ptr<scalar_t>(), transmittance.data_ptr<scalar_t>(),
-        depth_sum.data_ptr<scalar_t>(), normal_sum.data_ptr<scalar_t>(),
-        distortion.data_ptr<scalar_t>(), median_depth.data_ptr<scalar_t>(),
-        end.data_ptr<int32_t>(),         median_index.data_ptr<int32_t>(),
-        totals.data_ptr<scalar_t>()};
-    splat::forward_gaussians_cpu<scalar_t>(g, bins, out);
+    const auto bins = images.bin<scalar_t>(g.num_gaussians, g.depth, g.pixel_rect);
+    splat::forward_gaussians_cpu<scalar_t>(g, bins, images.outputs<scalar_t>());
   });
-  auto tile_offsets = torch::from_blob(offsets.data(), {int64_t(offsets.size())}, torch::kInt64).clone();
-  return {color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth,
-          end,       median_index,  totals,    tile_offsets, point_list};
+  return images.results();
 }
 
 torch::Tensor backward_gaussians(const torch::Tensor& params, const torch::Tensor& color,

@@ -24,12 +24,6 @@ void bin_tiles_cpu(int64_t n, const T* depth, const int32_t* pixel_rect, int til
                    std::vector<int64_t>& tile_offsets,
                    const std::function<int32_t*(int64_t)>& alloc_point_list);
 
-template <typename T>
-void bin_tiles_cpu(const SurfelArrays<T>& s, int tiles_x, int tiles_y, std::vector<int64_t>& tile_offsets,
-                   const std::function<int32_t*(int64_t)>& alloc_point_list) {
-  bin_tiles_cpu(s.num_surfels, s.depth, s.pixel_rect, tiles_x, tiles_y, tile_offsets, alloc_point_list);
-}
-
 // Bytes of the per-surfel records the float32 SIMD kernels pack (0 when the
 // kernels do not pack: float64, or a scalar kernel mode).
 template <typename T>
