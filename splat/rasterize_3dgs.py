@@ -25,9 +25,10 @@ import warnings
 import torch
 
 from . import conventions as cv
-from ._backend import has_extension, load_extension
+from ._backend import load_extension
 from .outputs import RasterOutput, compose
-from .rasterize import (_connect, _empty_sums, _surfel_colors, _validate, depth_in_range, upstream_grads)
+from .rasterize import _connect, _empty_sums, _surfel_colors, _validate, depth_in_range, upstream_grads
+from .rasterize import _resolve_backend as resolve_backend
 from .reference_3dgs import project_gaussians, rasterize_reference_3dgs
 
 __all__ = ["rasterize_3dgs", "gaussian_kernel_inputs"]
@@ -73,6 +74,15 @@ def rasterize_3dgs(means, quats, scales, opacities, colors, viewmat, K, width, h
         ``means2d`` [N, 2] holds the projected centres, and its gradient is
         dL/d(translating the footprint by one pixel), as for surfels.
     """
+    return rasterize_3dgs_and_inputs(means, quats, scales, opacities, colors, viewmat, K, width, height, near,
+                                     far, background, sh_degree, backend, antialiased)[0]
+
+
+def rasterize_3dgs_and_inputs(means, quats, scales, opacities, colors, viewmat, K, width, height, near=0.2,
+                              far=100.0, background=None, sh_degree=None, backend="auto", antialiased=False):
+    """:func:`rasterize_3dgs`, and the :func:`gaussian_kernel_inputs` it
+    rendered from (the drop-ins read conics and radii there instead of
+    projecting again)."""
     _validate(means, quats, scales, opacities, colors, viewmat, K, width, height, near, far,
               background, sh_degree, backend, num_scales=3)
     if scales.numel() and float(scales.detach().amin()) <= 0:
@@ -85,15 +95,15 @@ def rasterize_3dgs(means, quats, scales, opacities, colors, viewmat, K, width, h
     grad_enabled = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
     means2d = torch.zeros(n, 2, dtype=dtype, device=device)
     radii = torch.zeros(n, dtype=torch.int32, device=device)
-    if n == 0:
-        means2d.requires_grad_(grad_enabled)
-        sums = _connect(_empty_sums(width, height, dtype, device), inputs + (means2d,))
-        return compose(*sums, background=background, radii=radii, means2d=means2d)
-
-    rgb_colors = _surfel_colors(means, colors, viewmat, sh_degree)
     with torch.set_grad_enabled(torch.is_grad_enabled() and backend != "torch"):  # the reference projects itself
         kin = gaussian_kernel_inputs(means, quats, scales, opacities, viewmat, K, width, height, near, far,
                                      antialiased)
+    if n == 0:
+        means2d.requires_grad_(grad_enabled)
+        sums = _connect(_empty_sums(width, height, dtype, device), inputs + (means2d,))
+        return compose(*sums, background=background, radii=radii, means2d=means2d), kin
+
+    rgb_colors = _surfel_colors(means, colors, viewmat, sh_degree)
     ids = kin["ids"]
     with torch.no_grad():
         means2d[ids] = kin["centre"].detach()
@@ -111,7 +121,7 @@ def rasterize_3dgs(means, quats, scales, opacities, colors, viewmat, K, width, h
                                          width, height, near, far)
     if grad_enabled:
         sums = _connect(sums, inputs + (means2d,))
-    return compose(*sums, background=background, radii=radii, means2d=means2d)
+    return compose(*sums, background=background, radii=radii, means2d=means2d), kin
 
 
 def gaussian_kernel_inputs(means, quats, scales, opacities, viewmat, K, width, height, near, far,
@@ -192,22 +202,15 @@ def _screen_bounds(conic3, centre, opacity, width, height):
 
 
 def _resolve_backend(backend, device):
-    if backend == "cuda" or (backend == "auto" and device.type == "cuda"):
-        if backend == "cuda":
-            raise ValueError("backend='cuda': 3D Gaussians have no CUDA kernels yet; use backend='torch' "
-                             "(the reference) on CUDA tensors")
+    """splat.rasterize's choice, less CUDA (no 3D Gaussian kernels yet):
+    "cuda" is an error, and "auto" on CUDA tensors the reference, with a warning."""
+    if backend == "cuda":
+        raise ValueError("backend='cuda': 3D Gaussians have no CUDA kernels yet; use backend='torch' "
+                         "(the reference) on CUDA tensors")
+    if backend == "auto" and device.type == "cuda":
         warnings.warn("splat: 3D Gaussians have no CUDA kernels yet; using the slow torch reference", stacklevel=3)
         return "torch"
-    if backend == "cpu" and device.type != "cpu":
-        raise ValueError(f"backend='cpu' needs CPU tensors, got tensors on {device}")
-    if backend == "cpu":
-        load_extension()  # raises ImportError with the reason
-    if backend == "auto":
-        if has_extension():
-            return "cpu"
-        warnings.warn("splat: compiled kernels unavailable; using the slow torch reference", stacklevel=3)
-        return "torch"
-    return backend
+    return resolve_backend(backend, device)
 
 
 class _RasterizeGaussians(torch.autograd.Function):

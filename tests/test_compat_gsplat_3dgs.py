@@ -162,3 +162,19 @@ def test_meta_drives_gsplat_default_strategy():
         seen = int((grad2d[packed] > 0).sum())
         assert len(params["means"]) == n + seen and all(len(v) == n + seen for v in params.values())
     torch.testing.assert_close(grad2d[False], grad2d[True])
+
+
+def test_radius_clip_drops_small_gaussians_and_keeps_meta_unclipped():
+    """radius_clip: Gaussians whose radius is <= it draw nothing in that camera;
+    meta's conics and opacities are still the unclipped projection's."""
+    p = _scene()
+    p.pop("backgrounds")
+    _, alphas, meta = _call(p, packed=False)
+    radii = meta["radii"][..., 0]
+    clip = float(radii[radii > 0].float().median())
+    _, clipped_alphas, clipped_meta = _call(p, packed=False, radius_clip=clip)
+    assert float(clipped_alphas.sum()) < float(alphas.sum())
+    assert torch.equal(clipped_meta["conics"], meta["conics"]) and torch.equal(clipped_meta["opacities"],
+                                                                               meta["opacities"])
+    _, none_drawn, _ = _call(p, packed=False, radius_clip=1e9)
+    assert float(none_drawn.abs().max()) == 0.0

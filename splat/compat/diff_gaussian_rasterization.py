@@ -58,7 +58,7 @@ from __future__ import annotations
 from typing import NamedTuple, Optional
 
 import torch
-from ..rasterize_3dgs import gaussian_kernel_inputs, rasterize_3dgs
+from ..rasterize_3dgs import rasterize_3dgs, rasterize_3dgs_and_inputs
 from .diff_surfel_rasterization import GaussianRasterizer as SurfelRasterizer
 from .diff_surfel_rasterization import (CULL_FAR, NEAR, _check_inputs, _Rasterize, _snapshot, _surfel_colors,
                                         camera_from_settings, edge_tensors, functional_entry)
@@ -111,12 +111,9 @@ def _render(cam, settings, means3D, shs, colors_precomp, opacities, scales, rota
     scales = scales.to(dtype) * settings.scale_modifier
     rotations = rotations.to(dtype)
     antialiased = bool(settings.antialiasing)
-    out = rasterize_3dgs(means3D, rotations, scales, opac, colors, viewmat, K, cam.width, cam.height,
-                         near=NEAR, far=CULL_FAR, background=background, sh_degree=sh_degree,
-                         antialiased=antialiased)
-    with torch.no_grad():
-        kin = gaussian_kernel_inputs(means3D.detach(), rotations.detach(), scales.detach(), opac.detach(),
-                                     viewmat, K, cam.width, cam.height, NEAR, CULL_FAR, antialiased)
+    out, kin = rasterize_3dgs_and_inputs(means3D, rotations, scales, opac, colors, viewmat, K, cam.width,
+                                         cam.height, near=NEAR, far=CULL_FAR, background=background,
+                                         sh_degree=sh_degree, antialiased=antialiased)
     radii = _radii_inria(kin, n, device)
     invdepths, handles = None, (out.means2d,)
     if settings.antialiasing is not None:

@@ -110,7 +110,7 @@ import torch
 from .. import conventions as cv
 from ..losses import depth_to_normal
 from ..rasterize import _project, rasterize
-from ..rasterize_3dgs import gaussian_kernel_inputs, rasterize_3dgs
+from ..rasterize_3dgs import gaussian_kernel_inputs, rasterize_3dgs_and_inputs
 from ..reference import facing_normals
 
 RENDER_MODES = ("RGB", "D", "ED", "RGB+D", "RGB+ED")
@@ -255,24 +255,28 @@ def rasterization(means, quats, scales, opacities, colors, viewmats, Ks, width, 
     outs, conics, opacities_used = [], [], []
     for c in range(viewmats.shape[0]):
         viewmat, K = viewmats[c], Ks[c]
-        with torch.no_grad():
-            kin = gaussian_kernel_inputs(means.detach(), quats.detach(), scales.detach(), opacities.detach(),
-                                         viewmat.detach(), K.detach(), width, height, near_plane, far_plane,
-                                         antialiased)
-        camera_opacities = opacities
+        camera_opacities, kin = opacities, None
         if radius_clip > 0:
+            # The radii decide which Gaussians draw at all: a projection before
+            # the render (its conics and opacities, unclipped, are meta's).
+            with torch.no_grad():
+                kin = gaussian_kernel_inputs(means.detach(), quats.detach(), scales.detach(), opacities.detach(),
+                                             viewmat.detach(), K.detach(), width, height, near_plane, far_plane,
+                                             antialiased)
             radii = torch.zeros(means.shape[0], dtype=torch.int32, device=means.device)
             radii[kin["ids"]] = kin["radii"]
             camera_opacities = torch.where(radii > radius_clip, opacities, torch.zeros_like(opacities))
-        outs.append(rasterize_3dgs(means, quats, scales, camera_opacities,
-                                   colors[c] if per_camera_colors else colors, viewmat, K, width, height,
-                                   near=near_plane, far=far_plane,
-                                   background=None if backgrounds is None else backgrounds[c], sh_degree=sh_degree,
-                                   antialiased=antialiased))
+        out, rendered_from = rasterize_3dgs_and_inputs(
+            means, quats, scales, camera_opacities, colors[c] if per_camera_colors else colors, viewmat, K, width,
+            height, near=near_plane, far=far_plane, background=None if backgrounds is None else backgrounds[c],
+            sh_degree=sh_degree, antialiased=antialiased)
+        outs.append(out)
+        if kin is None:
+            kin = rendered_from
         conic = means.new_zeros(means.shape[0], 3)
-        conic[kin["ids"]] = kin["params"][:, 0:3]  # core.h kGaussConic: C_xx, C_xy, C_yy
+        conic[kin["ids"]] = kin["params"].detach()[:, 0:3]  # core.h kGaussConic: C_xx, C_xy, C_yy
         used = means.new_zeros(means.shape[0])
-        used[kin["ids"]] = kin["params"][:, 5]  # the (compensated) opacity
+        used[kin["ids"]] = kin["params"].detach()[:, 5]  # the (compensated) opacity
         conics.append(conic)
         opacities_used.append(used)
     render_colors = _render_colors(outs, render_mode)
