@@ -6,7 +6,7 @@ it with --out).  Not a test: numbers depend on the machine and its load.
     python bench/rasterize.py --out bench/results/cpu.json
 
 Surfels (splat.rasterize) and, in the "3dgs" rows, 3D Gaussians
-(splat.rasterize_3dgs, CPU kernels only) on the same scene.
+(splat.rasterize_3dgs) on the same scene.  CUDA rows run only where a GPU is.
 
 Each case runs in its own subprocess so that peak memory (ru_maxrss, or CUDA
 max allocated) belongs to that case alone.  Scenes come from
@@ -33,6 +33,7 @@ CASES = [
     (100_000, 512, 512, ("cpu",), 3, "3dgs"),
     (1_000_000, 256, 256, ("cpu",), 1, "2dgs"),
     (1_000_000, 1920, 1080, ("cuda",), 5, "2dgs"),
+    (1_000_000, 1920, 1080, ("cuda",), 5, "3dgs"),
 ]
 #: The 3D Gaussians of a "3dgs" case: the same scene's surfels given a third
 #: scale, this fraction of the smaller tangent one (trained 3DGS models on
@@ -75,12 +76,14 @@ def run_case(n, width, height, backend, reps, primitive="2dgs"):
             bwd.append(t2 - t1)
     # pixel-surfel pairs the forward pass evaluates (list positions walked per pixel)
     pairs = None
-    if backend == "cpu" and primitive == "3dgs":
+    if backend in ("cpu", "cuda") and primitive == "3dgs":
+        ext = load_extension()
         with torch.no_grad():
             kin = gaussian_kernel_inputs(scene["means"], scene["quats"], scene["scales"], scene["opacities"],
                                          scene["viewmat"], scene["K"], width, height, 0.2, 100.0)
-            res = load_extension().forward_gaussians_cpu(kin["params"], scene["colors"][kin["ids"]].contiguous(),
-                                                         kin["depth"], kin["pixel_rect"], width, height, 0.2, 100.0)
+            f = ext.forward_gaussians_cuda if device == "cuda" else ext.forward_gaussians_cpu
+            res = f(kin["params"], scene["colors"][kin["ids"]].contiguous(), kin["depth"], kin["pixel_rect"],
+                    width, height, 0.2, 100.0)
             pairs = int(res[6].long().sum())
             tile_pairs = int(res[10].numel())
     elif backend in ("cpu", "cuda"):
@@ -141,10 +144,10 @@ def main():
     if ("cpu", "2dgs", 20_000, 256) in by_key and ("torch", "2dgs", 20_000, 256) in by_key:
         ratios["cpu_over_reference_speedup_20k_256"] = round(
             by_key[("torch", "2dgs", 20_000, 256)]["total_ms"] / by_key[("cpu", "2dgs", 20_000, 256)]["total_ms"], 1)
-    for n, w in ((20_000, 256), (100_000, 512)):
-        a, b = by_key.get(("cpu", "3dgs", n, w)), by_key.get(("cpu", "2dgs", n, w))
+    for backend, n, w in (("cpu", 20_000, 256), ("cpu", 100_000, 512), ("cuda", 1_000_000, 1920)):
+        a, b = by_key.get((backend, "3dgs", n, w)), by_key.get((backend, "2dgs", n, w))
         if a and b:  # side by side in one run
-            ratios[f"cpu_3dgs_over_2dgs_time_{n // 1000}k_{w}"] = round(a["total_ms"] / b["total_ms"], 2)
+            ratios[f"{backend}_3dgs_over_2dgs_time_{n // 1000}k_{w}"] = round(a["total_ms"] / b["total_ms"], 2)
     emit(dict(machine=machine(), results=results, ratios=ratios), args.out)
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# ASan + UBSan run of the emulated CUDA kernels (tests/test_cuda_emulation.py,
-# every case) against the CPU backend, plus one seeded out-of-bounds read that
-# AddressSanitizer must report.
+# ASan + UBSan run of the emulated CUDA kernels (tests/test_cuda_emulation.py and
+# tests/test_cuda_emulation_3dgs.py, every case) against the CPU backend, plus
+# one seeded out-of-bounds read that AddressSanitizer must report.
 #
 #   bash scripts/cuda_emulation_asan.sh [RESULT.json]
 #
@@ -19,7 +19,7 @@ export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktra
 
 start=$(date +%s)
 clean_log=$(mktemp)
-python -m pytest -q -p no:cacheprovider tests/test_cuda_emulation.py >"$clean_log" 2>&1
+python -m pytest -q -p no:cacheprovider tests/test_cuda_emulation.py tests/test_cuda_emulation_3dgs.py >"$clean_log" 2>&1
 clean_rc=$?
 clean_secs=$(( $(date +%s) - start ))
 clean_summary=$(grep -E "passed|failed|error" "$clean_log" | tail -1)
@@ -29,13 +29,13 @@ echo "clean kernels under ASan+UBSan: rc=$clean_rc, $clean_summary, sanitizer re
 
 # A read one past the end of the point list must be reported by ASan.
 mutant=$(mktemp -d)
-cp splat/cuda_rasterizer/cuda/{binning,forward,backward}.cu "$mutant/"
+cp splat/cuda_rasterizer/cuda/{binning,forward,backward}.cu splat/cuda_rasterizer/cuda/*.cuh "$mutant/"
 python - "$mutant/forward.cu" <<'PY'
 import sys
 p = sys.argv[1]; s = open(p).read()
-old = "if (k_load < count) store_surfel"
+old = "k_load < count) P::store"
 assert s.count(old) == 1, "forward.cu changed: update the seeded bug"
-open(p, "w").write(s.replace(old, "if (k_load <= count) store_surfel"))
+open(p, "w").write(s.replace(old, "k_load <= count) P::store"))
 PY
 mutant_log=$(mktemp)
 SPLAT_CUDAEMU_KERNELS="$mutant" python -m pytest -q -s -x -p no:cacheprovider tests/test_cuda_emulation.py >"$mutant_log" 2>&1

@@ -3,10 +3,12 @@ into copies of the kernels and shows that the emulated-CUDA tests catch each.
 
     python scripts/cuda_mutants.py [--out bench/results/cuda_emulation_mutants.json] [--only NAME ...]
 
-For every mutant, a copy of ``splat/cuda_rasterizer/cuda/{binning,forward,
-backward}.cu`` gets exactly one edit (the script refuses an edit that does not
+For every mutant, a copy of the kernel files (``splat/cuda_rasterizer/cuda/``
+binning.cu, forward.cu, backward.cu and the primitives' batch headers
+surfel_batch.cuh, gaussian_batch.cuh) gets exactly one edit (the script refuses an edit that does not
 match exactly once, so a kernel change cannot silently turn a mutant into the
-original), and ``tests/test_cuda_emulation.py`` runs against that copy
+original), and the emulation tests (``tests/test_cuda_emulation.py`` for
+surfels, ``tests/test_cuda_emulation_3dgs.py`` for 3D Gaussians) run against that copy
 (``SPLAT_CUDAEMU_KERNELS``).  A mutant is CAUGHT when the tests fail, by a
 mismatch against the CPU backend or by a cudaemu abort naming the .cu line.
 Out-of-bounds reads whose value is never used change no output; those
@@ -35,10 +37,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-KERNELS = ROOT / "splat" / "cuda_rasterizer" / "cuda"
-CU_FILES = ("binning.cu", "forward.cu", "backward.cu")
-LOAD_FWD = "    if (k_load < count) store_surfel(batch, tid, s, list[k_load]);  // coalesced list read\n"
-LOAD_BWD = "    if (k_load >= batch_start) store_surfel(batch, tid, s, list[k_load]);\n"
+sys.path.insert(0, str(ROOT / "tests"))
+from cuda_emulation.build import KERNEL_FILES, KERNELS as _KERNEL_ROOT  # noqa: E402
+
+KERNELS = _KERNEL_ROOT / "cuda"
+TEST_FILES = ("tests/test_cuda_emulation.py", "tests/test_cuda_emulation_3dgs.py")
+LOAD_FWD = "    if (tid < P::kBatch && k_load < count) P::store(batch, tid, s, list[k_load]);  // coalesced list read\n"
+LOAD_BWD = "    if (k_load >= batch_start) P::store(batch, tid, s, list[k_load]);\n"
 
 # name: (file, bug class, exact text, replacement[, "asan": run under the sanitizers])
 MUTANTS = {
@@ -72,20 +77,35 @@ MUTANTS = {
     # Out-of-bounds reads whose value is never used change no output, so
     # only AddressSanitizer sees them: these run in the ASan+UBSan build.
     "fwd_read_one_past_end": ("forward.cu", "read one past the end",
-                              "if (k_load < count) store_surfel", "if (k_load <= count) store_surfel", "asan"),
+                              "k_load < count) P::store", "k_load <= count) P::store", "asan"),
     "bwd_read_one_before_start": ("backward.cu", "read one past the end",
-                                  "if (k_load >= batch_start) store_surfel",
-                                  "if (k_load >= batch_start - 1) store_surfel", "asan"),
+                                  "if (k_load >= batch_start) P::store",
+                                  "if (k_load >= batch_start - 1) P::store", "asan"),
     # The key function itself is core.h's depth_sort_key, shared with the CPU;
     # this breaks how binning.cu applies it (negative depths sort by magnitude).
     "bin_depth_key_ignores_sign": ("binning.cu", "broken depth key",
                                    "keys[i] = depth_sort_key(depth[i]);", "keys[i] = depth_sort_key(fabs(depth[i]));"),
+    # 3D Gaussians (issue 22): the shared kernels' Gaussian-only paths.
+    "fwd_every_thread_loads": ("forward.cu", "write past a shared array (float64 Gaussian batch of 128)",
+                               "if (tid < P::kBatch && k_load < count)", "if (k_load < count)"),
+    "bwd_surfel_record_size": ("backward.cu", "gradient record cut to the surfels' size",
+                               "if (lane < static_cast<unsigned>(P::kRecord))",
+                               "if (lane < static_cast<unsigned>(kGradSize))"),
+    "gauss_batch_too_large": ("gaussian_batch.cuh", "over the static shared-memory limit",
+                              "return sizeof(T) == 8 ? kBlockThreads / 2 : kBlockThreads;",
+                              "return kBlockThreads;"),
+    "gauss_store_drops_last_param": ("gaussian_batch.cuh", "uninitialised shared value",
+                                     "for (int k = 0; k < kGaussParams; ++k) b.params[k][slot] = __ldg(",
+                                     "for (int k = 0; k < kGaussParams - 1; ++k) b.params[k][slot] = __ldg("),
+    "gauss_rect_off_by_one": ("gaussian_batch.cuh", "off-by-one in the pixel rectangle",
+                              "px < b.rect[2][slot] && py < b.rect[3][slot]",
+                              "px <= b.rect[2][slot] && py < b.rect[3][slot]"),
 }
 
 
 def make_copy(folder: Path, edit=None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    for name in CU_FILES:
+    for name in KERNEL_FILES:
         shutil.copy(KERNELS / name, folder / name)
     if edit is not None:
         fname, _, old, new = edit[:4]
@@ -105,7 +125,7 @@ def sanitizer_env() -> dict:
 
 def run_tests(kernel_dir: Path, timeout: int, sanitize: bool = False):
     env = dict(os.environ, SPLAT_CUDAEMU_KERNELS=str(kernel_dir), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/test_cuda_emulation.py"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *TEST_FILES]
     if sanitize:
         env.update(sanitizer_env())
         cmd.insert(4, "-s")  # the sanitizer aborts the process: its report must not sit in pytest's capture

@@ -64,7 +64,7 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     primitive: Literal["2dgs", "3dgs"] = _f(
-        "2dgs", "2dgs: surfels (splat.rasterize); 3dgs: 3D Gaussians (splat.rasterize_3dgs, CPU kernels only)")
+        "2dgs", "2dgs: surfels (splat.rasterize); 3dgs: 3D Gaussians (splat.rasterize_3dgs)")
     sh_degree: int = _f(3, "max SH degree", ge=0, le=3)
     init: Literal["auto", "points", "triangulate", "stereo", "random"] = _f(
         "auto", "auto: the scene's points if it has them, else triangulated (pycolmap), "

@@ -20,8 +20,6 @@ the compiled kernel does the per-pixel work and its exact backward.
 """
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 from . import conventions as cv
@@ -53,10 +51,9 @@ def rasterize_3dgs(means, quats, scales, opacities, colors, viewmat, K, width, h
         viewmat, K, width, height, near, far, background: as
             :func:`splat.rasterize` (one camera and pixel convention,
             :mod:`splat.conventions`).
-        backend: "cpu" (C++/OpenMP), "torch" (:mod:`splat.reference_3dgs`)
-            or "auto".  There are no CUDA kernels for 3D Gaussians yet:
-            "cuda" is an error and "auto" on CUDA tensors warns and uses
-            "torch".
+        backend: "cuda", "cpu" (C++/OpenMP), "torch"
+            (:mod:`splat.reference_3dgs`) or "auto", chosen as by
+            :func:`splat.rasterize`.
         antialiased: Mip-Splatting's opacity compensation (gsplat's
             ``rasterize_mode="antialiased"``).
 
@@ -89,7 +86,7 @@ def rasterize_3dgs_and_inputs(means, quats, scales, opacities, colors, viewmat, 
         bad = (scales <= 0).any(-1).nonzero().flatten()[:5].tolist()
         raise ValueError(f"scales must be > 0 for 3D Gaussians (their depth needs the inverse covariance); "
                          f"not at rows {bad}")
-    backend = _resolve_backend(backend, means.device)
+    backend = resolve_backend(backend, means.device)
     n, dtype, device = means.shape[0], means.dtype, means.device
     inputs = (means, quats, scales, opacities, colors, viewmat, K, background)
     grad_enabled = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
@@ -201,18 +198,6 @@ def _screen_bounds(conic3, centre, opacity, width, height):
     return rect.to(torch.int32).contiguous(), radii.to(torch.int32)
 
 
-def _resolve_backend(backend, device):
-    """splat.rasterize's choice, less CUDA (no 3D Gaussian kernels yet):
-    "cuda" is an error, and "auto" on CUDA tensors the reference, with a warning."""
-    if backend == "cuda":
-        raise ValueError("backend='cuda': 3D Gaussians have no CUDA kernels yet; use backend='torch' "
-                         "(the reference) on CUDA tensors")
-    if backend == "auto" and device.type == "cuda":
-        warnings.warn("splat: 3D Gaussians have no CUDA kernels yet; using the slow torch reference", stacklevel=3)
-        return "torch"
-    return resolve_backend(backend, device)
-
-
 class _RasterizeGaussians(torch.autograd.Function):
     """Per-pixel rasterization of 3D Gaussians by splat._C.  Returns the raw sums of compose()."""
 
@@ -220,7 +205,8 @@ class _RasterizeGaussians(torch.autograd.Function):
     def forward(ctx, params, color, depth, pixel_rect, width, height, near, far):
         ext = load_extension()
         args = [t.contiguous() for t in (params, color, depth, pixel_rect)]
-        outs = ext.forward_gaussians_cpu(*args, width, height, near, far)
+        forward = ext.forward_gaussians_cuda if params.is_cuda else ext.forward_gaussians_cpu
+        outs = forward(*args, width, height, near, far)
         (color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth,
          end, median_index, totals, tile_offsets, point_list) = outs
         ctx.save_for_backward(*args, tile_offsets, point_list, end, median_index, transmittance, totals)
@@ -235,6 +221,7 @@ class _RasterizeGaussians(torch.autograd.Function):
         width, height = ctx.image[0], ctx.image[1]
         upstream = upstream_grads(params, height, width, v_color_sum, v_transmittance, v_depth_sum, v_normal_sum,
                                   v_distortion, v_median)
-        v = ext.backward_gaussians_cpu(*saved[:4], *ctx.image, *saved[4:], *upstream)  # [M, 30]
+        backward = ext.backward_gaussians_cuda if params.is_cuda else ext.backward_gaussians_cpu
+        v = backward(*saved[:4], *ctx.image, *saved[4:], *upstream)  # [M, 30]
         p = params.shape[1]
         return v[:, :p], v[:, p:], None, None, None, None, None, None

@@ -91,12 +91,18 @@ def saved_state(f):
     return [f[9], f[10], f[6], f[7], f[1], f[8]]  # tile_offsets, point_list, end, median_index, T, totals
 
 
-def check_parity(cpu, emu, args, dims, label=""):
-    """Forward bitwise, gradients within GRAD_TOL; returns (forward, grads) stats."""
+def check_parity(cpu, emu, args, dims, label="", primitive="surfels"):
+    """Forward bitwise, gradients within GRAD_TOL; returns (forward, largest
+    relative gradient difference).  ``primitive``: "surfels" (forward_cpu and
+    the harness's forward) or "gaussians" (forward_gaussians_cpu and
+    forward_gaussians), with their backwards."""
+    suffix = "" if primitive == "surfels" else "_gaussians"
+    cpu_forward, cpu_backward = getattr(cpu, f"forward{suffix}_cpu"), getattr(cpu, f"backward{suffix}_cpu")
+    emu_forward, emu_backward = getattr(emu, f"forward{suffix}"), getattr(emu, f"backward{suffix}")
     dtype = args[0].dtype
     W, H = dims[0], dims[1]
-    ref_f = cpu.forward_cpu(*args, *dims)
-    emu_f = emu.forward(*args, *dims)
+    ref_f = cpu_forward(*args, *dims)
+    emu_f = emu_forward(*args, *dims)
     for name, a, b in zip(FORWARD_NAMES, emu_f, ref_f):
         assert a.shape == b.shape and a.dtype == b.dtype, f"{label} {name}: {a.shape}/{a.dtype} vs {b.shape}/{b.dtype}"
         if not torch.equal(a, b):
@@ -104,8 +110,9 @@ def check_parity(cpu, emu, args, dims, label=""):
             raise AssertionError(f"{label} {name}: not bitwise equal, {int((diff > 0).sum())} entries differ, "
                                  f"max |diff| {float(diff.max()):.3g}")
     up = upstream(W, H, dtype)
-    ref_b = cpu.backward_cpu(*args, *dims, *saved_state(ref_f), *up, *ref_f[11:])  # + the packed records
-    emu_b = emu.backward(*args, *dims, *saved_state(emu_f), *up)
+    # The CPU surfel forward's packed records (anything after the 11 outputs) go back to its backward.
+    ref_b = cpu_backward(*args, *dims, *saved_state(ref_f), *up, *ref_f[11:])
+    emu_b = emu_backward(*args, *dims, *saved_state(emu_f), *up)
     assert emu_b.shape == ref_b.shape
     rel = 0.0
     if ref_b.numel():

@@ -263,10 +263,10 @@ def test_bad_inputs_get_one_line_errors(bad, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
-def test_cuda_backend_is_refused_with_a_reason():
+def test_cuda_backend_on_cpu_tensors_is_refused_with_a_reason():
     s = _scene(n=2)
     args = {k: s[k] for k in ("means", "quats", "scales", "opacities", "colors", "viewmat", "K")}
-    with pytest.raises(ValueError, match="no CUDA kernels"):
+    with pytest.raises(ValueError, match="backend='cuda' needs CUDA tensors"):
         rasterize_3dgs(**args, width=8, height=8, backend="cuda")
 
 

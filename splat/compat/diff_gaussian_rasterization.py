@@ -9,8 +9,8 @@
 ``pip install --no-build-isolation ./compat/diff-gaussian-rasterization``
 installs a module ``diff_gaussian_rasterization`` that is this one, so the
 INRIA code and its forks run unchanged (but for their ``.cuda()`` calls).
-It renders with :func:`splat.rasterize_3dgs` (CPU kernels; CUDA tensors use
-splat's reference, with a warning, until the CUDA kernels exist).
+It renders with :func:`splat.rasterize_3dgs` on the tensors' device (the
+CUDA kernels on a GPU, the C++ kernels on the CPU).
 
 What it takes, in INRIA's units and layouts
     * The camera: ``viewmatrix`` (``world_view_transform``, transposed

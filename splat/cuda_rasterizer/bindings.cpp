@@ -514,6 +514,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #ifdef SPLAT_WITH_CUDA
   m.def("forward_cuda", &splat::forward_cuda, "rasterize forward on the GPU");
   m.def("backward_cuda", &splat::backward_cuda, "rasterize backward on the GPU");
+  m.def("forward_gaussians_cuda", &splat::forward_gaussians_cuda, "rasterize 3D Gaussians forward on the GPU");
+  m.def("backward_gaussians_cuda", &splat::backward_gaussians_cuda, "its backward: [N, gauss_grad_record_size]");
   m.attr("with_cuda") = true;
 #else
   m.attr("with_cuda") = false;

@@ -8,9 +8,10 @@ extension, under its own name, in ``$TORCH_EXTENSIONS_DIR`` (ninja rebuilds
 only what changed, headers included).
 
 Environment (for the mutation and sanitizer scripts):
-    SPLAT_CUDAEMU_KERNELS   folder with binning.cu / forward.cu / backward.cu to
-                            build instead of the project's (a mutant's copy);
-                            the headers still come from the project.
+    SPLAT_CUDAEMU_KERNELS   folder with KERNEL_FILES (the .cu files and the
+                            primitives' batch headers) to build instead of the
+                            project's (a mutant's copy); the other headers
+                            still come from the project.
     SPLAT_CUDAEMU_SANITIZE  1: build with -fsanitize=address,undefined (the
                             process must preload libasan, see scripts/).
 """
@@ -23,6 +24,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 KERNELS = ROOT / "splat" / "cuda_rasterizer"
 CU_FILES = ("binning.cu", "forward.cu", "backward.cu")
+# Device-only headers of the kernels, taken from the same folder as the .cu
+# files (copied next to their rewrites, where the .cu files' includes find
+# them first), so a mutant may edit them too.
+KERNEL_HEADERS = ("surfel_batch.cuh", "gaussian_batch.cuh")
+KERNEL_FILES = CU_FILES + KERNEL_HEADERS
 
 
 def kernel_dir() -> Path:
@@ -53,13 +59,15 @@ def build(verbose: bool = False):
     build_dir = Path(ext._get_build_directory(folder, verbose))
     gen = build_dir / "rewritten"
     gen.mkdir(parents=True, exist_ok=True)
-    from .rewrite import rewrite_file
+    from .rewrite import copy_if_changed, rewrite_file
 
     sources = [str(HERE / "emu_bindings.cpp"), str(HERE / "shim" / "cudaemu_runtime.cpp")]
     for cu in [kdir / f for f in CU_FILES] + [HERE / "selftest.cu"]:
         out = gen / (cu.stem + "_cu.cpp")
         rewrite_file(cu, out)
         sources.append(str(out))
+    for header in KERNEL_HEADERS:
+        copy_if_changed(kdir / header, gen / header)
     # -ffp-contract=off: no fused multiply-adds, like nvcc --fmad=false and the
     # CPU backend, so the emulated forward is bitwise equal to the CPU one.
     # -iquote: the .cu files' relative includes ("../core.h", "rasterize_cuda.h")

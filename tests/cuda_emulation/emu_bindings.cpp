@@ -1,5 +1,5 @@
 // Python module of the CUDA emulation harness: the UNCHANGED binning.cu,
-// forward.cu and backward.cu, compiled against the cudaemu shim, driven by the
+// forward.cu and backward.cu (surfels and 3D Gaussians), compiled against the cudaemu shim, driven by the
 // very host call sequence of the real CUDA bindings (host_sequence.h) on CPU
 // tensors, so the results can be compared with splat._C.forward_cpu /
 // backward_cpu.
@@ -61,6 +61,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "forward_cuda's sequence, kernels emulated on the CPU");
   m.def("backward", &splat::host_sequence::backward<EmulatedDevice>,
         "backward_cuda's sequence, kernels emulated on the CPU");
+  m.def("forward_gaussians", &splat::host_sequence::forward_gaussians<EmulatedDevice>,
+        "forward_gaussians_cuda's sequence, kernels emulated on the CPU");
+  m.def("backward_gaussians", &splat::host_sequence::backward_gaussians<EmulatedDevice>,
+        "backward_gaussians_cuda's sequence, kernels emulated on the CPU");
   m.def("configure", &configure, "thread order, block order (fwd|rev|rand), poison byte, seed");
   m.def("stats", &stats, "[launches, blocks, fiber switches] so far");
   m.def("selftest", &selftest, "runs a known-bad (or good) kernel of selftest.cu");

@@ -41,5 +41,13 @@ def rewrite_file(src: Path, dst: Path) -> None:
         dst.write_text(text)
 
 
+def copy_if_changed(src: Path, dst: Path) -> None:
+    """Copies ``src`` to ``dst`` unless ``dst`` already has its text (keeping
+    its mtime, so ninja does not rebuild)."""
+    text = src.read_text()
+    if not dst.exists() or dst.read_text() != text:
+        dst.write_text(text)
+
+
 if __name__ == "__main__":
     rewrite_file(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -1,23 +1,25 @@
 // Backward pass: same tiling as forward.cu, each tile's list walked BACK TO
-// FRONT, one thread per pixel.
+// FRONT, one thread per pixel; a template over the primitive's policy
+// (surfel_batch.cuh, gaussian_batch.cuh) like the forward.
 //
-// Per pixel this is exactly backward_cpu's loop: from list position end-1 down
-// to 0, re-intersect, skip non-contributing samples, and call core.h's
-// backward_step, which peels one surfel off the saved final transmittance and
-// carries dL/dT in `last_dL_dT`.
+// Per pixel this is exactly the CPU's loop (backward_cpu, backward_gaussians_cpu):
+// from list position end-1 down to 0, re-evaluate, skip non-contributing
+// samples, and call core.h's backward step, which peels one primitive off the
+// saved final transmittance and carries dL/dT in `last_dL_dT`.
 //
 // GPU structure:
 //   * the block starts at the largest `end` of its pixels (nothing behind it
 //     was blended anywhere in the tile) and stages the list in shared-memory
-//     batches of kBatchSize, loaded back to front;
+//     batches of P::kBatch, loaded back to front;
 //   * a thread whose pixel stopped before list position k (k >= end) skips it;
-//   * each pixel's contribution to surfel k is a kGradSize record held in
+//   * each pixel's contribution to primitive k is a P::kRecord record held in
 //     registers; the 32 lanes of a warp first vote (__any_sync) and skip the
 //     surfel entirely when no lane touched it, else they sum their records
 //     with a warp reduce-scatter (31 shuffles instead of 5 * kGradSize for a
 //     shuffle-down tree) after which lane q holds the warp's total of scalar q,
-//     and lanes 0..kGradSize-1 issue ONE atomicAdd each, all into the one
-//     contiguous row of v_surfels: one coalesced atomic per warp and surfel.
+//     and lanes 0..P::kRecord-1 issue ONE atomicAdd each, all into the one
+//     contiguous row of the gradient: one coalesced atomic per warp and
+//     primitive (surfels: 18 scalars, 3D Gaussians: 30).
 //
 // Float atomics make the summation order (and so the last bits) vary from run
 // to run; the CPU backend is the deterministic reference.
@@ -25,6 +27,7 @@
 
 #include "../core.h"
 #include "rasterize_cuda.h"
+#include "gaussian_batch.cuh"
 #include "surfel_batch.cuh"
 
 namespace splat {
@@ -33,7 +36,6 @@ namespace {
 
 static_assert(kTileSize * kTileSize == kBlockThreads, "one thread per pixel of a tile");
 static_assert(kBlockThreads % 32 == 0, "whole warps only: the warp votes need all 32 lanes");
-static_assert(kGradSize <= 32, "the reduce-scatter gives each lane one scalar of the record");
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
@@ -84,13 +86,14 @@ __device__ __forceinline__ void atomic_add(double* address, double value) {
 #endif
 }
 
-template <typename T>
+template <typename T, class P>
 __global__ void __launch_bounds__(kBlockThreads)
-    backward_kernel(const SurfelArrays<T> s, const TileBins bins,
+    backward_kernel(const typename P::Arrays s, const TileBins bins,
                     const int32_t* __restrict__ end, const int32_t* __restrict__ median_index,
                     const T* __restrict__ transmittance, const T* __restrict__ totals,
-                    const UpstreamGrads<T> up, T* __restrict__ v_surfels) {
-  __shared__ SurfelBatch<T> batch;
+                    const UpstreamGrads<T> up, T* __restrict__ v_params) {
+  static_assert(P::kRecord <= 32, "the reduce-scatter gives each lane one scalar of the record");
+  __shared__ typename P::Batch batch;
   __shared__ int32_t block_end;
 
   const int tile = blockIdx.y * bins.tiles_x + blockIdx.x;
@@ -111,7 +114,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   int32_t pixel_end = 0, median_k = -1;
   if (inside) {
     const int64_t pix = int64_t(py) * s.width + px;
-load_pixel_grad(up, totals, pix, g);
+    load_pixel_grad(up, totals, pix, g);
     st = initial_backward_state(transmittance, up, pix);
     pixel_end = end[pix];
     median_k = median_index[pix];
@@ -125,12 +128,13 @@ load_pixel_grad(up, totals, pix, g);
   __syncthreads();
   const int32_t walk_end = block_end;
 
-  for (int32_t batch_end = walk_end; batch_end > 0; batch_end -= kBatchSize) {
-    const int32_t batch_start = batch_end > kBatchSize ? batch_end - kBatchSize : 0;
+  for (int32_t batch_end = walk_end; batch_end > 0; batch_end -= P::kBatch) {
+    const int32_t batch_start = batch_end > P::kBatch ? batch_end - P::kBatch : 0;
     __syncthreads();  // every thread is done with the previous batch
-    // Slot j holds list position batch_end - 1 - j: back to front.
+    // Slot j holds list position batch_end - 1 - j: back to front.  Threads
+    // tid >= P::kBatch get k_load < batch_start and load nothing.
     const int32_t k_load = batch_end - 1 - tid;
-    if (k_load >= batch_start) store_surfel(batch, tid, s, list[k_load]);
+    if (k_load >= batch_start) P::store(batch, tid, s, list[k_load]);
     __syncthreads();
 
     // Block-uniform trip count: every lane reaches the warp votes below.
@@ -140,29 +144,29 @@ load_pixel_grad(up, totals, pix, g);
       T record[32];
 #pragma unroll
       for (int q = 0; q < 32; ++q) record[q] = T(0);
-      bool touched = false;
-      if (k < pixel_end && in_rect(batch, j, px, py)) {
-        SurfelParams<T> sp;
-        load_params(batch, j, sp);
-        Hit<T> h;
-        intersect(sp, x, y, s.near, h);
-        if (h.contributes) {
-          T color[kChannels], normal[3];
-          load_color_normal(batch, j, color, normal);
-          backward_step(st, g, sp, h, color, normal, x, y, s.near, s.far, k == median_k,
-                        record);
-          touched = true;
-        }
-      }
+      const bool touched = k < pixel_end && P::in_rect(batch, j, px, py) &&
+                           P::backward_at(st, g, batch, j, x, y, s, k == median_k, record);
       // Skip the reduction (and the atomics) when no pixel of this warp
-      // blended surfel k, the common case near silhouettes and past `end`.
+      // blended primitive k, the common case near silhouettes and past `end`.
       if (__any_sync(kFullMask, touched)) {
         const T total = warp_reduce_scatter(record, lane);
-        if (lane < static_cast<unsigned>(kGradSize))
-          atomic_add(v_surfels + int64_t(batch.id[j]) * kGradSize + lane, total);
+        if (lane < static_cast<unsigned>(P::kRecord))
+          atomic_add(v_params + int64_t(batch.id[j]) * P::kRecord + lane, total);
       }
     }
   }
+}
+
+template <typename T, class P>
+cudaError_t launch(const typename P::Arrays& s, const TileBins& bins, const int32_t* end,
+                   const int32_t* median_index, const T* transmittance, const T* totals,
+                   const UpstreamGrads<T>& up, T* v_params, cudaStream_t stream) {
+  if (bins.tiles_x <= 0 || bins.tiles_y <= 0 || P::count(s) <= 0) return cudaSuccess;
+  const dim3 grid(bins.tiles_x, bins.tiles_y);
+  const dim3 block(kTileSize, kTileSize);
+  backward_kernel<T, P><<<grid, block, 0, stream>>>(s, bins, end, median_index, transmittance,
+                                                    totals, up, v_params);
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -172,20 +176,27 @@ cudaError_t launch_backward(const SurfelArrays<T>& s, const TileBins& bins, cons
                             const int32_t* median_index, const T* transmittance,
                             const T* totals, const UpstreamGrads<T>& up, T* v_surfels,
                             cudaStream_t stream) {
-  if (bins.tiles_x <= 0 || bins.tiles_y <= 0 || s.num_surfels <= 0) return cudaSuccess;
-  const dim3 grid(bins.tiles_x, bins.tiles_y);
-  const dim3 block(kTileSize, kTileSize);
-  backward_kernel<T><<<grid, block, 0, stream>>>(s, bins, end, median_index, transmittance,
-                                                 totals, up, v_surfels);
-  return cudaGetLastError();
+  return launch<T, SurfelKernel<T>>(s, bins, end, median_index, transmittance, totals, up, v_surfels,
+                                    stream);
 }
 
-#define SPLAT_INSTANTIATE(T)                                                                \
-  template cudaError_t launch_backward<T>(const SurfelArrays<T>&, const TileBins&,          \
-                                          const int32_t*, const int32_t*, const T*, const T*, \
+template <typename T>
+cudaError_t launch_backward(const GaussianArrays<T>& g, const TileBins& bins, const int32_t* end,
+                            const int32_t* median_index, const T* transmittance,
+                            const T* totals, const UpstreamGrads<T>& up, T* v_gaussians,
+                            cudaStream_t stream) {
+  return launch<T, GaussianKernel<T>>(g, bins, end, median_index, transmittance, totals, up,
+                                      v_gaussians, stream);
+}
+
+#define SPLAT_INSTANTIATE(T, Arrays)                                                               \
+  template cudaError_t launch_backward<T>(const Arrays<T>&, const TileBins&, const int32_t*,        \
+                                          const int32_t*, const T*, const T*,                      \
                                           const UpstreamGrads<T>&, T*, cudaStream_t);
-SPLAT_INSTANTIATE(float)
-SPLAT_INSTANTIATE(double)
+SPLAT_INSTANTIATE(float, SurfelArrays)
+SPLAT_INSTANTIATE(double, SurfelArrays)
+SPLAT_INSTANTIATE(float, GaussianArrays)
+SPLAT_INSTANTIATE(double, GaussianArrays)
 #undef SPLAT_INSTANTIATE
 
 }  // namespace gpu

@@ -1,7 +1,8 @@
 // Torch entry points of the CUDA backend, registered by bindings.cpp (under
-// SPLAT_WITH_CUDA) as splat._C.forward_cuda / backward_cuda.  The argument
-// lists and results are exactly those of forward_cpu / backward_cpu, so the
-// Python side calls either backend the same way.
+// SPLAT_WITH_CUDA) as splat._C.forward_cuda / backward_cuda and
+// forward_gaussians_cuda / backward_gaussians_cuda.  The argument lists and
+// results are exactly those of the *_cpu functions (less the CPU's packed
+// records), so the Python side calls either backend the same way.
 #pragma once
 
 #include <torch/types.h>
@@ -35,5 +36,22 @@ torch::Tensor backward_cuda(const torch::Tensor& Tuvw, const torch::Tensor& cent
                             const torch::Tensor& v_depth_sum, const torch::Tensor& v_normal_sum,
                             const torch::Tensor& v_distortion,
                             const torch::Tensor& v_median_depth);
+
+// 3D Gaussians (core.h "3D Gaussians"): params [N, kGaussParams], color
+// [N, 3], depth [N], pixel_rect int32 [N, 4].  Returns what forward_cuda does.
+std::vector<torch::Tensor> forward_gaussians_cuda(const torch::Tensor& params, const torch::Tensor& color,
+                                                  const torch::Tensor& depth, const torch::Tensor& pixel_rect,
+                                                  int64_t width, int64_t height, double near, double far);
+
+// Returns v_gaussians [N, kGaussGradSize].
+torch::Tensor backward_gaussians_cuda(const torch::Tensor& params, const torch::Tensor& color,
+                                      const torch::Tensor& depth, const torch::Tensor& pixel_rect,
+                                      int64_t width, int64_t height, double near, double far,
+                                      const torch::Tensor& tile_offsets, const torch::Tensor& point_list,
+                                      const torch::Tensor& end, const torch::Tensor& median_index,
+                                      const torch::Tensor& transmittance, const torch::Tensor& totals,
+                                      const torch::Tensor& v_color_sum, const torch::Tensor& v_transmittance,
+                                      const torch::Tensor& v_depth_sum, const torch::Tensor& v_normal_sum,
+                                      const torch::Tensor& v_distortion, const torch::Tensor& v_median_depth);
 
 }  // namespace splat

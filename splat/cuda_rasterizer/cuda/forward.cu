@@ -1,20 +1,24 @@
-// Forward render: one 16x16 thread block per tile, one thread per pixel.
+// Forward render: one 16x16 thread block per tile, one thread per pixel,
+// for surfels and 3D Gaussians alike (the kernel is a template over the
+// primitive's policy: surfel_batch.cuh, gaussian_batch.cuh).
 //
-// Each pixel runs exactly the CPU loop of forward_cpu (cpu/rasterize_cpu.cpp):
-// for list position k = 0, 1, ...: intersect, skip non-contributing samples,
-// blend until blend() refuses.  The per-pixel maths is core.h, shared with the
-// CPU, so both backends take the same decisions and save the same state
-// (end and median_index as tile-local list positions, final transmittance and
-// the distortion totals) for the backward pass.
+// Each pixel runs exactly the CPU loop (forward_cpu in cpu/rasterize_cpu.cpp,
+// forward_gaussians_cpu in cpu/gaussians_cpu.cpp): for list position
+// k = 0, 1, ...: evaluate, skip non-contributing samples, blend until blend()
+// refuses.  The per-pixel maths is core.h, shared with the CPU, so both
+// backends take the same decisions and save the same state (end and
+// median_index as tile-local list positions, final transmittance and the
+// distortion totals) for the backward pass.
 //
-// GPU structure: the tile's list is consumed in batches of kBatchSize surfels
-// staged in shared memory (see surfel_batch.cuh); the block stops as soon as
-// every pixel of the tile is finished (__syncthreads_count), which is also the
-// barrier that protects the batch buffer before it is overwritten.
+// GPU structure: the tile's list is consumed in batches of P::kBatch
+// primitives staged in shared memory; the block stops as soon as every pixel
+// of the tile is finished (__syncthreads_count), which is also the barrier
+// that protects the batch buffer before it is overwritten.
 #include <cstdint>
 
 #include "../core.h"
 #include "rasterize_cuda.h"
+#include "gaussian_batch.cuh"
 #include "surfel_batch.cuh"
 
 namespace splat {
@@ -23,10 +27,10 @@ namespace {
 
 static_assert(kTileSize * kTileSize == kBlockThreads, "one thread per pixel of a tile");
 
-template <typename T>
+template <typename T, class P>
 __global__ void __launch_bounds__(kBlockThreads)
-    forward_kernel(const SurfelArrays<T> s, const TileBins bins, const ForwardOutputs<T> out) {
-  __shared__ SurfelBatch<T> batch;
+    forward_kernel(const typename P::Arrays s, const TileBins bins, const ForwardOutputs<T> out) {
+  __shared__ typename P::Batch batch;
 
   const int tile = blockIdx.y * bins.tiles_x + blockIdx.x;
   const int tid = threadIdx.y * kTileSize + threadIdx.x;
@@ -45,26 +49,19 @@ __global__ void __launch_bounds__(kBlockThreads)
   init_pixel(p);
   bool done = !inside;
 
-  for (int32_t start = 0; start < count; start += kBatchSize) {
+  for (int32_t start = 0; start < count; start += P::kBatch) {
     // Barrier + vote: every thread has finished reading the previous batch,
     // and if every pixel is done the whole block leaves (uniformly).
     if (__syncthreads_count(done) == kBlockThreads) break;
     const int32_t k_load = start + tid;
-    if (k_load < count) store_surfel(batch, tid, s, list[k_load]);  // coalesced list read
+    if (tid < P::kBatch && k_load < count) P::store(batch, tid, s, list[k_load]);  // coalesced list read
     __syncthreads();
 
     if (!done) {
-      const int n_batch = min(kBatchSize, count - start);
+      const int n_batch = min(P::kBatch, count - start);
       for (int j = 0; j < n_batch; ++j) {
-        if (!in_rect(batch, j, px, py)) continue;
-        SurfelParams<T> sp;
-        load_params(batch, j, sp);
-        Hit<T> h;
-        intersect(sp, x, y, s.near, h);
-        if (!h.contributes) continue;
-        T color[kChannels], normal[3];
-        load_color_normal(batch, j, color, normal);
-        if (!blend(p, h, color, normal, s.near, s.far, start + j)) {
+        if (!P::in_rect(batch, j, px, py)) continue;
+        if (!P::blend_at(p, batch, j, x, y, s, start + j)) {
           done = true;
           break;
         }
@@ -74,25 +71,41 @@ __global__ void __launch_bounds__(kBlockThreads)
 
   if (!inside) return;
   const int64_t pix = int64_t(py) * s.width + px;
-store_pixel(p, pix, out);
+  store_pixel(p, pix, out);
+}
+
+template <typename T, class P>
+cudaError_t launch(const typename P::Arrays& s, const TileBins& bins, const ForwardOutputs<T>& out,
+                   cudaStream_t stream) {
+  if (bins.tiles_x <= 0 || bins.tiles_y <= 0) return cudaSuccess;  // empty image
+  const dim3 grid(bins.tiles_x, bins.tiles_y);
+  const dim3 block(kTileSize, kTileSize);
+  forward_kernel<T, P><<<grid, block, 0, stream>>>(s, bins, out);
+  return cudaGetLastError();
 }
 
 }  // namespace
 
 template <typename T>
-cudaError_t launch_forward(const SurfelArrays<T>& s, const TileBins& bins,
-                           const ForwardOutputs<T>& out, cudaStream_t stream) {
-  if (bins.tiles_x <= 0 || bins.tiles_y <= 0) return cudaSuccess;  // empty image
-  const dim3 grid(bins.tiles_x, bins.tiles_y);
-  const dim3 block(kTileSize, kTileSize);
-  forward_kernel<T><<<grid, block, 0, stream>>>(s, bins, out);
-  return cudaGetLastError();
+cudaError_t launch_forward(const SurfelArrays<T>& s, const TileBins& bins, const ForwardOutputs<T>& out,
+                           cudaStream_t stream) {
+  return launch<T, SurfelKernel<T>>(s, bins, out, stream);
 }
 
-template cudaError_t launch_forward<float>(const SurfelArrays<float>&, const TileBins&,
-                                           const ForwardOutputs<float>&, cudaStream_t);
-template cudaError_t launch_forward<double>(const SurfelArrays<double>&, const TileBins&,
-                                            const ForwardOutputs<double>&, cudaStream_t);
+template <typename T>
+cudaError_t launch_forward(const GaussianArrays<T>& g, const TileBins& bins, const ForwardOutputs<T>& out,
+                           cudaStream_t stream) {
+  return launch<T, GaussianKernel<T>>(g, bins, out, stream);
+}
+
+#define SPLAT_INSTANTIATE(T)                                                                          \
+  template cudaError_t launch_forward<T>(const SurfelArrays<T>&, const TileBins&, const ForwardOutputs<T>&, \
+                                         cudaStream_t);                                               \
+  template cudaError_t launch_forward<T>(const GaussianArrays<T>&, const TileBins&,                   \
+                                         const ForwardOutputs<T>&, cudaStream_t);
+SPLAT_INSTANTIATE(float)
+SPLAT_INSTANTIATE(double)
+#undef SPLAT_INSTANTIATE
 
 }  // namespace gpu
 }  // namespace splat

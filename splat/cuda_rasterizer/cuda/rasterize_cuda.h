@@ -11,7 +11,11 @@
 //                    depth order, stable-sort the pairs by tile id, and derive
 //                    tile_offsets; the sorted ids are written to point_list.
 //   render (forward.cu):   launch_forward
-//   gradients (backward.cu): launch_backward (v_surfels must be zeroed first)
+//   gradients (backward.cu): launch_backward (the gradient must be zeroed first)
+//
+// Binning is the same for surfels and 3D Gaussians (it reads only depth and
+// pixel_rect); the render and gradient launchers have one overload per
+// primitive (SurfelArrays, GaussianArrays).
 //
 // Every launcher enqueues work on `stream` and returns the first CUDA error it
 // saw (cudaSuccess otherwise); only bin_count synchronises with the host.
@@ -27,7 +31,8 @@
 namespace splat {
 namespace gpu {  // not "cuda": that would shadow libcu++'s ::cuda inside splat
 
-// Threads per tile block (one per pixel) and surfels per shared-memory batch.
+// Threads per tile block (one per pixel) and surfels per shared-memory batch
+// (3D Gaussians: gaussian_batch.cuh).
 constexpr int kBlockThreads = 16 * 16;
 constexpr int kBatchSize = kBlockThreads;
 
@@ -67,14 +72,23 @@ cudaError_t bin_pairs(const int32_t* pixel_rect, int64_t n, int tiles_x, int til
 template <typename T>
 cudaError_t launch_forward(const SurfelArrays<T>& s, const TileBins& bins,
                            const ForwardOutputs<T>& out, cudaStream_t stream);
+template <typename T>
+cudaError_t launch_forward(const GaussianArrays<T>& g, const TileBins& bins,
+                           const ForwardOutputs<T>& out, cudaStream_t stream);
 
 // ---- gradients ---------------------------------------------------------------
-// Accumulates (atomically) dL/d(per-surfel record) into v_surfels [N, kGradSize],
-// which the caller must have zeroed.  No host sync.
+// Accumulates (atomically) dL/d(per-primitive record) into v_surfels
+// [N, kGradSize] or v_gaussians [N, kGaussGradSize] (core.h), which the
+// caller must have zeroed.  No host sync.
 template <typename T>
 cudaError_t launch_backward(const SurfelArrays<T>& s, const TileBins& bins, const int32_t* end,
                             const int32_t* median_index, const T* transmittance,
                             const T* totals, const UpstreamGrads<T>& up, T* v_surfels,
+                            cudaStream_t stream);
+template <typename T>
+cudaError_t launch_backward(const GaussianArrays<T>& g, const TileBins& bins, const int32_t* end,
+                            const int32_t* median_index, const T* transmittance,
+                            const T* totals, const UpstreamGrads<T>& up, T* v_gaussians,
                             cudaStream_t stream);
 
 }  // namespace gpu

@@ -1,5 +1,7 @@
-// Shared-memory batch of surfels used by forward.cu and backward.cu (device
-// code only; included by .cu files, never by the torch glue).
+// The surfel policy of the tile kernels (forward.cu, backward.cu): its
+// shared-memory batch and its per-pixel step (device code only; included by
+// .cu files, never by the torch glue).  gaussian_batch.cuh is the same for 3D
+// Gaussians; the kernels are templates over the two.
 //
 // A tile block walks its surfel list in batches of kBatchSize: every thread
 // loads ONE surfel of the batch into shared memory, then every thread reads
@@ -84,6 +86,59 @@ __device__ __forceinline__ void load_color_normal(const SurfelBatch<T>& b, int s
 #pragma unroll
   for (int k = 0; k < 3; ++k) normal[k] = b.normal[k][slot];
 }
+
+
+// The policy the tile kernels take: what a batch holds, how one primitive of
+// it is evaluated at a pixel and blended (forward) or differentiated
+// (backward).  Each step is the CPU backend's (cpu/rasterize_cpu.cpp) call
+// for call, so both backends take the same decisions.
+template <typename T>
+struct SurfelKernel {
+  using Arrays = SurfelArrays<T>;
+  using Batch = SurfelBatch<T>;
+  static constexpr int kBatch = kBatchSize;  // primitives per shared-memory batch
+  static constexpr int kRecord = kGradSize;  // gradient scalars per primitive
+
+  __host__ __device__ static int64_t count(const Arrays& s) { return s.num_surfels; }
+
+  __device__ __forceinline__ static void store(Batch& b, int slot, const Arrays& s, int32_t id) {
+    store_surfel(b, slot, s, id);
+  }
+
+  __device__ __forceinline__ static bool in_rect(const Batch& b, int slot, int px, int py) {
+    return splat::gpu::in_rect(b, slot, px, py);
+  }
+
+  // Blends slot `slot` (list position k) into the pixel at centre (x, y).
+  // Returns false once the pixel is finished (blend refused).
+  __device__ __forceinline__ static bool blend_at(PixelState<T>& p, const Batch& b, int slot, T x, T y,
+                                                  const Arrays& s, int32_t k) {
+    SurfelParams<T> sp;
+    load_params(b, slot, sp);
+    Hit<T> h;
+    intersect(sp, x, y, s.near, h);
+    if (!h.contributes) return true;
+    T color[kChannels], normal[3];
+    load_color_normal(b, slot, color, normal);
+    return blend(p, h, color, normal, s.near, s.far, k);
+  }
+
+  // Differentiates slot `slot` at the pixel into `record`; returns whether
+  // the sample contributed (false: record untouched).
+  __device__ __forceinline__ static bool backward_at(BackwardState<T>& st, const PixelGrad<T>& g, const Batch& b,
+                                                     int slot, T x, T y, const Arrays& s, bool is_median,
+                                                     T* record) {
+    SurfelParams<T> sp;
+    load_params(b, slot, sp);
+    Hit<T> h;
+    intersect(sp, x, y, s.near, h);
+    if (!h.contributes) return false;
+    T color[kChannels], normal[3];
+    load_color_normal(b, slot, color, normal);
+    backward_step(st, g, sp, h, color, normal, x, y, s.near, s.far, is_median, record);
+    return true;
+  }
+};
 
 }  // namespace gpu
 }  // namespace splat
