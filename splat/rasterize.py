@@ -81,13 +81,7 @@ def rasterize(means, quats, scales, opacities, colors, viewmat, K, width, height
         Tuvw, center = proj["Tuvw"], proj["center"]
     if grad_enabled and not proj["fused"]:
         means2d.requires_grad_(True)
-        # A screen translation delta of the footprint: value 0, gradient
-        # identity.  Folding it into M (rows Tu += dx Tw, Tv += dy Tw) and the
-        # centre makes means2d.grad exactly dL/d(translation).
-        delta = means2d - means2d.detach()  # [N, 2]
-        Tu, Tv, Tw = Tuvw[:, 0:3], Tuvw[:, 3:6], Tuvw[:, 6:9]
-        Tuvw = torch.cat([Tu + delta[:, :1] * Tw, Tv + delta[:, 1:] * Tw, Tw], dim=1)
-        center = center + delta
+        Tuvw, center = fold_translation(Tuvw, center, means2d)
 
     if backend == "torch":
         sums = rasterize_reference(means, quats, scales, opacities, rgb_colors, viewmat, K,
@@ -99,6 +93,18 @@ def rasterize(means, quats, scales, opacities, colors, viewmat, K, width, height
     if grad_enabled:
         sums = _connect(sums, inputs + (means2d,))
     return compose(*sums, background=background, radii=proj["radii"], means2d=means2d)
+
+
+def fold_translation(Tuvw, center, means2d):
+    """Folds a screen translation of each footprint into the kernel inputs
+    (Tuvw [N, 9], center [N, 2]): the translation is ``means2d -
+    means2d.detach()`` [N, 2], value 0 and gradient identity, so the result
+    equals the inputs and ``means2d.grad`` becomes exactly dL/d(translating
+    the footprint), the screen-space gradient densification reads.  A
+    translation (dx, dy) moves rows Tu += dx Tw, Tv += dy Tw and the centre."""
+    delta = means2d - means2d.detach()  # [N, 2]
+    Tu, Tv, Tw = Tuvw[:, 0:3], Tuvw[:, 3:6], Tuvw[:, 6:9]
+    return torch.cat([Tu + delta[:, :1] * Tw, Tv + delta[:, 1:] * Tw, Tw], dim=1), center + delta
 
 
 def _connect(sums, inputs):

@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import resource
 import sys
 import time
 from pathlib import Path
@@ -58,10 +57,11 @@ from .checkpoint import (
 from .appearance import make_appearance, make_optimizer
 from .config import check_config
 from .evaluation import check_eval_masks, evaluate_frames
-from .errors import ConfigError, RunStateError, SplatInputError
+from .errors import RunStateError, SplatInputError
 from .losses import psnr, total_loss
 from .model import GaussianModel, create_from_points, save_ply
 from .progress import LogLines, format_duration, use_progress_bar  # noqa: F401 (re-exported)
+from .devices import peak_memory_mb, resolve_device  # noqa: F401 (re-exported)
 from .render import render_frame
 from .strategy import make_strategy
 
@@ -78,27 +78,6 @@ def means_lr(step: int, iterations: int, lr_init: float, lr_final: float) -> flo
     """Exponential decay from lr_init (step 0) to lr_final (last step)."""
     t = min(max(step / max(iterations, 1), 0.0), 1.0)
     return math.exp((1 - t) * math.log(lr_init) + t * math.log(lr_final))
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak CUDA allocation on GPU, else the process's peak resident set."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
-    return kb / 1024.0 if sys.platform != "darwin" else kb / 2**20
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> cuda if available else cpu; ``cuda`` without a GPU is a ConfigError."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"device={name}: no CUDA GPU is available (torch {torch.__version__}); use device=cpu")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ConfigError(f"device={name}: only {torch.cuda.device_count()} CUDA device(s)")
-    return dev
 
 
 def make_optimizers(model: GaussianModel, lr: Dict, scene_radius: float) -> Dict[str, torch.optim.Adam]:

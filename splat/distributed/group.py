@@ -1,0 +1,112 @@
+"""Which process this is, and the torch.distributed process group (issue 23).
+
+torchrun (``torchrun --standalone --nproc_per_node=N train.py ...``, or
+``--nnodes ... --rdzv_endpoint ...`` across machines) starts N copies of the
+program with RANK, WORLD_SIZE and LOCAL_RANK set; :func:`from_environment`
+reads them and joins the group through torch.distributed's ``env://``
+rendezvous.  Without torchrun (no WORLD_SIZE, or WORLD_SIZE=1) it joins
+nothing and returns the one-process :class:`Group`, so the trainer runs one
+code path for one process or N.
+
+Backend: NCCL when each rank has a GPU of its own (LOCAL_RANK picks it),
+gloo otherwise, so CPU clusters and the tests here run the same code.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+
+import torch
+
+from ..errors import ConfigError
+
+#: Default seconds a collective may wait for a peer before the rank gives up
+#: (a peer that died): ``distributed.timeout_s`` in the config.
+DEFAULT_TIMEOUT_S = 120.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """This process's place in the run: ``rank`` of ``world_size``
+    (``local_rank`` on its machine), the torch.distributed ``backend``
+    ("nccl", "gloo", or None for one process) and the ``device`` it
+    computes on."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str | None = None
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that prints, logs and writes the shared outputs."""
+        return self.rank == 0
+
+
+def _env_int(name: str, default: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        if default is None:
+            raise ConfigError(f"environment variable {name} is not set (start the processes with torchrun)")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def launched_ranks() -> int:
+    """WORLD_SIZE as set by torchrun, 1 when the program was started directly."""
+    return _env_int("WORLD_SIZE", 1)
+
+
+def from_environment(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> Group:
+    """The group torchrun started this process in, joined; the one-process
+    group when there is none.
+
+    ``device``: the config's ``device`` ("auto", "cpu", "cuda" or
+    "cuda:K").  With more than one rank, "auto" and "cuda" give rank r the
+    GPU LOCAL_RANK and NCCL when there are enough GPUs, else the CPU and
+    gloo; an explicit "cuda:K" is refused (every rank would share GPU K).
+    ``timeout_s`` bounds how long a collective waits for a peer."""
+    world = launched_ranks()
+    if world <= 1:
+        from ..devices import resolve_device
+
+        return Group(device=resolve_device(device))
+    rank, local_rank = _env_int("RANK"), _env_int("LOCAL_RANK", 0)
+    if not 0 <= rank < world:
+        raise ConfigError(f"environment variable RANK={rank} is outside [0, WORLD_SIZE={world})")
+    if device.startswith("cuda:"):
+        raise ConfigError(f"device={device}: with several processes each rank takes the GPU LOCAL_RANK; "
+                          "use device=auto or device=cuda")
+    if timeout_s <= 0:
+        raise ConfigError(f"distributed.timeout_s={timeout_s} must be > 0")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device in ("auto", "cuda") and local_rank < gpus:
+        backend, dev = "nccl", torch.device("cuda", local_rank)
+        torch.cuda.set_device(dev)
+    elif device == "cuda":
+        raise ConfigError(f"device=cuda: LOCAL_RANK={local_rank} has no GPU of its own ({gpus} visible)")
+    else:
+        backend, dev = "gloo", torch.device("cpu")
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return Group(rank=rank, world_size=world, local_rank=local_rank, backend=backend, device=dev)
+
+
+def leave(group: Group) -> None:
+    """Leaves the process group (nothing for one process)."""
+    if group.distributed:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,165 @@
+"""Rendering a batch of cameras whose surfels are spread over the ranks (issue 23).
+
+Every surfel lives on exactly one rank (its owner).  For a batch of B
+cameras, :func:`render_sharded` does, on every rank at once:
+
+1. **project where the surfels live**: for each camera, the owner projects
+   its surfels (PyTorch, :func:`splat.rasterize._project`, with autograd),
+   evaluates their colour, folds in the ``means2d`` translation handle and
+   keeps the ones whose pixel rectangle is not empty;
+2. **send what each camera's rank needs**: camera i is rendered by rank
+   :func:`camera_rank` (i mod N); each visible surfel's kernel record (19
+   floats: Tuvw 9, centre 2, normal 3, colour 3, opacity, depth) and its
+   pixel rectangle and global id (5 int64) travel in ONE differentiable
+   all-to-all (:func:`splat.distributed.exchange.exchange_rows`);
+3. **rasterize there**, with the received surfels in global-id order, so a
+   camera sees the same surfels in the same order whatever the partition;
+4. **send the gradients back**: the all-to-all's backward returns each
+   record's gradient to its owner, where autograd continues through the
+   projection into the parameters and the ``means2d`` handles.
+
+B need not be a multiple of N: ranks below B mod N render one camera more
+than the others, and a rank may render none (B < N); it still takes part in
+the exchange (the ``anchor``).
+
+The maths is :func:`splat.rasterize`'s (same projection, kernels and
+composition); only where each step runs differs.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import torch
+
+from ..outputs import RasterOutput, compose
+from ..rasterize import _project, _RasterizeSurfels, _surfel_colors, fold_translation
+from .exchange import comm_device, exchange_rows
+from .group import Group
+
+#: Floats per surfel record: Tuvw 9, centre 2, normal 3, colour 3, opacity 1, depth 1.
+RECORD_FLOATS = 19
+#: int64 per surfel record: pixel rectangle 4, global id 1.
+RECORD_INTS = 5
+_SPLIT = (9, 2, 3, 3, 1, 1)
+
+
+@dataclasses.dataclass
+class Camera:
+    """One camera of a batch: world -> camera ``viewmat`` [4, 4], ``K`` [3, 3]
+    (splat's conventions), image size, and the background [3] or None."""
+
+    viewmat: torch.Tensor
+    K: torch.Tensor
+    width: int
+    height: int
+    background: Optional[torch.Tensor] = None
+
+
+@dataclasses.dataclass
+class ShardedRender:
+    """What :func:`render_sharded` returns on one rank.
+
+    Attributes:
+        outputs: camera index -> :class:`RasterOutput` for the cameras this
+            rank renders (``radii`` and ``means2d`` are None there: they
+            belong to the owners, below).
+        means2d: per camera of the batch, [n_local, 2] handles of this
+            rank's surfels; after backward their ``.grad`` is dL/d(screen
+            translation), as :func:`splat.rasterize`'s ``means2d``.
+        radii: per camera of the batch, [n_local] int32 (0: not drawn).
+        anchor: a zero scalar joined to the exchanged rows: add it to the
+            loss so that every rank runs the exchange's backward.
+        bytes_sent: bytes this rank sends in the forward exchange (records
+            and their ints); the backward sends the records' floats again.
+    """
+
+    outputs: dict
+    means2d: list
+    radii: list
+    anchor: torch.Tensor
+    bytes_sent: int
+
+
+def camera_rank(index: int, world_size: int) -> int:
+    """The rank that renders camera ``index`` of a batch: round robin."""
+    return index % world_size
+
+
+def render_sharded(means, quats, scales, opacities, colors, ids, cameras: Sequence[Camera], group: Group,
+                   near=0.2, far=100.0, sh_degree=None) -> ShardedRender:
+    """Renders ``cameras`` from the surfels of every rank (see the module doc).
+
+    Args:
+        means, quats, scales, opacities, colors: this rank's surfels, as
+            :func:`splat.rasterize` takes them ([n, 3], [n, 4], [n, 2], [n],
+            [n, 3] or SH [n, K, 3] with ``sh_degree``).
+        ids: [n] int64 global identities, unique over all ranks; a camera
+            renders its surfels in increasing id order.
+        cameras: the whole batch, the same list on every rank.
+        group: this process's :class:`~splat.distributed.group.Group`.
+    """
+    world, rank = group.world_size, group.rank
+    owners = [camera_rank(i, world) for i in range(len(cameras))]
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (means, quats, scales, opacities, colors))
+    floats, ints, handles, radii = [], [], [], []
+    for cam in cameras:
+        rgb = _surfel_colors(means, colors, cam.viewmat, sh_degree)
+        proj = _project(means, quats, scales, opacities, cam.viewmat, cam.K, cam.width, cam.height, near, far)
+        means2d = proj["center"].detach().clone().requires_grad_(grad)
+        Tuvw, center = fold_translation(proj["Tuvw"], proj["center"], means2d) if grad else (proj["Tuvw"], proj["center"])
+        rect = proj["pixel_rect"]
+        sel = ((rect[:, 2] > rect[:, 0]) & (rect[:, 3] > rect[:, 1])).nonzero().flatten()
+        floats.append(torch.cat([Tuvw[sel], center[sel], proj["normal"][sel], rgb[sel], opacities[sel, None],
+                                 proj["depth"][sel, None]], 1))
+        ints.append(torch.cat([rect[sel].long(), ids[sel, None].long()], 1))
+        handles.append(means2d)
+        radii.append(proj["radii"])
+
+    # Rows go out grouped by destination rank, cameras in batch order within.
+    order = sorted(range(len(cameras)), key=lambda i: (owners[i], i))
+    x = torch.cat([floats[i] for i in order]) if order else means.new_zeros(0, RECORD_FLOATS)
+    xi = torch.cat([ints[i] for i in order]) if order else torch.zeros(0, RECORD_INTS, dtype=torch.int64,
+                                                                        device=means.device)
+    send_counts = [sum(floats[i].shape[0] for i in order if owners[i] == d) for d in range(world)]
+    # Per-camera row counts, to cut what arrives into cameras.
+    mine = [i for i in range(len(cameras)) if owners[i] == rank]
+    per_camera = _exchange_camera_counts([floats[i].shape[0] for i in order], owners, order, group)
+    recv_counts = [sum(per_camera[s]) for s in range(world)]
+    y = exchange_rows(x, send_counts, recv_counts, group)
+    yi = exchange_rows(xi, send_counts, recv_counts, group)
+
+    blocks = {i: [] for i in mine}
+    start = 0
+    for s in range(world):
+        for i, count in zip(mine, per_camera[s]):
+            blocks[i].append((start, start + count))
+            start += count
+    outputs = {}
+    for i in mine:
+        cam = cameras[i]
+        rows = torch.cat([torch.arange(a, b, device=y.device) for a, b in blocks[i]])
+        rows = rows[torch.argsort(yi[rows, 4], stable=True)]  # global-id order: independent of the partition
+        rec, irec = y[rows], yi[rows]
+        Tuvw, center, normal, rgb, opacity, depth = torch.split(rec, _SPLIT, dim=1)
+        sums = _RasterizeSurfels.apply(Tuvw, center, normal, rgb, opacity[:, 0], depth[:, 0].detach(),
+                                       irec[:, :4].to(torch.int32), cam.width, cam.height, near, far)
+        outputs[i] = compose(*sums, background=cam.background, radii=None, means2d=None)
+    anchor = y.sum() * 0.0 if y.requires_grad else y.new_zeros(())
+    bytes_sent = x.numel() * x.element_size() + xi.numel() * xi.element_size() - (
+        sum(floats[i].numel() * x.element_size() + ints[i].numel() * 8 for i in mine))  # rows kept here do not travel
+    return ShardedRender(outputs=outputs, means2d=handles, radii=radii, anchor=anchor, bytes_sent=int(bytes_sent))
+
+
+def _exchange_camera_counts(counts_in_order, owners, order, group: Group) -> list[list[int]]:
+    """[source rank][k]: rows the source sends for this rank's k-th camera."""
+    world, rank = group.world_size, group.rank
+    cameras_of = [[i for i in order if owners[i] == d] for d in range(world)]
+    if not group.distributed:
+        return [list(counts_in_order)]
+    import torch.distributed as dist
+
+    send = torch.tensor(counts_in_order, dtype=torch.int64, device=comm_device(group))
+    recv = send.new_empty(world * len(cameras_of[rank]))
+    dist.all_to_all_single(recv, send, [len(cameras_of[rank])] * world, [len(c) for c in cameras_of])
+    return recv.reshape(world, len(cameras_of[rank])).tolist()
