@@ -1,7 +1,7 @@
 """Surfels sharded over processes (splat.distributed, issue 23): the exchange,
 the sharded render against one process, and float64 finite differences
 through a two-process render.  gloo on local processes, as torchrun starts
-them (tests/distributed_helpers.py).
+them (splat/distributed/local.py).
 
 Tolerances:
 * the sharded render against one process (float64): 1e-12 of each
@@ -21,7 +21,7 @@ import torch
 from splat.distributed import Camera, Group, camera_rank, exchange_counts, exchange_rows, render_sharded
 from splat.testing import look_at_viewmat, random_scene
 
-from distributed_helpers import run_ranks
+from splat.distributed.local import run_ranks
 
 PARAMS = ("means", "quats", "scales", "opacities", "colors")
 OUTPUTS = ("rgb", "alpha", "depth", "median_depth", "normal", "distortion")
