@@ -104,6 +104,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 #: - ``data.path``: where the data lives; its content is fingerprinted.
 RESUMABLE_KEYS = (
     "train.iterations", "checkpoint", "log", "device", "render.backend", "render.depth", "eval", "data.path",
+    "distributed",
 )
 
 

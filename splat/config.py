@@ -179,6 +179,16 @@ class LogConfig:
 
 
 @dataclass
+class DistributedConfig:
+    """Training on several processes (``torchrun ... train.py``; docs/distributed.md)."""
+
+    timeout_s: float = _f(60.0, "a rank that dies or hangs stops the others within about this many seconds, "
+                          "each with a one-line error naming it (a peer on the same machine: at once)", gt=0.0)
+    max_imbalance: float = _f(0.05, "after densification, surfels move between ranks when (largest shard - "
+                              "smallest) / mean shard exceeds this; they are then balanced to within one", ge=0.0)
+
+
+@dataclass
 class SplatConfig:
     seed: int = _f(0, "seeds every RNG", ge=0, le=2**32 - 1)
     device: str = _f("auto", "auto | cpu | cuda | cuda:N", pattern=r"auto|cpu|cuda(:\d+)?")
@@ -191,6 +201,7 @@ class SplatConfig:
     eval: EvalConfig = _section(EvalConfig)
     checkpoint: CheckpointConfig = _section(CheckpointConfig)
     log: LogConfig = _section(LogConfig)
+    distributed: DistributedConfig = _section(DistributedConfig)
 
 
 #: Every config field with its default, as the nested dict ``load_config`` returns.

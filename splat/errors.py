@@ -11,7 +11,8 @@ from __future__ import annotations
 import sys
 from typing import Callable, Tuple
 
-__all__ = ["SplatInputError", "ConfigError", "RunStateError", "format_error", "interrupt_behind", "run_cli"]
+__all__ = ["SplatInputError", "ConfigError", "RunStateError", "RankLostError", "format_error", "interrupt_behind",
+           "run_cli"]
 
 
 class SplatInputError(ValueError):
@@ -26,6 +27,12 @@ class ConfigError(SplatInputError):
 class RunStateError(SplatInputError):
     """The output folder cannot be used for this run (it holds another run,
     is a file, is read-only, or its checkpoint does not fit the config)."""
+
+
+class RankLostError(RuntimeError):
+    """Multi-process training: another rank died or stopped answering (the
+    message names it); this rank stops, and ``--resume`` continues from the
+    last complete checkpoint."""
 
 
 def format_error(e: BaseException) -> str:
@@ -63,6 +70,9 @@ def run_cli(fn: Callable[[], int], debug: bool = False, extra: Tuple[type, ...] 
     except BaseException as e:
         if debug:
             raise
+        if isinstance(e, RankLostError):
+            print(f"error: {format_error(e)}", file=sys.stderr)
+            return 1
         if interrupt_behind(e) is not None:
             print("error: interrupted", file=sys.stderr)
             return 130

@@ -69,43 +69,52 @@ def evaluate_frames(trainer, frames) -> dict:
     frames they average; absent when no frame has a (non-empty) mask."""
     if not frames:
         return {}
-    psnrs, ssims, psnrs_fit = [], [], []
-    psnrs_masked, ssims_masked = [], []
-    use_masks = trainer.cfg["eval"]["masked"] is not False
-    depth_err_sum, normal_err_sum, n_px = 0.0, 0.0, 0
-    data_dir = Path(trainer.cfg["data"]["path"])
-    use_median = trainer.cfg["render"]["depth"] == "median"
-    for f in frames:
-        out = trainer.render(f)
-        rgb = out.rgb.clamp(0, 1).cpu()
-        psnrs.append(psnr(rgb, f.image))
-        ssims.append(float(ssim(rgb, f.image)))
-        psnrs_fit.append(psnr(fit_affine(rgb, f.image)[0], f.image))
-        m = f.object_mask if use_masks else None
-        p_masked = None if m is None else masked_psnr(rgb, f.image, m)
-        if p_masked is not None:  # an empty mask (all cropped away) has no figure
-            psnrs_masked.append(p_masked)
-            ssims_masked.append(masked_ssim(rgb, f.image, m, trainer.background))
-        z_gt, n_gt = ground_truth_geometry(data_dir, f.stem, f.height, f.width)
-        if z_gt is None:
-            continue
-        valid = z_gt > 0
-        if not bool(valid.any()):
-            continue
-        z = (out.median_depth if use_median else out.depth).cpu()
-        depth_err_sum += float(((z - z_gt).abs() / z_gt.clamp_min(1e-12))[valid].sum())
-        if n_gt is not None:
-            n = normalized_normals(out.normal.cpu(), out.alpha.cpu())
-            ngt = n_gt / n_gt.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-            cos = (n * ngt).sum(-1).abs().clamp(0, 1)  # GT normals are not oriented
-            normal_err_sum += float(torch.rad2deg(torch.acos(cos))[valid].sum())
-        n_px += int(valid.sum())
-    res = {"psnr": float(np.mean(psnrs)), "ssim": float(np.mean(ssims)),
-           "psnr_affine_fit": float(np.mean(psnrs_fit)), "num_views": len(frames)}
-    if psnrs_masked:
-        res.update(psnr_masked=float(np.mean(psnrs_masked)), ssim_masked=float(np.mean(ssims_masked)),
-                   num_views_masked=len(psnrs_masked))
+    return combine_frame_metrics([frame_metrics(trainer.cfg, trainer.background, f, trainer.render(f))
+                                  for f in frames])
+
+
+def frame_metrics(cfg: Dict, background, f, out) -> dict:
+    """The figures of one test view ``f`` rendered as ``out``, as
+    :func:`combine_frame_metrics` adds them up (so the views may be rendered
+    on different processes and their figures combined anywhere)."""
+    rgb = out.rgb.clamp(0, 1).cpu()
+    row = {"psnr": psnr(rgb, f.image), "ssim": float(ssim(rgb, f.image)),
+           "psnr_fit": psnr(fit_affine(rgb, f.image)[0], f.image),
+           "depth_err_sum": 0.0, "normal_err_sum": 0.0, "n_px": 0}
+    m = f.object_mask if cfg["eval"]["masked"] is not False else None
+    p_masked = None if m is None else masked_psnr(rgb, f.image, m)
+    if p_masked is not None:  # an empty mask (all cropped away) has no figure
+        row["psnr_masked"] = p_masked
+        row["ssim_masked"] = masked_ssim(rgb, f.image, m, background)
+    z_gt, n_gt = ground_truth_geometry(Path(cfg["data"]["path"]), f.stem, f.height, f.width)
+    if z_gt is None:
+        return row
+    valid = z_gt > 0
+    if not bool(valid.any()):
+        return row
+    z = (out.median_depth if cfg["render"]["depth"] == "median" else out.depth).cpu()
+    row["depth_err_sum"] = float(((z - z_gt).abs() / z_gt.clamp_min(1e-12))[valid].sum())
+    if n_gt is not None:
+        n = normalized_normals(out.normal.cpu(), out.alpha.cpu())
+        ngt = n_gt / n_gt.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        cos = (n * ngt).sum(-1).abs().clamp(0, 1)  # GT normals are not oriented
+        row["normal_err_sum"] = float(torch.rad2deg(torch.acos(cos))[valid].sum())
+    row["n_px"] = int(valid.sum())
+    return row
+
+
+def combine_frame_metrics(rows) -> dict:
+    """The test figures (see :func:`evaluate_frames`) of the views' :func:`frame_metrics`, in view order."""
+    if not rows:
+        return {}
+    res = {"psnr": float(np.mean([r["psnr"] for r in rows])), "ssim": float(np.mean([r["ssim"] for r in rows])),
+           "psnr_affine_fit": float(np.mean([r["psnr_fit"] for r in rows])), "num_views": len(rows)}
+    masked = [r for r in rows if "psnr_masked" in r]
+    if masked:
+        res.update(psnr_masked=float(np.mean([r["psnr_masked"] for r in masked])),
+                   ssim_masked=float(np.mean([r["ssim_masked"] for r in masked])), num_views_masked=len(masked))
+    n_px = sum(r["n_px"] for r in rows)
     if n_px > 0:
-        res["depth_rel_err"] = depth_err_sum / n_px
-        res["normal_deg_err"] = normal_err_sum / n_px
+        res["depth_rel_err"] = sum(r["depth_err_sum"] for r in rows) / n_px
+        res["normal_deg_err"] = sum(r["normal_err_sum"] for r in rows) / n_px
     return res

@@ -111,9 +111,16 @@ class GaussianModel(nn.Module):
 
     Densification replaces whole parameters (``model.params[name] = new``), so
     code must look parameters up by name each step rather than hold on to them.
+
+    ``ids`` [N] int64: each surfel's identity, unique in the run and never
+    reused (default ``0 .. N-1``); ``next_id``: the identity the next new
+    surfel gets (default ``max(ids) + 1``).  Densification keeps the rows in
+    increasing id order on one process, and keys its randomness by id, so a
+    surfel's fate does not depend on which process holds it (issue 23).
     """
 
-    def __init__(self, params: Dict[str, torch.Tensor], sh_degree: int):
+    def __init__(self, params: Dict[str, torch.Tensor], sh_degree: int, ids: Optional[torch.Tensor] = None,
+                 next_id: Optional[int] = None):
         super().__init__()
         self.sh_degree = int(sh_degree)  # maximum SH degree (size of shN)
         expected_rest = num_sh_bases(self.sh_degree) - 1
@@ -124,6 +131,11 @@ class GaussianModel(nn.Module):
         self.params = nn.ParameterDict(
             {k: nn.Parameter(params[k].detach().float().contiguous()) for k in PARAM_NAMES}
         )
+        n = self.num_gaussians
+        self.ids = torch.arange(n, dtype=torch.int64) if ids is None else ids.detach().to(torch.int64).cpu()
+        if self.ids.shape != (n,):
+            raise ValueError(f"ids has shape {tuple(self.ids.shape)}, expected ({n},)")
+        self.next_id = int(next_id) if next_id is not None else (int(self.ids.max()) + 1 if n else 0)
 
     # ----------------------------------------------------------- activations
     @property
@@ -143,13 +155,23 @@ class GaussianModel(nn.Module):
         """"2dgs" (surfels: two scales) or "3dgs" (3D Gaussians: three)."""
         return "3dgs" if self.params["scales"].shape[1] == 3 else "2dgs"
 
+    # The activations run in float64 and round to the parameters' dtype.  On
+    # the CPU, torch evaluates exp and sigmoid with SIMD code and the last few
+    # elements of a tensor with scalar code, which round differently in the
+    # last bit, so in float32 a surfel's value would depend on where its row
+    # falls in the tensor, and a model split over processes (issue 23) would
+    # drift from one process.  Rounded from float64, both agree (but with
+    # odds of ~1e-9 per value).
+
     @property
     def scales(self) -> torch.Tensor:  # [N, 2] or [N, 3] std devs (> 0)
-        return torch.exp(self.params["scales"])
+        raw = self.params["scales"]
+        return torch.exp(raw.double()).to(raw.dtype)
 
     @property
     def opacities(self) -> torch.Tensor:  # [N] in (0, 1)
-        return torch.sigmoid(self.params["opacities"])
+        raw = self.params["opacities"]
+        return torch.sigmoid(raw.double()).to(raw.dtype)
 
     def colors(self, degree: Optional[int] = None) -> torch.Tensor:
         """SH coefficients up to ``degree`` (default: the max): [N, (degree+1)^2, 3]."""

@@ -17,12 +17,21 @@ Output folder layout::
     OUT/metrics.json           test metrics, n_gaussians, iterations, train_seconds, peak_memory_mb
                                (test.psnr_masked / test.ssim_masked inside the object masks: eval.masked)
 
-Determinism / resume: everything random is drawn from generators seeded by
-``seed`` whose state is saved in every checkpoint: the torch, numpy and python
-global RNGs (initialisation, splits, random backgrounds) and the view order,
-which is a pure function of ``(seed, epoch)``.  A run resumed from a
-checkpoint therefore replays exactly the steps the uninterrupted run would
-have taken.
+Determinism / resume: the initialisation draws from the global RNGs seeded
+by ``seed`` (their state is saved in every checkpoint); the view order is a
+pure function of ``(seed, epoch)``, and the split children and random
+backgrounds are keyed by (seed, step, surfel id or camera)
+(:mod:`splat.keyed_random`).  A run resumed from a checkpoint therefore
+replays exactly the steps the uninterrupted run would have taken.
+
+Several processes (``torchrun ... train.py``, issue 23): the loop is the
+same; what depends on ranks it asks :mod:`splat.distributed`.  Each rank
+holds a shard of the surfels (with their Adam moments and densification
+statistics), renders its cameras of the batch with
+:func:`splat.distributed.render_sharded`, and writes its part of each
+checkpoint; rank 0 prints, writes ``point_cloud.ply`` (the whole model) and
+``metrics.json``.  The same config gives the same model on any number of
+processes, up to floating-point summation order (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -46,8 +55,6 @@ from .checkpoint import (
     checkpoint_path,
     claim_out_dir,
     clean_temp_files,
-    load_latest_checkpoint,
-    prune_checkpoints,
     rng_state,
     run_identity,
     save_config,
@@ -56,8 +63,13 @@ from .checkpoint import (
 )
 from .appearance import make_appearance, make_optimizer
 from .config import check_config
-from .evaluation import check_eval_masks, evaluate_frames
-from .errors import RunStateError, SplatInputError
+from .distributed import Camera, Group, from_environment, leave, render_sharded
+from .distributed.checkpoint import load_latest_checkpoint, prune as prune_sharded, save_sharded
+from .distributed.group import on_main
+from .distributed.shard import all_counts, all_sum, balanced_slice, gather_to_main, rebalance
+from .evaluation import check_eval_masks, combine_frame_metrics, evaluate_frames, frame_metrics
+from .errors import ConfigError, RankLostError, RunStateError, SplatInputError
+from .keyed_random import BACKGROUND_STREAM, keyed_uniform
 from .losses import psnr, total_loss
 from .model import GaussianModel, create_from_points, save_ply
 from .progress import LogLines, format_duration, use_progress_bar  # noqa: F401 (re-exported)
@@ -91,10 +103,17 @@ def make_optimizers(model: GaussianModel, lr: Dict, scene_radius: float) -> Dict
         "shN": lr["shN"],
     }
     # eps=1e-15 as in 3DGS: parameters with tiny gradients (SH rest) still move.
-    # fused=True: one elementwise kernel per parameter instead of a dozen
-    # whole-array ops (measured 3-6x faster at 200k surfels on the CPU).
+    # On the CPU, foreach Adam rather than fused: the fused kernel rounds the
+    # last few elements of a tensor (its vector loop's scalar tail)
+    # differently from the rest, so a surfel's update would depend on where
+    # its row falls in its process's shard, and N processes would drift from
+    # one (issue 23; seen after 2 steps).  foreach is position-independent
+    # (tests/test_distributed_train.py) and costs 30 ms against fused's 8 ms
+    # per step at 200k surfels on the 2-core CPU.  CUDA keeps fused: its
+    # rasterizer sums gradients with atomics, so no order is bitwise there.
+    fused = model.means.is_cuda
     return {
-        name: torch.optim.Adam([model.params[name]], lr=rates[name], eps=1e-15, fused=True)
+        name: torch.optim.Adam([model.params[name]], lr=rates[name], eps=1e-15, fused=fused, foreach=not fused)
         for name in model.params.keys()
     }
 
@@ -119,17 +138,41 @@ StepCallback = Callable[["Trainer", int, dict], None]
 class Trainer:
     """Owns the scene, model, optimisers and strategy of one run in ``out_dir``.
 
-    ``callbacks``: :data:`StepCallback` hooks called after every step."""
+    ``callbacks``: :data:`StepCallback` hooks called after every step.
+    ``group``: this process's :class:`splat.distributed.Group`; default: the
+    one torchrun started it in (joined here, left by :meth:`close`), or one
+    process."""
 
     def __init__(self, cfg: Dict, out_dir, resume: bool = False, scene=None,
-                 callbacks: Sequence[StepCallback] = (), overwrite: bool = False):
+                 callbacks: Sequence[StepCallback] = (), overwrite: bool = False, group: Group | None = None):
         from .data import load_scene_from_config
 
         cfg = check_config(cfg)
         self.cfg = cfg
         self.callbacks = list(callbacks)
+        self._own_group = group is None
+        self.group = group if group is not None else from_environment(cfg["device"], cfg["distributed"]["timeout_s"])
+        self.watchdog = None
+        self._lock = None
+        try:
+            self._setup(cfg, out_dir, resume, scene, overwrite, load_scene_from_config)
+        except BaseException as e:
+            self.close()
+            self._reraise(e)
+
+    def _setup(self, cfg, out_dir, resume, scene, overwrite, load_scene_from_config) -> None:
+        if self.group.distributed:
+            if cfg["model"]["primitive"] != "2dgs":
+                raise ConfigError(f"model.primitive={cfg['model']['primitive']}: training on several processes "
+                                  "renders surfels only (model.primitive=2dgs)")
+            if cfg["render"]["backend"] == "torch":
+                raise ConfigError("render.backend=torch: training on several processes needs the C++ or CUDA "
+                                  "kernels (render.backend=auto)")
+            from .distributed.watchdog import Watchdog
+
+            self.watchdog = Watchdog(self.group, cfg["distributed"]["timeout_s"])
         self.out_dir = check_out_dir(Path(out_dir))  # before the (slow) data loading
-        self.device = resolve_device(cfg["device"])
+        self.device = self.group.device if self.group.distributed else resolve_device(cfg["device"])
         dcfg = cfg["data"]
         self.background = torch.tensor(dcfg["background"], dtype=torch.float32).reshape(3)
         self.scene = scene if scene is not None else load_scene_from_config(
@@ -139,40 +182,42 @@ class Trainer:
         check_eval_masks(cfg, self.scene)  # before the (long) training, not at its end
         self.scene_radius = float(self.scene.scene_radius())
         self.step = 0  # completed steps
+        self._surfels_total = 0
         self.train_seconds = 0.0
         self.identity = run_identity(cfg, self.scene)
         self.run_id = self.identity["run_id"]
+        self._start(resume, overwrite)
+
+    def _claim(self, resume: bool, overwrite: bool) -> None:
+        """Lock and claim the output folder (rank 0 only: the others share it)."""
         self._lock = RunLock(self.out_dir)
-        try:
-            self._start(resume, overwrite)
-        except BaseException:
-            self._lock.release()
-            raise
+        for p in clean_temp_files(self.out_dir):
+            print(f"removed {p} (left by a killed writer)", file=sys.stderr)
+        claim_out_dir(self.out_dir, self.identity, resume=resume, overwrite=overwrite)
 
     def _start(self, resume: bool, overwrite: bool) -> None:
         """Claim the output folder, then build the model fresh or from this run's newest checkpoint."""
         cfg = self.cfg
-        for p in clean_temp_files(self.out_dir):
-            print(f"removed {p} (left by a killed writer)", file=sys.stderr)
-        claim_out_dir(self.out_dir, self.identity, resume=resume, overwrite=overwrite)
+        on_main(self.group, lambda: self._claim(resume, overwrite))
         seed_everything(cfg["seed"])
-        ckpt = load_latest_checkpoint(self.out_dir, self.run_id, quarantine=True) if resume else None
-        if resume and ckpt is None:
+        ckpt = load_latest_checkpoint(self.out_dir, self.run_id, group=self.group, quarantine=True) if resume else None
+        if resume and ckpt is None and self.group.is_main:
             print(f"no checkpoint in {self.out_dir / 'checkpoints'}: starting from scratch", file=sys.stderr)
         if ckpt is not None and int(ckpt["step"]) > cfg["train"]["iterations"]:
             raise RunStateError(f"{ckpt['path']}: checkpoint is at step {ckpt['step']}, beyond "
                                 f"train.iterations={cfg['train']['iterations']}")
         if ckpt is not None:
-            self.model = GaussianModel(ckpt["params"], ckpt["sh_degree"])
+            self.model = GaussianModel(ckpt["params"], ckpt["sh_degree"], ids=ckpt.get("ids"),
+                                       next_id=ckpt.get("next_id"))
         else:
-            self.model = self._init_model()
+            self.model = self._initial_shard()
         self.model.to(self.device)
         self.optimizers = make_optimizers(self.model, cfg["train"]["lr"], self.scene_radius)
         # train.appearance=affine: per-train-image colour correction, own Adam (splat/appearance.py)
         self.appearance = make_appearance(cfg["train"], len(self.scene.train), self.device)
         if self.appearance is not None:
             self.optimizers["appearance"] = make_optimizer(self.appearance, cfg["train"]["appearance_lr"])
-        self.strategy = make_strategy(cfg["strategy"], self.scene_radius)
+        self.strategy = make_strategy(cfg["strategy"], self.scene_radius, seed=cfg["seed"], group=self.group)
         if ckpt is not None:
             if self.appearance is not None:
                 self.appearance.load_state_dict(ckpt["appearance"])
@@ -182,13 +227,45 @@ class Trainer:
             set_rng_state(ckpt["rng"])
             self.step = int(ckpt["step"])
             self.train_seconds = float(ckpt.get("train_seconds", 0.0))
-            print(f"resumed from {ckpt['path']} at step {self.step}", file=sys.stderr)
+            if self.group.is_main:
+                print(f"resumed from {ckpt['path']} at step {self.step}", file=sys.stderr)
 
     def close(self) -> None:
-        """Release the output folder (``train()`` does this when it ends)."""
-        self._lock.release()
+        """Release the output folder, and the process group if this trainer
+        joined it (``train()`` does this when it ends)."""
+        if self._lock is not None:
+            self._lock.release()
+        if self.watchdog is not None:
+            self.watchdog.close()
+            self.watchdog = None
+        if self._own_group and self.group.distributed:
+            leave(self.group)
+            self._own_group = False
+
+    def _reraise(self, e: BaseException):
+        """Re-raises ``e``, as a :class:`RankLostError` naming the peer when a
+        lost rank is behind it (a failed collective, or torchrun's SIGTERM
+        after a worker died)."""
+        if self.watchdog is not None and not isinstance(e, SplatInputError):
+            lost = self.watchdog.lost_rank(None if isinstance(e, RuntimeError) else 2.0)
+            if lost is not None:
+                raise RankLostError(f"rank {self.group.rank} stopping: {lost}; restart with --resume to continue "
+                                    "from the last complete checkpoint") from None
+        raise e
 
     # ------------------------------------------------------------ init
+    def _initial_shard(self) -> GaussianModel:
+        """The initial model (:meth:`_init_model`, built by rank 0 and sent to
+        all), of which this rank keeps its balanced slice."""
+        if not self.group.distributed:
+            return self._init_model()
+        whole = on_main(self.group, lambda: (lambda m: (m.raw_state(), m.sh_degree))(self._init_model()))
+        params, sh_degree = whole
+        n = params["means"].shape[0]
+        start, stop = balanced_slice(n, self.group.world_size, self.group.rank)
+        return GaussianModel({k: v[start:stop] for k, v in params.items()}, sh_degree,
+                             ids=torch.arange(start, stop), next_id=n)
+
     def _init_model(self) -> GaussianModel:
         """Surfels on the start :func:`splat.data.initial_points.initial_points`
         picks for ``model.init`` (``auto``: the scene's or triangulated
@@ -203,7 +280,8 @@ class Trainer:
                                fill_spacing=mcfg["init_fill_spacing"],
                                cache_dir=self.cfg["data"]["cache_dir"] or None, scene_name=self.cfg["data"]["path"],
                                background=self.background)
-        print(f"init: {start.description}", file=sys.stderr)
+        if self.group.is_main:
+            print(f"init: {start.description}", file=sys.stderr)
         return create_from_points(start.points, start.colors, mcfg["sh_degree"], mcfg["init_opacity"],
                                   mcfg["init_scale"], max_scales=start.max_scales, primitive=mcfg["primitive"])
 
@@ -240,25 +318,55 @@ class Trainer:
             opt.step()
             opt.zero_grad(set_to_none=True)
 
+    @property
+    def renders_sharded(self) -> bool:
+        """Whether steps and evaluation render with
+        :func:`splat.distributed.render_sharded` (surfels with the C++/CUDA
+        kernels, on any number of processes: one code path, so one process
+        and N run the same arithmetic) rather than camera by camera with
+        :func:`splat.render.render_frame` (3D Gaussians, the PyTorch
+        reference backend)."""
+        return self.model.primitive == "2dgs" and self.cfg["render"]["backend"] != "torch"
+
     def train_step(self, step: int) -> dict:
+        """One optimisation step; see :meth:`train_step_sharded` and
+        :meth:`train_step_per_camera`."""
+        if self.renders_sharded:
+            return self.train_step_sharded(step)
+        return self.train_step_per_camera(step)
+
+    def _set_means_lr(self, step: int) -> None:
+        lr = self.cfg["train"]["lr"]
+        for g in self.optimizers["means"].param_groups:
+            g["lr"] = means_lr(step, self.cfg["train"]["iterations"], lr["means"], lr["means_final"]) * self.scene_radius
+
+    def _batch_views(self, step: int) -> list:
+        """Indices into the training views of ``step``'s ``train.batch_size`` cameras."""
+        batch = int(self.cfg["train"]["batch_size"])
+        return [view_index(self.cfg["seed"], (step - 1) * batch + b + 1, len(self.scene.train)) for b in range(batch)]
+
+    def _background(self, frame, step: int, slot: int) -> torch.Tensor:
+        """The background of camera ``slot`` of ``step``: the configured one, or
+        with ``data.random_background`` and a mask a random colour keyed by
+        (seed, step, slot), the same on any number of processes."""
+        if self.cfg["data"]["random_background"] and frame.mask is not None:
+            key = torch.tensor([[step, slot]], dtype=torch.int64)
+            return keyed_uniform(self.cfg["seed"], BACKGROUND_STREAM, key, 3)[0].float()
+        return self.background
+
+    def train_step_per_camera(self, step: int) -> dict:
         """One optimisation step (1-based ``step``) over ``train.batch_size``
         cameras B: views ``(step - 1) B + 1 ... step B`` of the seeded view
         order (:func:`view_index`; B = 1 is one view per step).  The loss is
         the mean of the cameras' losses; each camera's backward runs before
         the next one renders, so memory is that of one camera.  Returns
         logging terms, averaged over the cameras."""
-        cfg = self.cfg
-        iterations = cfg["train"]["iterations"]
-        batch = int(cfg["train"]["batch_size"])
+        batch = int(self.cfg["train"]["batch_size"])
         frames = self.scene.train
-        lr = cfg["train"]["lr"]
-        for g in self.optimizers["means"].param_groups:
-            g["lr"] = means_lr(step, iterations, lr["means"], lr["means_final"]) * self.scene_radius
-
+        self._set_means_lr(step)
         outs, terms = [], {}
-        for b in range(batch):
-            index = view_index(cfg["seed"], (step - 1) * batch + b + 1, len(frames))
-            out, loss, camera_terms = self._camera_loss(frames[index], index, step)
+        for b, index in enumerate(self._batch_views(step)):
+            out, loss, camera_terms = self._camera_loss(frames[index], index, step, b)
             self.strategy.step_pre_backward(self.model, self.optimizers, out, step)
             (loss / batch).backward()
             outs.append(out)
@@ -268,21 +376,74 @@ class Trainer:
         self.strategy.step_post_backward(self.model, self.optimizers, outs[0] if batch == 1 else outs, step)
         return terms
 
-    def _camera_loss(self, frame, index: int, step: int):
-        """(render, loss, logging terms) of one training camera ``frame``
-        (``index`` in the training views)."""
-        cfg = self.cfg
-        bg = self.background
-        if cfg["data"]["random_background"] and frame.mask is not None:
-            bg = torch.rand(3)
-        gt = gt_image(frame, bg, self.background).to(self.device)
-        out = self.render(frame, bg, self.sh_degree_at(step))
+    def train_step_sharded(self, step: int) -> dict:
+        """One step over ``train.batch_size`` cameras B rendered together from
+        every rank's surfels (:func:`splat.distributed.render_sharded`: camera
+        i on rank i mod N; one process renders them all).  The loss is the
+        mean over the batch, and one backward carries each surfel's gradient
+        back to its owner, summed over the cameras in the same order on any
+        number of processes.  The appearance corrections, which every rank
+        holds whole, have their gradients summed over the ranks.  Then
+        densification, and a rebalance of the shards when they drifted
+        apart.  Memory: the B cameras' renders at once."""
+        from .strategy import Visibility
+
+        cfg, group, model = self.cfg, self.group, self.model
+        batch = int(cfg["train"]["batch_size"])
+        frames = self.scene.train
+        self._set_means_lr(step)
+        views = self._batch_views(step)
+        backgrounds = [self._background(frames[i], step, b) for b, i in enumerate(views)]
+        cameras = [self._camera(frames[i], bg) for i, bg in zip(views, backgrounds)]
+        d = self.sh_degree_at(step)
+        r = render_sharded(model.means, model.quats, model.scales, model.opacities, model.colors(d),
+                           model.ids.to(self.device), cameras, group, near=cfg["render"]["near"],
+                           far=cfg["render"]["far"], sh_degree=d)
+        loss_sum, sums = r.anchor, [0.0, 0.0]
+        for b, out in r.outputs.items():
+            frame = frames[views[b]]
+            out = self._corrected(out, views[b], frame, backgrounds[b])
+            gt = gt_image(frame, backgrounds[b], self.background).to(self.device)
+            loss, _ = self.loss(out, gt, frame, step)
+            loss_sum = loss_sum + loss / batch
+            sums[0] += float(loss.detach())
+            sums[1] += psnr(out.rgb, gt)
+        loss_sum.backward()
         if self.appearance is not None:
-            # With a mask the loader painted the background into the target, so
-            # the photo's exposure applies to the scene only; without one every
-            # pixel is photographed content (an uncovered one too).
-            covered = (out.alpha, bg) if frame.mask is not None else ()
-            out = dataclasses.replace(out, rgb=self.appearance(out.rgb, index, *covered))
+            import torch.distributed as dist
+
+            for p in self.appearance.parameters():
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad)
+        self.optimizer_step()
+        seen = [Visibility(r.means2d[b], r.radii[b], c.width, c.height) for b, c in enumerate(cameras)]
+        self.strategy.step_post_backward(model, self.optimizers, seen[0] if batch == 1 else seen, step)
+        rebalance(model, self.optimizers, self.strategy, group, cfg["distributed"]["max_imbalance"])
+        total = all_sum(sums + [model.num_gaussians], group)
+        self._surfels_total = int(total[2])
+        return {"loss": total[0] / batch, "psnr": total[1] / batch}
+
+    def _camera(self, frame, background) -> Camera:
+        return Camera(frame.viewmat.to(self.device), frame.K.to(self.device), int(frame.width), int(frame.height),
+                      background.to(self.device))
+
+    def _corrected(self, out, index: int, frame, background):
+        """``out`` through the train view ``index``'s appearance correction, if any."""
+        if self.appearance is None:
+            return out
+        # With a mask the loader painted the background into the target, so
+        # the photo's exposure applies to the scene only; without one every
+        # pixel is photographed content (an uncovered one too).
+        covered = (out.alpha, background) if frame.mask is not None else ()
+        return dataclasses.replace(out, rgb=self.appearance(out.rgb, index, *covered))
+
+    def _camera_loss(self, frame, index: int, step: int, slot: int = 0):
+        """(render, loss, logging terms) of one training camera ``frame``
+        (``index`` in the training views, ``slot`` in the step's batch)."""
+        bg = self._background(frame, step, slot)
+        gt = gt_image(frame, bg, self.background).to(self.device)
+        out = self._corrected(self.render(frame, bg, self.sh_degree_at(step)), index, frame, bg)
         loss, terms = self.loss(out, gt, frame, step)
         terms["loss"] = float(loss.detach())
         terms["psnr"] = psnr(out.rgb, gt)
@@ -292,21 +453,38 @@ class Trainer:
         """Run (or continue) training to ``train.iterations``; write outputs;
         return metrics; release the output folder."""
         try:
-            return self._train()
+            metrics = self._train()
+            if self.watchdog is not None:
+                # Every rank stops watching before any leaves: a rank whose
+                # peers have gone would otherwise report them lost.
+                import torch.distributed as dist
+
+                self.watchdog.close()
+                self.watchdog = None
+                dist.barrier()
+            return metrics
+        except BaseException as e:
+            self._reraise(e)
         finally:
             self.close()
 
     def _train(self) -> dict:
         cfg = self.cfg
+        main = self.group.is_main
         iterations = int(cfg["train"]["iterations"])
-        save_config(cfg, self.out_dir / "config.yaml")
+        if main:
+            save_config(cfg, self.out_dir / "config.yaml")
         every = int(cfg["checkpoint"]["every"])
         bar = None
-        if use_progress_bar(cfg["log"]["progress"]):
+        log = None
+        if not main:
+            pass  # progress and log lines come from rank 0 only
+        elif use_progress_bar(cfg["log"]["progress"]):
             from tqdm import tqdm
 
             bar = tqdm(total=iterations, initial=self.step, desc="train", dynamic_ncols=True, smoothing=0.1)
-        log = LogLines(self.step, iterations, cfg["log"]["interval_s"])
+        else:
+            log = LogLines(self.step, iterations, cfg["log"]["interval_s"])
         t0 = time.perf_counter()
         ema = None
         while self.step < iterations:
@@ -317,9 +495,9 @@ class Trainer:
             if bar is not None:
                 bar.update(1)
                 if step % cfg["log"]["every"] == 0 or step == iterations:
-                    bar.set_postfix(loss=f"{ema['loss']:.4f}", psnr=f"{ema['psnr']:.2f}", n=self.model.num_gaussians)
-            else:
-                log.step(step, ema["loss"], self.model.num_gaussians)
+                    bar.set_postfix(loss=f"{ema['loss']:.4f}", psnr=f"{ema['psnr']:.2f}", n=self._surfels_seen)
+            elif log is not None:
+                log.step(step, ema["loss"], self._surfels_seen)
             if (every > 0 and step % every == 0) or step == iterations:
                 self.train_seconds += time.perf_counter() - t0
                 t0 = time.perf_counter()
@@ -332,14 +510,43 @@ class Trainer:
         self.train_seconds += time.perf_counter() - t0
         if bar is not None:
             bar.close()
-        save_ply(self.model, self.out_dir / "point_cloud.ply")
+        whole = self.whole_model()
+        if main:
+            save_ply(whole, self.out_dir / "point_cloud.ply")
         metrics = self.evaluate()
-        atomic_write_bytes(self.out_dir / "metrics.json", (json.dumps(metrics, indent=2) + "\n").encode())
-        self._print_summary(metrics)
+        if main:
+            atomic_write_bytes(self.out_dir / "metrics.json", (json.dumps(metrics, indent=2) + "\n").encode())
+            self._print_summary(metrics)
         return metrics
+
+    @property
+    def _surfels_seen(self) -> int:
+        """Surfels over all ranks as of the last step (for progress lines; not collective)."""
+        return self._surfels_total if self.group.distributed else self.model.num_gaussians
+
+    def num_gaussians(self) -> int:
+        """Surfels over all ranks (collective with several processes)."""
+        return sum(all_counts(self.model.num_gaussians, self.group))
+
+    @torch.no_grad()
+    def whole_model(self):
+        """The model with every rank's surfels, rows in id order (the order one
+        process keeps), on rank 0; None on the others.  Collective."""
+        if not self.group.distributed:
+            return self.model
+        ids = gather_to_main(self.model.ids, self.group)
+        params = {k: gather_to_main(v.detach(), self.group) for k, v in self.model.params.items()}
+        if ids is None:
+            return None
+        order = torch.argsort(ids)
+        return GaussianModel({k: v[order] for k, v in params.items()}, self.model.sh_degree, ids=ids[order],
+                             next_id=self.model.next_id)
 
     # ------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
+        """Writes this step's checkpoint (several processes: this rank's shard,
+        and the manifest from rank 0 once all are written) and deletes the
+        ones beyond ``checkpoint.keep``."""
         state = {
             "step": self.step,
             "sh_degree": self.model.sh_degree,
@@ -352,10 +559,19 @@ class Trainer:
             "train_seconds": self.train_seconds,
             "config": self.cfg,
             "run_id": self.run_id,
+            "ids": self.model.ids.clone(),
+            "next_id": self.model.next_id,
+            "rank": self.group.rank,
+            "world_size": self.group.world_size,
         }
+        if self.group.distributed:
+            path = save_sharded(self.out_dir, state, self.group)
+            if self.group.is_main:
+                prune_sharded(self.out_dir, self.run_id, self.step, self.cfg["checkpoint"]["keep"])
+            return path
         path = checkpoint_path(self.out_dir, self.step, self.run_id)
         atomic_write(path, lambda f: torch.save(state, f))
-        prune_checkpoints(self.out_dir, self.run_id, self.step, self.cfg["checkpoint"]["keep"])
+        prune_sharded(self.out_dir, self.run_id, self.step, self.cfg["checkpoint"]["keep"])
         return path
 
     # ------------------------------------------------------- evaluation
@@ -364,15 +580,44 @@ class Trainer:
         """Test-set metrics (see module doc of ``splat/render.py`` for the depth choice)."""
         frames = self.scene.test if frames is None else frames
         metrics = {
-            "n_gaussians": self.model.num_gaussians,
+            "n_gaussians": self.num_gaussians(),
             "iterations": self.step,
             "train_seconds": round(self.train_seconds, 3),
             "peak_memory_mb": round(peak_memory_mb(self.device), 1),
         }
-        test = evaluate_frames(self, frames)
+        if self.group.distributed:
+            metrics["processes"] = self.group.world_size
+            metrics["peak_memory_mb_per_rank"] = self._gather_objects(metrics["peak_memory_mb"])
+        test = self._evaluate_sharded(frames) if self.renders_sharded else evaluate_frames(self, frames)
         metrics.update({f"test.{k}": v for k, v in test.items()})
         metrics["test"] = test  # nested copy too: metrics["test"]["psnr"]
         return metrics
+
+    def _gather_objects(self, value) -> list:
+        if not self.group.distributed:
+            return [value]
+        import torch.distributed as dist
+
+        out = [None] * self.group.world_size
+        dist.all_gather_object(out, value)
+        return out
+
+    def _evaluate_sharded(self, frames) -> dict:
+        """The test figures with the views spread over the ranks: N views at a
+        time, view i of a round rendered (and scored) by rank i mod N."""
+        n = self.group.world_size
+        rows = []
+        for first in range(0, len(frames), n):
+            chunk = frames[first:first + n]
+            d = self.model.sh_degree
+            m = self.model
+            r = render_sharded(m.means, m.quats, m.scales, m.opacities, m.colors(d), m.ids.to(self.device),
+                               [self._camera(f, self.background) for f in chunk], self.group,
+                               near=self.cfg["render"]["near"], far=self.cfg["render"]["far"], sh_degree=d)
+            rows += [(first + i, frame_metrics(self.cfg, self.background, chunk[i], out))
+                     for i, out in r.outputs.items()]
+        everyone = sorted(row for part in self._gather_objects(rows) for row in part)
+        return combine_frame_metrics([row for _, row in everyone])
 
     def _print_summary(self, m: dict) -> None:
         parts = [f"{self.step} steps in {m['train_seconds']:.1f} s", f"{m['n_gaussians']} surfels"]

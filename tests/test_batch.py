@@ -60,9 +60,9 @@ def test_steps_take_the_next_views_of_the_seeded_order(tiny_scene, tmp_path):  #
     rendered = []
     camera_loss = trainer._camera_loss
 
-    def record(frame, index, step):
+    def record(frame, index, step, slot):
         rendered.append(index)
-        return camera_loss(frame, index, step)
+        return camera_loss(frame, index, step, slot)
 
     trainer._camera_loss = record
     for step in (1, 2, 3):

@@ -78,10 +78,10 @@ def test_resume_refuses_another_runs_checkpoint(scene, tmp_path):
 
 
 def test_resume_allows_the_declared_changes(scene, tmp_path):
-    """train.iterations, checkpoint.*, log.*, device, render.backend/depth, eval.* and
+    """train.iterations, checkpoint.*, log.*, device, render.backend/depth, eval.*, distributed.* and
     the data's location may change on resume (splat.checkpoint.RESUMABLE_KEYS)."""
     assert set(RESUMABLE_KEYS) == {"train.iterations", "checkpoint", "log", "device", "render.backend",
-                                   "render.depth", "eval", "data.path"}
+                                   "render.depth", "eval", "data.path", "distributed"}
     out = tmp_path / "run"
     Trainer(_cfg(scene, 3), out).train()
     moved = tmp_path / "moved_scene"

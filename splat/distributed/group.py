@@ -110,3 +110,32 @@ def leave(group: Group) -> None:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def on_main(group: Group, fn):
+    """``fn()`` on rank 0 only (claiming the output folder, building the
+    initial model), its result broadcast to every rank.  When it raises,
+    rank 0 re-raises and the other ranks raise a RunStateError quoting it,
+    instead of waiting for a rank 0 that has gone."""
+    if not group.distributed:
+        return fn()
+    import torch.distributed as dist
+
+    box = [None, None]  # (result, error text)
+    error = None
+    if group.is_main:
+        try:
+            box[0] = fn()
+        except BaseException as e:
+            error = e
+            from ..errors import format_error
+
+            box = [None, format_error(e)]
+    dist.broadcast_object_list(box, src=0)
+    if error is not None:
+        raise error
+    if box[1] is not None:
+        from ..errors import RunStateError
+
+        raise RunStateError(f"rank 0 failed: {box[1]}")
+    return box[0]

@@ -47,6 +47,9 @@ def run_ranks(fn, world: int, out_dir, *args, timeout_s: float = 180.0, threads:
     port = free_port()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    for r in range(world):  # a previous call's results must not pass for this one's
+        for suffix in (".pt", ".err"):
+            (out_dir / f"rank{r}{suffix}").unlink(missing_ok=True)
     procs = [ctx.Process(target=_entry, args=(fn, r, world, port, str(out_dir), threads, args)) for r in range(world)]
     for p in procs:
         p.start()

@@ -33,7 +33,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..outputs import RasterOutput, compose
-from ..rasterize import _project, _RasterizeSurfels, _surfel_colors, fold_translation
+from ..rasterize import _empty_sums, _project, _project_cpu, _RasterizeSurfels, _surfel_colors, fold_translation
 from .exchange import comm_device, exchange_rows
 from .group import Group
 
@@ -104,10 +104,17 @@ def render_sharded(means, quats, scales, opacities, colors, ids, cameras: Sequen
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (means, quats, scales, opacities, colors))
     floats, ints, handles, radii = [], [], [], []
     for cam in cameras:
-        rgb = _surfel_colors(means, colors, cam.viewmat, sh_degree)
-        proj = _project(means, quats, scales, opacities, cam.viewmat, cam.K, cam.width, cam.height, near, far)
-        means2d = proj["center"].detach().clone().requires_grad_(grad)
-        Tuvw, center = fold_translation(proj["Tuvw"], proj["center"], means2d) if grad else (proj["Tuvw"], proj["center"])
+        if means.device.type == "cpu" and not (cam.viewmat.requires_grad or cam.K.requires_grad):
+            # splat.rasterize's fused C++ projection (means2d folded in by its backward).
+            proj, rgb, means2d = _project_cpu(means, quats, scales, opacities, colors, cam.viewmat, cam.K,
+                                              cam.width, cam.height, near, far, sh_degree, grad)
+            Tuvw, center = proj["Tuvw"], proj["center"]
+        else:
+            rgb = _surfel_colors(means, colors, cam.viewmat, sh_degree)
+            proj = _project(means, quats, scales, opacities, cam.viewmat, cam.K, cam.width, cam.height, near, far)
+            means2d = proj["center"].detach().clone().requires_grad_(grad)
+            Tuvw, center = (fold_translation(proj["Tuvw"], proj["center"], means2d) if grad
+                            else (proj["Tuvw"], proj["center"]))
         rect = proj["pixel_rect"]
         sel = ((rect[:, 2] > rect[:, 0]) & (rect[:, 3] > rect[:, 1])).nonzero().flatten()
         floats.append(torch.cat([Tuvw[sel], center[sel], proj["normal"][sel], rgb[sel], opacities[sel, None],
@@ -138,12 +145,16 @@ def render_sharded(means, quats, scales, opacities, colors, ids, cameras: Sequen
     outputs = {}
     for i in mine:
         cam = cameras[i]
-        rows = torch.cat([torch.arange(a, b, device=y.device) for a, b in blocks[i]])
+        rows = torch.cat([torch.arange(a, b, device=y.device) for a, b in blocks[i]] +
+                         [torch.zeros(0, dtype=torch.int64, device=y.device)])
         rows = rows[torch.argsort(yi[rows, 4], stable=True)]  # global-id order: independent of the partition
         rec, irec = y[rows], yi[rows]
-        Tuvw, center, normal, rgb, opacity, depth = torch.split(rec, _SPLIT, dim=1)
-        sums = _RasterizeSurfels.apply(Tuvw, center, normal, rgb, opacity[:, 0], depth[:, 0].detach(),
-                                       irec[:, :4].to(torch.int32), cam.width, cam.height, near, far)
+        if rec.shape[0] == 0:  # nothing in view: the background, joined to the graph by the anchor
+            sums = _empty_sums(cam.width, cam.height, y.dtype, y.device)
+        else:
+            Tuvw, center, normal, rgb, opacity, depth = torch.split(rec, _SPLIT, dim=1)
+            sums = _RasterizeSurfels.apply(Tuvw, center, normal, rgb, opacity[:, 0], depth[:, 0].detach(),
+                                           irec[:, :4].to(torch.int32), cam.width, cam.height, near, far)
         outputs[i] = compose(*sums, background=cam.background, radii=None, means2d=None)
     anchor = y.sum() * 0.0 if y.requires_grad else y.new_zeros(())
     bytes_sent = x.numel() * x.element_size() + xi.numel() * xi.element_size() - (

@@ -22,16 +22,43 @@ consistent with the new rows.
 
 from __future__ import annotations
 
-from typing import Callable, Dict
+from typing import Callable, Dict, NamedTuple
 
 import torch
 from torch import nn
 
-__all__ = ["Strategy", "update_params", "make_strategy"]
+__all__ = ["Strategy", "Visibility", "visibility", "update_params", "make_strategy"]
+
+
+class Visibility(NamedTuple):
+    """What densification reads of one camera's render: ``means2d`` [N, 2]
+    (its ``.grad`` after backward), ``radii`` [N] (0: not drawn) and the
+    image size.  :func:`visibility` makes one from a rasterizer output; the
+    multi-process trainer makes them from :func:`splat.distributed.render_sharded`."""
+
+    means2d: torch.Tensor
+    radii: torch.Tensor
+    width: int
+    height: int
+
+
+def visibility(out) -> Visibility:
+    """``out`` as a :class:`Visibility` (a rasterizer output or one already)."""
+    if isinstance(out, Visibility):
+        return out
+    return Visibility(out.means2d, out.radii, int(out.rgb.shape[1]), int(out.rgb.shape[0]))
 
 
 class Strategy:
     """Base class: does nothing (a fixed set of surfels)."""
+
+    def row_state(self, n: int) -> Dict[str, torch.Tensor]:
+        """The strategy's per-surfel tensors ([n, ...]) that must move with
+        their surfels between processes (issue 23)."""
+        return {}
+
+    def set_row_state(self, rows: Dict[str, torch.Tensor]) -> None:
+        """Takes back :meth:`row_state`'s tensors after their rows moved."""
 
     def step_pre_backward(self, model, optimizers: Dict, out, step: int) -> None:
         """Called after rendering, before ``loss.backward()``."""
@@ -82,8 +109,11 @@ def update_params(
         model.params[name] = new
 
 
-def make_strategy(cfg: dict, scene_radius: float) -> Strategy:
-    """Build the strategy named by ``cfg["name"]`` (``default`` or ``none``)."""
+def make_strategy(cfg: dict, scene_radius: float, seed: int = 0, group=None) -> Strategy:
+    """Build the strategy named by ``cfg["name"]`` (``default`` or ``none``);
+    ``seed`` keys its randomness, ``group`` (a
+    :class:`splat.distributed.Group`; default: one process) is the set of
+    processes whose surfels it densifies together."""
     name = cfg.get("name", "default")
     if name == "none":
         return Strategy()
@@ -91,5 +121,5 @@ def make_strategy(cfg: dict, scene_radius: float) -> Strategy:
         from .default import DefaultStrategy
 
         kwargs = {k: v for k, v in cfg.items() if k != "name"}
-        return DefaultStrategy(scene_radius=scene_radius, **kwargs)
+        return DefaultStrategy(scene_radius=scene_radius, seed=seed, group=group, **kwargs)
     raise ValueError(f"unknown strategy {name!r} (expected 'default' or 'none')")

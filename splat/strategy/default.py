@@ -27,6 +27,16 @@ only the surfels with the largest gradients grow.
 
 Optimiser state: cloned rows copy their parent's Adam moments (gsplat); split
 rows start with zero moments; pruned rows are dropped.
+
+Across processes (issue 23; ``group``), every decision is one the sharding
+cannot change: each surfel's statistics are its own (its owner accumulates
+the gradients that come back from every camera's rank), the split samples
+are keyed by (``seed``, step, surfel id, child) (:mod:`splat.keyed_random`),
+the cap picks the largest gradients over all ranks, ties broken by id, and
+new surfels take ids by their parents' places among all ranks' parents.
+One process runs the same code without communication, and keeps its rows in
+increasing id order: clones are appended in their parents' order, then each
+split's first children, then its second ones, with increasing ids.
 """
 
 from __future__ import annotations
@@ -35,8 +45,11 @@ from typing import Dict
 
 import torch
 
+from ..distributed.group import Group
+from ..distributed.shard import all_counts, all_sum, gather_all
+from ..keyed_random import SPLIT_STREAM, keyed_normal
 from ..model import logit, quat_to_rotmat
-from . import Strategy, update_params
+from . import Strategy, Visibility, update_params, visibility
 
 
 class DefaultStrategy(Strategy):
@@ -57,6 +70,8 @@ class DefaultStrategy(Strategy):
         pause_refine_after_reset: int = 0,
         max_gaussians: int = 0,
         verbose: bool = False,
+        seed: int = 0,
+        group: Group | None = None,
     ):
         self.scene_radius = float(scene_radius)
         self.prune_opa = prune_opa
@@ -73,6 +88,8 @@ class DefaultStrategy(Strategy):
         self.pause_refine_after_reset = pause_refine_after_reset
         self.max_gaussians = int(max_gaussians)
         self.verbose = verbose
+        self.seed = int(seed)
+        self.group = group if group is not None else Group()
         self.grad2d = None  # [N] accumulated normalised gradient norms
         self.count = None  # [N] number of views each surfel was visible in
         self.radii = None  # [N] max screen radius / max(W, H)
@@ -93,6 +110,18 @@ class DefaultStrategy(Strategy):
         self.radii = state.get("radii")
         self.stats = dict(state.get("stats", self.stats))
 
+    #: The entries of :meth:`state_dict` with one row per surfel.
+    ROW_KEYS = ("grad2d", "count", "radii")
+
+    def row_state(self, n: int) -> Dict[str, torch.Tensor]:
+        if self.grad2d is None or self.grad2d.shape[0] != n:
+            return {}  # stale or absent: the next step starts them afresh
+        return {k: getattr(self, k) for k in self.ROW_KEYS}
+
+    def set_row_state(self, rows: Dict[str, torch.Tensor]) -> None:
+        for k in self.ROW_KEYS:
+            setattr(self, k, rows.get(k))
+
     def _reset_stats(self, n: int, device=None) -> None:
         self.grad2d = torch.zeros(n, device=device)
         self.count = torch.zeros(n, device=device)
@@ -102,7 +131,7 @@ class DefaultStrategy(Strategy):
     def step_post_backward(self, model, optimizers: Dict, out, step: int) -> None:
         if step >= self.refine_stop:
             return
-        outs = out if isinstance(out, (list, tuple)) else [out]
+        outs = [out] if isinstance(out, Visibility) or not isinstance(out, (list, tuple)) else out
         for camera in outs:
             # The step's loss is the mean over its cameras, so each camera's
             # means2d gradient is 1/len(outs) of its own loss's; undone here
@@ -126,10 +155,11 @@ class DefaultStrategy(Strategy):
             self._reset_stats(n, dev)
         elif self.grad2d.device != dev:  # e.g. stats loaded from a checkpoint on the CPU
             self._remap_stats(lambda v: v.to(dev))
+        out = visibility(out)
         g = out.means2d.grad
         if g is None:
             return
-        H, W = out.rgb.shape[0], out.rgb.shape[1]
+        H, W = out.height, out.width
         g = g.detach().float() * torch.tensor([W / 2.0 * scale, H / 2.0 * scale], device=g.device)  # [N, 2] NDC units
         radii = out.radii.detach()  # [N]
         vis = radii > 0
@@ -139,15 +169,15 @@ class DefaultStrategy(Strategy):
 
     @torch.no_grad()
     def _refine(self, model, optimizers: Dict, step: int) -> None:
-        n_before = model.num_gaussians
+        n_before = sum(all_counts(model.num_gaussians, self.group))
         n_clone, n_split = self._grow(model, optimizers, step)
         n_prune = self._prune(model, optimizers, step)
         self.stats["cloned"] += n_clone
         self.stats["split"] += n_split
         self.stats["pruned"] += n_prune
-        if self.verbose:
+        if self.verbose and self.group.is_main:
             print(
-                f"step {step}: {n_before} -> {model.num_gaussians} surfels "
+                f"step {step}: {n_before} -> {n_before + n_clone + n_split - n_prune} surfels "
                 f"(+{n_clone} cloned, +{n_split} split, -{n_prune} pruned)"
             )
         self._reset_stats(model.num_gaussians, model.means.device)
@@ -164,28 +194,52 @@ class DefaultStrategy(Strategy):
         if step < self.refine_scale2d_stop:
             split |= self.radii > self.grow_scale2d
         if self.max_gaussians > 0:
-            clone, split = self._cap(model.num_gaussians, grads, clone, split)
-        n_clone, n_split = int(clone.sum()), int(split.sum())
-        if n_clone:
-            self._duplicate(model, optimizers, clone)
-        if n_split:
+            clone, split = self._cap(model, grads, clone, split)
+        ids = model.ids.to(clone.device)
+        # New ids: after every id so far, in the order of their parents' ids
+        # over all ranks (so one process keeps its rows in id order).
+        (clone_ids,), n_clone = self._new_ids(model, ids[clone], 1)
+        split_ids, n_split = self._new_ids(model, ids[split], 2)
+        if clone_ids.numel():
+            self._duplicate(model, optimizers, clone, clone_ids)
+        if split_ids[0].numel():
             # Clones were appended at the end, so the split mask just grows with False.
-            split = torch.cat([split, torch.zeros(n_clone, dtype=torch.bool, device=split.device)])
-            self._split(model, optimizers, split)
+            split = torch.cat([split, torch.zeros(len(clone_ids), dtype=torch.bool, device=split.device)])
+            self._split(model, optimizers, split, split_ids, step)
         return n_clone, n_split
 
-    def _cap(self, n: int, grads: torch.Tensor, clone: torch.Tensor, split: torch.Tensor):
-        """Keep only the highest-gradient candidates so that N stays <= max_gaussians.
+    def _new_ids(self, model, parents: torch.Tensor, children: int):
+        """Ids for ``children`` new surfels per parent (ids ``parents`` [P] of
+        this rank): returns ([children] tensors [P] of ids, the number of
+        parents over all ranks), and advances ``model.next_id``.  Child k of the
+        parent at place j among all ranks' parents (sorted by id) gets
+        ``next_id + k * total + j``."""
+        everyone = torch.sort(gather_all(parents.cpu(), self.group)).values  # [total]
+        place = torch.searchsorted(everyone, parents.cpu())
+        total = everyone.numel()
+        new = [model.next_id + k * total + place for k in range(children)]
+        model.next_id += children * total
+        return new, total
+
+    def _cap(self, model, grads: torch.Tensor, clone: torch.Tensor, split: torch.Tensor):
+        """Keep only the highest-gradient candidates, over all ranks, so that
+        N stays <= max_gaussians; equal gradients go to the smaller id.
 
         A clone adds one surfel and a split adds one net (2 replace 1)."""
+        n = sum(all_counts(model.num_gaussians, self.group))
         room = max(self.max_gaussians - n, 0)
         cand = clone | split
-        if int(cand.sum()) <= room:
+        ids = model.ids.to(cand.device)
+        cand_ids, cand_grads = ids[cand].cpu(), grads[cand].double().cpu()
+        all_ids, all_grads = gather_all(cand_ids, self.group), gather_all(cand_grads, self.group)
+        if all_ids.numel() <= room:
             return clone, split
+        # Largest gradient first, then smallest id: a total order, whatever the partition.
+        order = torch.argsort(all_ids, stable=True)
+        order = order[torch.argsort(-all_grads[order], stable=True)]
+        chosen = all_ids[order[:room]]
         keep = torch.zeros_like(cand)
-        if room > 0:
-            score = torch.where(cand, grads, torch.full_like(grads, -1.0))
-            keep[score.topk(room).indices] = True
+        keep[cand] = torch.isin(cand_ids, chosen).to(cand.device)
         return clone & keep, split & keep
 
     def _remap_stats(self, fn) -> None:
@@ -193,8 +247,8 @@ class DefaultStrategy(Strategy):
         self.grad2d, self.count, self.radii = fn(self.grad2d), fn(self.count), fn(self.radii)
 
     @torch.no_grad()
-    def _duplicate(self, model, optimizers: Dict, mask: torch.Tensor) -> None:
-        """Append exact copies of the masked surfels (copying their Adam moments)."""
+    def _duplicate(self, model, optimizers: Dict, mask: torch.Tensor, new_ids: torch.Tensor) -> None:
+        """Append exact copies of the masked surfels (copying their Adam moments), ids ``new_ids``."""
         sel = mask.nonzero(as_tuple=True)[0]
         update_params(
             model, optimizers,
@@ -202,10 +256,12 @@ class DefaultStrategy(Strategy):
             lambda key, v: torch.cat([v, v[sel]]),
         )
         self._remap_stats(lambda v: torch.cat([v, v[sel]]))
+        model.ids = torch.cat([model.ids, new_ids.cpu()])
 
     @torch.no_grad()
-    def _split(self, model, optimizers: Dict, mask: torch.Tensor) -> None:
-        """Replace each masked surfel by 2 samples of itself, scales / 1.6."""
+    def _split(self, model, optimizers: Dict, mask: torch.Tensor, new_ids, step: int) -> None:
+        """Replace each masked surfel by 2 samples of itself, scales / 1.6;
+        children get ids ``new_ids`` ([2] tensors [S])."""
         sel = mask.nonzero(as_tuple=True)[0]
         rest = (~mask).nonzero(as_tuple=True)[0]
         scales = model.scales.detach()[sel]  # [S, 2] surfels, [S, 3] 3D Gaussians
@@ -213,7 +269,11 @@ class DefaultStrategy(Strategy):
         # Sample in the tangent plane: zero std along the normal axis (2DGS).
         # A surfel's samples stay in its tangent plane (no spread along the normal).
         std = scales if scales.shape[1] == 3 else torch.cat([scales, torch.zeros_like(scales[:, :1])], dim=-1)
-        local = torch.randn(2, len(sel), 3).to(std.device) * std[None]  # [2, S, 3] (CPU RNG: reproducible)
+        # Keyed by (step, parent id): the same children on any number of processes.
+        parent_ids = model.ids[sel.cpu()]
+        keys = torch.stack([torch.full_like(parent_ids, int(step)), parent_ids], dim=1)  # [S, 2]
+        noise = keyed_normal(self.seed, SPLIT_STREAM, keys, 6).reshape(len(sel), 2, 3).transpose(0, 1)
+        local = noise.to(std.dtype).to(std.device) * std[None]  # [2, S, 3]
         offsets = torch.einsum("sij,bsj->bsi", R, local)  # [2, S, 3]
         new_means = (model.params["means"].detach()[sel][None] + offsets).reshape(-1, 3)
         new_log_scales = torch.log(scales / 1.6).repeat(2, 1)  # [2S, 2 or 3]
@@ -232,6 +292,7 @@ class DefaultStrategy(Strategy):
 
         update_params(model, optimizers, param_fn, optim_fn)
         self._remap_stats(lambda v: torch.cat([v[rest], v[sel].repeat(2)]))
+        model.ids = torch.cat([model.ids[rest.cpu()], new_ids[0].cpu(), new_ids[1].cpu()])
 
     @torch.no_grad()
     def _prune(self, model, optimizers: Dict, step: int) -> int:
@@ -242,11 +303,12 @@ class DefaultStrategy(Strategy):
                 too_big |= self.radii > self.prune_scale2d
             prune |= too_big
         n = int(prune.sum())
-        if n == 0:
-            return 0
-        keep = (~prune).nonzero(as_tuple=True)[0]
-        update_params(model, optimizers, lambda name, p: p[keep], lambda key, v: v[keep])
-        return n
+        total = int(all_sum([n], self.group)[0])
+        if n:
+            keep = (~prune).nonzero(as_tuple=True)[0]
+            update_params(model, optimizers, lambda name, p: p[keep], lambda key, v: v[keep])
+            model.ids = model.ids[keep.cpu()]
+        return total
 
     @torch.no_grad()
     def _reset_opacity(self, model, optimizers: Dict) -> None:
