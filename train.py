@@ -69,6 +69,12 @@ def run(args) -> int:
     if out is None:
         out = Path("output") / Path(cfg["data"]["path"]).resolve().name
     if args.viewer:
+        from splat.distributed import launched_ranks
+        from splat.errors import ConfigError
+
+        if launched_ranks() > 1:
+            raise ConfigError(f"--viewer: not available with {launched_ranks()} processes (the live viewer needs "
+                              "the whole model in one process); open a checkpoint with view.py --model OUT instead")
         from splat.viewer.training import train_with_viewer
 
         return train_with_viewer(cfg, out, resume=args.resume, overwrite=args.overwrite, port=args.viewer_port)
