@@ -18,7 +18,8 @@ from .errors import ConfigError
 from .losses import masked_psnr, masked_ssim, psnr, ssim
 from .render import normalized_normals
 
-__all__ = ["ground_truth_geometry", "check_eval_masks", "evaluate_frames"]
+__all__ = ["ground_truth_geometry", "check_eval_masks", "evaluate_frames", "evaluate_frames_batched",
+           "frame_metrics", "combine_frame_metrics"]
 
 
 def ground_truth_geometry(data_dir: Path, stem: str, H: int, W: int):
@@ -71,6 +72,24 @@ def evaluate_frames(trainer, frames) -> dict:
         return {}
     return combine_frame_metrics([frame_metrics(trainer.cfg, trainer.background, f, trainer.render(f))
                                   for f in frames])
+
+
+def evaluate_frames_batched(cfg: Dict, background, frames, render_batch, group) -> dict:
+    """:func:`evaluate_frames` with the views spread over the ranks of
+    ``group`` (a :class:`splat.distributed.Group`): ``render_batch(views)``
+    renders a list of N views together and returns {index in the list:
+    output} for the ones this rank renders; their figures are gathered and
+    combined in view order on every rank.  Collective."""
+    from .distributed.group import all_gather_objects
+
+    n = group.world_size
+    rows = []
+    for first in range(0, len(frames), n):
+        chunk = frames[first:first + n]
+        rows += [(first + i, frame_metrics(cfg, background, chunk[i], out))
+                 for i, out in render_batch(chunk).items()]
+    everyone = sorted((row for part in all_gather_objects(rows, group) for row in part), key=lambda r: r[0])
+    return combine_frame_metrics([row for _, row in everyone])
 
 
 def frame_metrics(cfg: Dict, background, f, out) -> dict:

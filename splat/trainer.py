@@ -63,11 +63,12 @@ from .checkpoint import (
 )
 from .appearance import make_appearance, make_optimizer
 from .config import check_config
-from .distributed import Camera, Group, from_environment, leave, render_sharded
+from .distributed import Camera, Group, from_environment, leave
 from .distributed.checkpoint import load_latest_checkpoint, prune as prune_sharded, save_sharded
-from .distributed.group import on_main
-from .distributed.shard import all_counts, all_sum, balanced_slice, gather_to_main, rebalance
-from .evaluation import check_eval_masks, combine_frame_metrics, evaluate_frames, frame_metrics
+from .distributed.group import all_gather_objects, on_main
+from .distributed.model import render_model, shard_of, sum_replicated_gradients, whole_model
+from .distributed.shard import all_counts, all_sum, rebalance
+from .evaluation import check_eval_masks, evaluate_frames, evaluate_frames_batched
 from .errors import ConfigError, RankLostError, RunStateError, SplatInputError
 from .keyed_random import BACKGROUND_STREAM, keyed_uniform
 from .losses import psnr, total_loss
@@ -183,6 +184,8 @@ class Trainer:
         self.scene_radius = float(self.scene.scene_radius())
         self.step = 0  # completed steps
         self._surfels_total = 0
+        self._first_step = 0
+        self.exchange_bytes = 0.0  # sent between ranks by this session's steps, all ranks together
         self.train_seconds = 0.0
         self.identity = run_identity(cfg, self.scene)
         self.run_id = self.identity["run_id"]
@@ -259,12 +262,8 @@ class Trainer:
         all), of which this rank keeps its balanced slice."""
         if not self.group.distributed:
             return self._init_model()
-        whole = on_main(self.group, lambda: (lambda m: (m.raw_state(), m.sh_degree))(self._init_model()))
-        params, sh_degree = whole
-        n = params["means"].shape[0]
-        start, stop = balanced_slice(n, self.group.world_size, self.group.rank)
-        return GaussianModel({k: v[start:stop] for k, v in params.items()}, sh_degree,
-                             ids=torch.arange(start, stop), next_id=n)
+        params, sh_degree = on_main(self.group, lambda: (lambda m: (m.raw_state(), m.sh_degree))(self._init_model()))
+        return shard_of(params, sh_degree, self.group)
 
     def _init_model(self) -> GaussianModel:
         """Surfels on the start :func:`splat.data.initial_points.initial_points`
@@ -395,10 +394,7 @@ class Trainer:
         views = self._batch_views(step)
         backgrounds = [self._background(frames[i], step, b) for b, i in enumerate(views)]
         cameras = [self._camera(frames[i], bg) for i, bg in zip(views, backgrounds)]
-        d = self.sh_degree_at(step)
-        r = render_sharded(model.means, model.quats, model.scales, model.opacities, model.colors(d),
-                           model.ids.to(self.device), cameras, group, near=cfg["render"]["near"],
-                           far=cfg["render"]["far"], sh_degree=d)
+        r = render_model(model, cameras, group, self.sh_degree_at(step), cfg["render"]["near"], cfg["render"]["far"])
         loss_sum, sums = r.anchor, [0.0, 0.0]
         for b, out in r.outputs.items():
             frame = frames[views[b]]
@@ -410,18 +406,14 @@ class Trainer:
             sums[1] += psnr(out.rgb, gt)
         loss_sum.backward()
         if self.appearance is not None:
-            import torch.distributed as dist
-
-            for p in self.appearance.parameters():
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad)
+            sum_replicated_gradients(self.appearance, group)
         self.optimizer_step()
         seen = [Visibility(r.means2d[b], r.radii[b], c.width, c.height) for b, c in enumerate(cameras)]
         self.strategy.step_post_backward(model, self.optimizers, seen[0] if batch == 1 else seen, step)
         rebalance(model, self.optimizers, self.strategy, group, cfg["distributed"]["max_imbalance"])
-        total = all_sum(sums + [model.num_gaussians], group)
+        total = all_sum(sums + [model.num_gaussians, r.bytes_sent + r.bytes_backward], group)
         self._surfels_total = int(total[2])
+        self.exchange_bytes += total[3]
         return {"loss": total[0] / batch, "psnr": total[1] / batch}
 
     def _camera(self, frame, background) -> Camera:
@@ -487,6 +479,7 @@ class Trainer:
             log = LogLines(self.step, iterations, cfg["log"]["interval_s"])
         t0 = time.perf_counter()
         ema = None
+        self._first_step = self.step  # the exchange is counted from here (a resume starts a new count)
         while self.step < iterations:
             step = self.step + 1
             terms = self.train_step(step)
@@ -528,19 +521,9 @@ class Trainer:
         """Surfels over all ranks (collective with several processes)."""
         return sum(all_counts(self.model.num_gaussians, self.group))
 
-    @torch.no_grad()
     def whole_model(self):
-        """The model with every rank's surfels, rows in id order (the order one
-        process keeps), on rank 0; None on the others.  Collective."""
-        if not self.group.distributed:
-            return self.model
-        ids = gather_to_main(self.model.ids, self.group)
-        params = {k: gather_to_main(v.detach(), self.group) for k, v in self.model.params.items()}
-        if ids is None:
-            return None
-        order = torch.argsort(ids)
-        return GaussianModel({k: v[order] for k, v in params.items()}, self.model.sh_degree, ids=ids[order],
-                             next_id=self.model.next_id)
+        """:func:`splat.distributed.model.whole_model` of this run (collective)."""
+        return whole_model(self.model, self.group)
 
     # ------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
@@ -587,37 +570,20 @@ class Trainer:
         }
         if self.group.distributed:
             metrics["processes"] = self.group.world_size
-            metrics["peak_memory_mb_per_rank"] = self._gather_objects(metrics["peak_memory_mb"])
-        test = self._evaluate_sharded(frames) if self.renders_sharded else evaluate_frames(self, frames)
+            metrics["peak_memory_mb_per_rank"] = all_gather_objects(metrics["peak_memory_mb"], self.group)
+            steps = max(self.step - self._first_step, 1)
+            metrics["exchange_mb_per_step"] = round(self.exchange_bytes / steps / 2**20, 3)
+        if self.renders_sharded:
+            r = self.cfg["render"]
+            test = evaluate_frames_batched(
+                self.cfg, self.background, frames, lambda views: render_model(
+                    self.model, [self._camera(f, self.background) for f in views], self.group,
+                    self.model.sh_degree, r["near"], r["far"]).outputs, self.group)
+        else:
+            test = evaluate_frames(self, frames)
         metrics.update({f"test.{k}": v for k, v in test.items()})
         metrics["test"] = test  # nested copy too: metrics["test"]["psnr"]
         return metrics
-
-    def _gather_objects(self, value) -> list:
-        if not self.group.distributed:
-            return [value]
-        import torch.distributed as dist
-
-        out = [None] * self.group.world_size
-        dist.all_gather_object(out, value)
-        return out
-
-    def _evaluate_sharded(self, frames) -> dict:
-        """The test figures with the views spread over the ranks: N views at a
-        time, view i of a round rendered (and scored) by rank i mod N."""
-        n = self.group.world_size
-        rows = []
-        for first in range(0, len(frames), n):
-            chunk = frames[first:first + n]
-            d = self.model.sh_degree
-            m = self.model
-            r = render_sharded(m.means, m.quats, m.scales, m.opacities, m.colors(d), m.ids.to(self.device),
-                               [self._camera(f, self.background) for f in chunk], self.group,
-                               near=self.cfg["render"]["near"], far=self.cfg["render"]["far"], sh_degree=d)
-            rows += [(first + i, frame_metrics(self.cfg, self.background, chunk[i], out))
-                     for i, out in r.outputs.items()]
-        everyone = sorted(row for part in self._gather_objects(rows) for row in part)
-        return combine_frame_metrics([row for _, row in everyone])
 
     def _print_summary(self, m: dict) -> None:
         parts = [f"{self.step} steps in {m['train_seconds']:.1f} s", f"{m['n_gaussians']} surfels"]

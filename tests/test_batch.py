@@ -58,13 +58,13 @@ def test_steps_take_the_next_views_of_the_seeded_order(tiny_scene, tmp_path):  #
     a run sees each view equally often whatever B, and resuming needs no state."""
     trainer = Trainer(tiny_config(tiny_scene, 10, ["train.batch_size=2"]), tmp_path / "run")
     rendered = []
-    camera_loss = trainer._camera_loss
+    camera = trainer._camera
 
-    def record(frame, index, step, slot):
-        rendered.append(index)
-        return camera_loss(frame, index, step, slot)
+    def record(frame, background):
+        rendered.append(next(i for i, f in enumerate(trainer.scene.train) if f is frame))
+        return camera(frame, background)
 
-    trainer._camera_loss = record
+    trainer._camera = record
     for step in (1, 2, 3):
         terms = trainer.train_step(step)
     n = len(trainer.scene.train)

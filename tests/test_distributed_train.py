@@ -29,6 +29,7 @@ import torch
 
 from splat.config import load_config
 from splat.distributed.local import run_ranks
+from splat.distributed.shard import imbalance
 
 from test_train import ROOT, TINY_OVERRIDES, make_tiny_scene
 
@@ -62,10 +63,11 @@ def train_rank(group, cfg, out, resume=False, stop_at=None):
     on rank 0, the whole model by id and the metrics."""
     from splat.trainer import Trainer
 
-    counts = []
+    counts, shards = [], []
 
     def record(trainer, step, terms):
         counts.append(trainer.num_gaussians())
+        shards.append(trainer.model.num_gaussians)
         if stop_at is not None and step == stop_at:
             raise Stop()
 
@@ -75,7 +77,7 @@ def train_rank(group, cfg, out, resume=False, stop_at=None):
     except Stop:
         return {"counts": counts, "stopped": True}
     model = trainer.whole_model()
-    return {"counts": counts, "metrics": metrics if group.is_main else None,
+    return {"counts": counts, "shards": shards, "metrics": metrics if group.is_main else None,
             "ids": None if model is None else model.ids,
             "params": None if model is None else {k: v.detach().clone() for k, v in model.params.items()}}
 
@@ -106,10 +108,14 @@ def test_n_processes_train_the_same_model_as_one(scene, one_process, tmp_path, w
     for r in results:  # every rank saw the same counts, step by step
         assert r["counts"] == ref["counts"]
     assert len(set(ref["counts"])) > 5  # densification, pruning and the reset did change the model
+    # Balance: after every step the shards are within distributed.max_imbalance (0.05) of each other.
+    for step, sizes in enumerate(zip(*(r["shards"] for r in results))):
+        assert imbalance(sizes) <= 0.05, (step + 1, sizes)
     assert_same_model(results[0], ref)
     m, m1 = results[0]["metrics"], ref["metrics"]
     assert m["n_gaussians"] == m1["n_gaussians"]
     assert m["processes"] == world and len(m["peak_memory_mb_per_rank"]) == world
+    assert m["exchange_mb_per_step"] > 0 and "exchange_mb_per_step" not in m1
     assert abs(m["test.psnr"] - m1["test.psnr"]) < 0.05
     ply = (tmp_path / "run" / "point_cloud.ply").read_bytes()
     assert len(ply) > 0

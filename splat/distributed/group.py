@@ -139,3 +139,14 @@ def on_main(group: Group, fn):
 
         raise RunStateError(f"rank 0 failed: {box[1]}")
     return box[0]
+
+
+def all_gather_objects(value, group: Group) -> list:
+    """Every rank's ``value`` (picklable), in rank order."""
+    if not group.distributed:
+        return [value]
+    import torch.distributed as dist
+
+    out = [None] * group.world_size
+    dist.all_gather_object(out, value)
+    return out

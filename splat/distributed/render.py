@@ -71,7 +71,9 @@ class ShardedRender:
         anchor: a zero scalar joined to the exchanged rows: add it to the
             loss so that every rank runs the exchange's backward.
         bytes_sent: bytes this rank sends in the forward exchange (records
-            and their ints); the backward sends the records' floats again.
+            and their ints) to other ranks.
+        bytes_backward: bytes this rank sends in the backward exchange: the
+            gradients (floats) of the records it received from other ranks.
     """
 
     outputs: dict
@@ -79,6 +81,7 @@ class ShardedRender:
     radii: list
     anchor: torch.Tensor
     bytes_sent: int
+    bytes_backward: int = 0
 
 
 def camera_rank(index: int, world_size: int) -> int:
@@ -159,7 +162,9 @@ def render_sharded(means, quats, scales, opacities, colors, ids, cameras: Sequen
     anchor = y.sum() * 0.0 if y.requires_grad else y.new_zeros(())
     bytes_sent = x.numel() * x.element_size() + xi.numel() * xi.element_size() - (
         sum(floats[i].numel() * x.element_size() + ints[i].numel() * 8 for i in mine))  # rows kept here do not travel
-    return ShardedRender(outputs=outputs, means2d=handles, radii=radii, anchor=anchor, bytes_sent=int(bytes_sent))
+    from_others = sum(c for s, c in enumerate(recv_counts) if s != rank)
+    return ShardedRender(outputs=outputs, means2d=handles, radii=radii, anchor=anchor, bytes_sent=int(bytes_sent),
+                         bytes_backward=int(from_others * RECORD_FLOATS * x.element_size()))
 
 
 def _exchange_camera_counts(counts_in_order, owners, order, group: Group) -> list[list[int]]:

@@ -57,13 +57,19 @@ def gather_all(x: torch.Tensor, group: Group) -> torch.Tensor:
         return x
     import torch.distributed as dist
 
-    counts = all_counts(x.shape[0], group)
-    dev = comm_device(group)
-    padded = x.new_zeros((max(counts),) + tuple(x.shape[1:]), device=dev)
-    padded[: x.shape[0]] = x.to(dev)
+    counts, padded = _padded(x, group)
     out = [torch.empty_like(padded) for _ in counts]
     dist.all_gather(out, padded)
     return torch.cat([o[:c] for o, c in zip(out, counts)]).to(x.device)
+
+
+def _padded(x: torch.Tensor, group: Group):
+    """(every rank's row count, ``x`` padded with zero rows to the largest),
+    for the collectives that need equal shapes."""
+    counts = all_counts(x.shape[0], group)
+    padded = x.new_zeros((max(counts),) + tuple(x.shape[1:]), device=comm_device(group))
+    padded[: x.shape[0]] = x.to(padded.device)
+    return counts, padded
 
 
 def rebalance_plan(counts: Sequence[int], rank: int) -> tuple[list[int], list[int]]:
@@ -147,10 +153,7 @@ def gather_to_main(x: torch.Tensor, group: Group):
         return x
     import torch.distributed as dist
 
-    counts = all_counts(x.shape[0], group)
-    dev = comm_device(group)
-    padded = x.new_zeros((max(counts),) + tuple(x.shape[1:]), device=dev)
-    padded[: x.shape[0]] = x.to(dev)
+    counts, padded = _padded(x, group)
     out = [torch.empty_like(padded) for _ in counts] if group.is_main else None
     dist.gather(padded, out, dst=0)
     if not group.is_main:

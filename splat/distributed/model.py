@@ -1,0 +1,67 @@
+"""A :class:`splat.model.GaussianModel` spread over ranks (issue 23): each
+rank's model holds its shard, rows tagged with their global ``ids``.
+
+* :func:`shard_of` deals a whole model out (the initial model, built once);
+* :func:`render_model` renders a batch of cameras from every rank's shard;
+* :func:`whole_model` gathers the shards on rank 0, rows in id order (the
+  order one process keeps), for ``point_cloud.ply``;
+* :func:`sum_replicated_gradients` for parameters every rank holds whole
+  (the appearance corrections).
+"""
+from __future__ import annotations
+
+from typing import Dict, Sequence
+
+import torch
+
+from ..model import GaussianModel
+from .group import Group
+from .render import Camera, ShardedRender, render_sharded
+from .shard import balanced_slice, gather_to_main
+
+
+def shard_of(params: Dict[str, torch.Tensor], sh_degree: int, group: Group) -> GaussianModel:
+    """This rank's balanced slice of the whole model ``params`` (raw
+    parameters, rows = ids 0 .. n-1)."""
+    n = params["means"].shape[0]
+    start, stop = balanced_slice(n, group.world_size, group.rank)
+    # Copies: a view would keep the whole model alive on every rank.
+    return GaussianModel({k: v[start:stop].clone() for k, v in params.items()}, sh_degree,
+                         ids=torch.arange(start, stop), next_id=n)
+
+
+def render_model(model: GaussianModel, cameras: Sequence[Camera], group: Group, sh_degree: int,
+                 near: float, far: float) -> ShardedRender:
+    """:func:`splat.distributed.render_sharded` of ``model``'s shard with SH
+    degree ``sh_degree``."""
+    return render_sharded(model.means, model.quats, model.scales, model.opacities, model.colors(sh_degree),
+                          model.ids.to(model.means.device), cameras, group, near=near, far=far, sh_degree=sh_degree)
+
+
+@torch.no_grad()
+def whole_model(model: GaussianModel, group: Group):
+    """Every rank's surfels in one model on rank 0 (None on the others),
+    rows in id order.  Collective; the model as it is with one process."""
+    if not group.distributed:
+        return model
+    ids = gather_to_main(model.ids, group)
+    params = {k: gather_to_main(v.detach(), group) for k, v in model.params.items()}
+    if ids is None:
+        return None
+    order = torch.argsort(ids)
+    return GaussianModel({k: v[order] for k, v in params.items()}, model.sh_degree, ids=ids[order],
+                         next_id=model.next_id)
+
+
+def sum_replicated_gradients(module: torch.nn.Module, group: Group) -> None:
+    """Sums over the ranks the gradients of ``module``'s parameters, which
+    every rank holds whole; a parameter this rank's cameras did not reach
+    contributes zeros."""
+    if not group.distributed:
+        return
+    import torch.distributed as dist
+
+    for p in module.parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad)
