@@ -228,7 +228,7 @@ def main(argv=None) -> int:
         benchmark="quality", machine=machine(), commit=commit(str(ROOT)), date=time.strftime("%Y-%m-%d"),
         command="python bench/quality.py " + " ".join(sys.argv[1:] if argv is None else argv),
         thresholds=dict(max_psnr_drop_db=MAX_PSNR_DROP_DB, max_depth_rise=MAX_DEPTH_RISE),
-        baseline=str(base_path.relative_to(ROOT)) if base_path and base_path.is_file() else None,
+        baseline=str(base_path.resolve().relative_to(ROOT)) if base_path and base_path.is_file() else None,
         flags=flags, runs=runs)
     emit(report, args.out)
     for f in flags:

@@ -6,7 +6,11 @@ Output folder layout (see ``splat/trainer.py``)::
     OUT/run.json                              run identity (run_id, data fingerprint, identity config)
     OUT/config.yaml                           resolved config (every field)
     OUT/checkpoints/ckpt_NNNNNNN_<run_id>.pt  atomic checkpoints (the newest ``checkpoint.keep``)
+    OUT/checkpoints/ckpt_NNNNNNN_<run_id>.json / .shards/   the same from several processes
     OUT/.lock                                 held (flock) while a trainer owns OUT
+
+Finding, loading and pruning checkpoints (one file or one shard per
+process) is :mod:`splat.distributed.checkpoint`'s job.
 
 A run's identity is a digest of its config (less :data:`RESUMABLE_KEYS`)
 and of the loaded training data.  A trainer refuses a folder holding another
@@ -222,7 +226,9 @@ def clean_temp_files(out_dir: Path) -> List[Path]:
     """Remove temp files (``.NAME.tmpPID``) left by a killed writer; call it
     with the run lock held, so no live writer owns them."""
     removed = []
-    for d in (Path(out_dir), Path(out_dir) / "checkpoints"):
+    ckpts = Path(out_dir) / "checkpoints"
+    shard_dirs = sorted(ckpts.glob("*.shards")) if ckpts.is_dir() else []  # several processes' checkpoints
+    for d in (Path(out_dir), ckpts, *shard_dirs):
         if d.is_dir():
             for p in d.iterdir():
                 if _TMP_RE.match(p.name) and p.is_file():
@@ -324,18 +330,6 @@ def checkpoint_step(path: Path) -> int:
     return int(_CKPT_RE.match(Path(path).name).group(1))
 
 
-def prune_checkpoints(out_dir: Path, run_id: str, step: int, keep: int) -> List[Path]:
-    """Delete this run's checkpoints older than the newest ``keep`` of those
-    at or below ``step`` (the one just written).  Other runs' files and
-    anything above ``step`` are never touched, so a corrupt or foreign file
-    can never push a valid checkpoint out."""
-    mine = [p for p in list_checkpoints(out_dir, run_id) if checkpoint_step(p) <= step]
-    removed = mine[max(int(keep), 1):]
-    for p in removed:
-        p.unlink(missing_ok=True)
-    return removed
-
-
 def _check_checkpoint(ckpt, path: Path, run_id: Optional[str]) -> None:
     if not isinstance(ckpt, dict) or "step" not in ckpt:
         raise ValueError("not a splat checkpoint")
@@ -347,26 +341,6 @@ def _check_checkpoint(ckpt, path: Path, run_id: Optional[str]) -> None:
         raise ValueError(f"has no model parameters ({', '.join(need)})")
     if run_id is not None and ckpt.get("run_id") != run_id:
         raise ValueError(f"belongs to run {ckpt.get('run_id')!r}, not {run_id}")
-
-
-def load_latest_checkpoint(out_dir: Path, run_id: Optional[str] = None, quarantine: bool = False) -> Optional[dict]:
-    """The newest checkpoint (of run ``run_id`` if given) that loads and is
-    complete; unreadable ones are skipped with a warning, and renamed to
-    ``*.corrupt`` if ``quarantine`` (defence in depth: atomic writes should
-    make them impossible)."""
-    for p in list_checkpoints(out_dir, run_id):
-        try:
-            ckpt = torch.load(p, map_location="cpu", weights_only=True)
-            _check_checkpoint(ckpt, p, run_id)
-            ckpt["path"] = str(p)
-            return ckpt
-        except Exception as e:  # truncated / corrupt / foreign file
-            note = ""
-            if quarantine:
-                p.replace(p.with_name(p.name + ".corrupt"))
-                note = " (renamed to *.corrupt)"
-            print(f"warning: skipping unreadable checkpoint {p}: {type(e).__name__}: {e}{note}", file=sys.stderr)
-    return None
 
 
 def rng_state() -> dict:

@@ -64,7 +64,7 @@ from .checkpoint import (
 from .appearance import make_appearance, make_optimizer
 from .config import check_config
 from .distributed import Camera, Group, from_environment, leave
-from .distributed.checkpoint import load_latest_checkpoint, prune as prune_sharded, save_sharded
+from .distributed.checkpoint import load_latest_checkpoint, prune as prune_checkpoints, save_sharded
 from .distributed.group import all_gather_objects, on_main
 from .distributed.model import render_model, shard_of, sum_replicated_gradients, whole_model
 from .distributed.shard import all_counts, all_sum, rebalance
@@ -550,11 +550,11 @@ class Trainer:
         if self.group.distributed:
             path = save_sharded(self.out_dir, state, self.group)
             if self.group.is_main:
-                prune_sharded(self.out_dir, self.run_id, self.step, self.cfg["checkpoint"]["keep"])
+                prune_checkpoints(self.out_dir, self.run_id, self.step, self.cfg["checkpoint"]["keep"])
             return path
         path = checkpoint_path(self.out_dir, self.step, self.run_id)
         atomic_write(path, lambda f: torch.save(state, f))
-        prune_sharded(self.out_dir, self.run_id, self.step, self.cfg["checkpoint"]["keep"])
+        prune_checkpoints(self.out_dir, self.run_id, self.step, self.cfg["checkpoint"]["keep"])
         return path
 
     # ------------------------------------------------------- evaluation

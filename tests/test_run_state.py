@@ -16,9 +16,8 @@ from splat.checkpoint import (
     checkpoint_path,
     checkpoint_step,
     list_checkpoints,
-    load_latest_checkpoint,
-    prune_checkpoints,
 )
+from splat.distributed.checkpoint import load_latest_checkpoint, prune as prune_checkpoints
 from splat.errors import RunStateError
 from splat.trainer import Trainer
 

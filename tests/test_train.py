@@ -26,7 +26,8 @@ import torch
 from splat.model import GaussianModel, quat_to_rotmat, rgb_to_sh
 from splat.strategy import update_params
 from splat.strategy.default import DefaultStrategy
-from splat.checkpoint import atomic_write, list_checkpoints, load_latest_checkpoint
+from splat.checkpoint import atomic_write, list_checkpoints
+from splat.distributed.checkpoint import load_latest_checkpoint
 from splat.config import DEFAULT_CONFIG, load_config
 from splat.errors import ConfigError
 from splat.trainer import Trainer, view_index

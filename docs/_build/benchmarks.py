@@ -32,6 +32,7 @@ GROUPS = (
     ("Meshes", ("dtu_scan24_mesh",)),
     ("Robustness and the CUDA test harness", ("kill_resume", "cuda_emulation")),
     ("Viewer", ("viewer",)),
+    ("Several processes", ("distributed",)),
 )
 
 

@@ -5,7 +5,16 @@
   torchrun;
 * :mod:`.exchange`: rows sent between ranks inside the autograd graph;
 * :mod:`.render`: a batch of cameras rendered from surfels that live on
-  different ranks, with exact gradients back to their owners.
+  different ranks, with exact gradients back to their owners;
+* :mod:`.shard`: which rank holds which surfels, and moving them (balance);
+* :mod:`.model`: a model spread over ranks (dealt out, rendered, gathered);
+* :mod:`.checkpoint`: one shard per rank and a manifest; resume on any
+  number of processes;
+* :mod:`.watchdog`: a rank that dies stops the others, naming it;
+* :mod:`.local`: N local processes as torchrun starts them (tests, benchmarks).
+
+The trainer (:mod:`splat.trainer`) asks these modules whatever depends on
+ranks; docs/distributed.md is the user's guide.
 """
 from .exchange import exchange_counts, exchange_rows
 from .group import Group, from_environment, launched_ranks, leave

@@ -84,18 +84,21 @@ def save_sharded(out_dir: Path, state: dict, group: Group) -> Path:
     return manifest
 
 
-def prune(out_dir: Path, run_id: str, step: int, keep: int) -> None:
+def prune(out_dir: Path, run_id: str, step: int, keep: int) -> List[Path]:
     """Keeps this run's newest ``keep`` complete checkpoints at or below
     ``step`` (one-process files and manifests alike) and deletes the older
-    ones, and any shard folder without a manifest below ``step``."""
+    ones, and any shard folder without a manifest below ``step``.  Returns
+    the deleted checkpoints' paths (files or manifests)."""
     complete = [c for c in _complete_checkpoints(out_dir, run_id) if c["step"] <= step]
-    for old in complete[max(int(keep), 1):]:
-        _delete(old["path"])
+    removed = [c["path"] for c in complete[max(int(keep), 1):]]
+    for path in removed:
+        _delete(path)
     d = Path(out_dir) / "checkpoints"
     for folder in d.glob(f"{CKPT_PREFIX}*_{run_id}.shards"):
         s = int(folder.name[len(CKPT_PREFIX):].split("_")[0])
         if s < step and not manifest_path(out_dir, s, run_id).exists():
             shutil.rmtree(folder, ignore_errors=True)
+    return removed
 
 
 def _delete(path: Path) -> None:
