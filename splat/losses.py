@@ -306,6 +306,10 @@ class _FusedNormalLoss(torch.autograd.Function):
         return v_depth, v_normal, None, None, None
 
 
+#: The names of :func:`total_loss`'s terms besides the loss itself.
+LOSS_TERMS = ("photo", "dist", "normal")
+
+
 def total_loss(
     out,
     gt: torch.Tensor,  # [H, W, 3]

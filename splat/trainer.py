@@ -71,7 +71,7 @@ from .distributed.shard import all_counts, all_sum, rebalance
 from .evaluation import check_eval_masks, evaluate_frames, evaluate_frames_batched
 from .errors import ConfigError, RankLostError, RunStateError, SplatInputError
 from .keyed_random import BACKGROUND_STREAM, keyed_uniform
-from .losses import psnr, total_loss
+from .losses import LOSS_TERMS, psnr, total_loss
 from .model import GaussianModel, create_from_points, save_ply
 from .progress import LogLines, format_duration, use_progress_bar  # noqa: F401 (re-exported)
 from .devices import peak_memory_mb, resolve_device  # noqa: F401 (re-exported)
@@ -395,15 +395,19 @@ class Trainer:
         backgrounds = [self._background(frames[i], step, b) for b, i in enumerate(views)]
         cameras = [self._camera(frames[i], bg) for i, bg in zip(views, backgrounds)]
         r = render_model(model, cameras, group, self.sh_degree_at(step), cfg["render"]["near"], cfg["render"]["far"])
-        loss_sum, sums = r.anchor, [0.0, 0.0]
+        loss_sum = r.anchor
+        names = ("loss", "psnr") + LOSS_TERMS
+        sums, present = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0)
         for b, out in r.outputs.items():
             frame = frames[views[b]]
             out = self._corrected(out, views[b], frame, backgrounds[b])
             gt = gt_image(frame, backgrounds[b], self.background).to(self.device)
-            loss, _ = self.loss(out, gt, frame, step)
+            loss, camera_terms = self.loss(out, gt, frame, step)
             loss_sum = loss_sum + loss / batch
-            sums[0] += float(loss.detach())
-            sums[1] += psnr(out.rgb, gt)
+            camera_terms.update(loss=float(loss.detach()), psnr=psnr(out.rgb, gt))
+            for k, v in camera_terms.items():
+                sums[k] += v
+                present[k] += 1
         loss_sum.backward()
         if self.appearance is not None:
             sum_replicated_gradients(self.appearance, group)
@@ -411,10 +415,12 @@ class Trainer:
         seen = [Visibility(r.means2d[b], r.radii[b], c.width, c.height) for b, c in enumerate(cameras)]
         self.strategy.step_post_backward(model, self.optimizers, seen[0] if batch == 1 else seen, step)
         rebalance(model, self.optimizers, self.strategy, group, cfg["distributed"]["max_imbalance"])
-        total = all_sum(sums + [model.num_gaussians, r.bytes_sent + r.bytes_backward], group)
-        self._surfels_total = int(total[2])
-        self.exchange_bytes += total[3]
-        return {"loss": total[0] / batch, "psnr": total[1] / batch}
+        # One reduction for the logging terms (over the cameras of every rank), the count and the exchange.
+        total = all_sum([sums[k] for k in names] + [present[k] for k in names]
+                        + [model.num_gaussians, r.bytes_sent + r.bytes_backward], group)
+        self._surfels_total = int(total[-2])
+        self.exchange_bytes += total[-1]
+        return {k: total[j] / batch for j, k in enumerate(names) if total[len(names) + j] > 0}
 
     def _camera(self, frame, background) -> Camera:
         return Camera(frame.viewmat.to(self.device), frame.K.to(self.device), int(frame.width), int(frame.height),
