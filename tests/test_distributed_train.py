@@ -121,6 +121,16 @@ def test_n_processes_train_the_same_model_as_one(scene, one_process, tmp_path, w
     assert (tmp_path / "run" / "point_cloud.ply").read_bytes() == (ref["out"] / "point_cloud.ply").read_bytes()
 
 
+def test_fewer_cameras_than_processes(scene, tmp_path):
+    """B = 1 on 2 processes: rank 1 renders nothing, yet takes part in every
+    exchange, and the model is still the one-process model."""
+    cfg = config(scene, 60, ["train.batch_size=1", "strategy.refine_start=20"])
+    one = run(1, cfg, tmp_path / "one")[0]
+    two = run(2, cfg, tmp_path / "two")
+    assert two[0]["counts"] == one["counts"] and len(set(one["counts"])) > 1
+    assert_same_model(two[0], one)
+
+
 def test_resume_same_world_size_is_bitwise_and_other_sizes_reshard(scene, one_process, tmp_path):
     """Stopped at step 150 (checkpoint at 100), then resumed: 2 -> 2, 2 -> 1
     and 1 -> 2 processes all finish with the uninterrupted run's model."""
