@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -73,6 +72,7 @@ from .errors import ConfigError, RankLostError, RunStateError, SplatInputError
 from .keyed_random import BACKGROUND_STREAM, keyed_uniform
 from .losses import LOSS_TERMS, psnr, total_loss
 from .model import GaussianModel, create_from_points, save_ply
+from .optimizers import make_optimizers, means_lr  # noqa: F401 (make_optimizers re-exported)
 from .progress import LogLines, format_duration, use_progress_bar  # noqa: F401 (re-exported)
 from .devices import peak_memory_mb, resolve_device  # noqa: F401 (re-exported)
 from .render import render_frame
@@ -85,38 +85,6 @@ def view_index(seed: int, step: int, n_views: int) -> int:
     Stateless, so resuming needs no view-order state beyond ``seed``."""
     epoch, pos = divmod(step - 1, n_views)
     return int(np.random.default_rng([int(seed), int(epoch)]).permutation(n_views)[pos])
-
-
-def means_lr(step: int, iterations: int, lr_init: float, lr_final: float) -> float:
-    """Exponential decay from lr_init (step 0) to lr_final (last step)."""
-    t = min(max(step / max(iterations, 1), 0.0), 1.0)
-    return math.exp((1 - t) * math.log(lr_init) + t * math.log(lr_final))
-
-
-def make_optimizers(model: GaussianModel, lr: Dict, scene_radius: float) -> Dict[str, torch.optim.Adam]:
-    """One Adam per parameter (lets the strategy edit rows of one parameter's moments)."""
-    rates = {
-        "means": lr["means"] * scene_radius,
-        "quats": lr["quats"],
-        "scales": lr["scales"],
-        "opacities": lr["opacities"],
-        "sh0": lr["sh0"],
-        "shN": lr["shN"],
-    }
-    # eps=1e-15 as in 3DGS: parameters with tiny gradients (SH rest) still move.
-    # On the CPU, foreach Adam rather than fused: the fused kernel rounds the
-    # last few elements of a tensor (its vector loop's scalar tail)
-    # differently from the rest, so a surfel's update would depend on where
-    # its row falls in its process's shard, and N processes would drift from
-    # one (issue 23; seen after 2 steps).  foreach is position-independent
-    # (tests/test_distributed_train.py) and costs 30 ms against fused's 8 ms
-    # per step at 200k surfels on the 2-core CPU.  CUDA keeps fused: its
-    # rasterizer sums gradients with atomics, so no order is bitwise there.
-    fused = model.means.is_cuda
-    return {
-        name: torch.optim.Adam([model.params[name]], lr=rates[name], eps=1e-15, fused=fused, foreach=not fused)
-        for name in model.params.keys()
-    }
 
 
 def gt_image(frame, background: torch.Tensor, cfg_background: torch.Tensor) -> torch.Tensor:
