@@ -206,11 +206,11 @@ class Trainer:
         joined it (``train()`` does this when it ends)."""
         if self._lock is not None:
             self._lock.release()
-        if self.watchdog is not None:
-            self.watchdog.close()
+        if self.watchdog is not None:  # still watching: this rank stops on an error
+            self.watchdog.close(ok=False)
             self.watchdog = None
         if self._own_group and self.group.distributed:
-            leave(self.group)
+            leave(self.group, synchronize=False)  # train() ended with a barrier; an error path must not wait
             self._own_group = False
 
     def _reraise(self, e: BaseException):
@@ -425,7 +425,7 @@ class Trainer:
                 # peers have gone would otherwise report them lost.
                 import torch.distributed as dist
 
-                self.watchdog.close()
+                self.watchdog.close(ok=True)
                 self.watchdog = None
                 dist.barrier()
             return metrics

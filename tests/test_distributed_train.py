@@ -176,6 +176,30 @@ def test_incomplete_checkpoint_is_ignored(scene, tmp_path):
     assert torch.equal(ckpt["ids"], torch.sort(ckpt["ids"]).values)  # the whole model, in id order
 
 
+def fail_on_rank_1(group, cfg, out):
+    from splat.trainer import Trainer
+
+    def boom(trainer, step, terms):
+        if step == 5 and group.rank == 1:
+            raise ValueError("rank 1's own error")
+
+    Trainer(cfg, out, callbacks=[boom], group=group).train()
+
+
+def test_a_rank_that_fails_stops_the_others(scene, tmp_path):
+    """Rank 1 stops on an error of its own at step 5: rank 0, waiting in the
+    next step's exchange, stops at once naming rank 1 (not after
+    distributed.timeout_s, and not with a traceback of its own)."""
+    cfg = config(scene, 100, ["distributed.timeout_s=120"])
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="rank 0 failed"):
+        run_ranks(fail_on_rank_1, 2, tmp_path / "ranks", cfg, str(tmp_path / "run"), timeout_s=300)
+    assert time.monotonic() - started < 60
+    err0 = (tmp_path / "ranks" / "rank0.err").read_text()
+    assert "RankLostError: rank 0 stopping: rank 1 was lost: it stopped on an error" in err0
+    assert "rank 1's own error" in (tmp_path / "ranks" / "rank1.err").read_text()
+
+
 def _children(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]

@@ -32,9 +32,9 @@ def _entry(fn, rank, world, port, out_dir, threads, args):
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
     except BaseException:
         (Path(out_dir) / f"rank{rank}.err").write_text(traceback.format_exc())
+        leave(group, synchronize=False)
         raise
-    finally:
-        leave(group)
+    leave(group)
 
 
 def run_ranks(fn, world: int, out_dir, *args, timeout_s: float = 180.0, threads: int = 1) -> list:

@@ -8,6 +8,7 @@ torchrun agent's, or rank 0's with a plain ``env://`` start) every
 * it runs on this machine and its process is gone (seen at once), or
 * its heartbeat has not moved for ``timeout_s`` (another machine, or a
   process that hangs), or
+* it stopped on an error of its own (it says so in the store), or
 * the store stops answering (whoever hosts it is gone).
 
 The watchdog then prints one line naming the lost rank and ends this
@@ -111,6 +112,8 @@ class Watchdog:
                 value = self.store.get(beat_key).decode()
             if value == "done":
                 continue
+            if value == "failed":
+                return f"rank {r} was lost: it stopped on an error (its own output says which)"
             if r not in self._peers and self.store.check([f"{_PREFIX}/proc/{r}"]):
                 host, pid = self.store.get(f"{_PREFIX}/proc/{r}").decode().split()
                 self._peers[r] = (host, int(pid))
@@ -148,13 +151,16 @@ class Watchdog:
             time.sleep(min(self.interval_s, 0.1))
         return self._lost
 
-    def close(self) -> None:
-        """This rank ends normally: the others stop watching it."""
+    def close(self, ok: bool = True) -> None:
+        """This rank ends: normally (``ok``: the others stop watching it), or
+        on an error (the others stop too, naming it, instead of waiting in a
+        collective this rank will never join)."""
         self._stop.set()
         # Joined, not left to die with the process: a thread inside a store
         # call while the store is destroyed aborts the process.
         self._thread.join(timeout=10.0)
         try:
-            self.store.set(f"{_PREFIX}/beat/{self.group.rank}", "done")
+            self.store.set(f"{_PREFIX}/beat/{self.group.rank}", "done" if ok else "failed")
         except Exception:
             pass
+        self.store = None  # the process group owns the store: no reference may outlive it
