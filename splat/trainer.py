@@ -126,8 +126,11 @@ class Trainer:
         try:
             self._setup(cfg, out_dir, resume, scene, overwrite, load_scene_from_config)
         except BaseException as e:
+            error = self._explained(e)  # before close(): the watchdog names a lost peer
             self.close()
-            self._reraise(e)
+            if error is e:
+                raise
+            raise error from None
 
     def _setup(self, cfg, out_dir, resume, scene, overwrite, load_scene_from_config) -> None:
         if self.group.distributed:
@@ -213,16 +216,24 @@ class Trainer:
             leave(self.group, synchronize=False)  # train() ended with a barrier; an error path must not wait
             self._own_group = False
 
-    def _reraise(self, e: BaseException):
-        """Re-raises ``e``, as a :class:`RankLostError` naming the peer when a
-        lost rank is behind it (a failed collective, or torchrun's SIGTERM
-        after a worker died)."""
-        if self.watchdog is not None and not isinstance(e, SplatInputError):
-            lost = self.watchdog.lost_rank(None if isinstance(e, RuntimeError) else 2.0)
-            if lost is not None:
-                raise RankLostError(f"rank {self.group.rank} stopping: {lost}; restart with --resume to continue "
-                                    "from the last complete checkpoint") from None
-        raise e
+    def _explained(self, e: BaseException) -> BaseException:
+        """``e``, or a :class:`RankLostError` naming the peer when a lost rank
+        is behind it.  A failed collective (gloo notices a closed connection
+        at once) may wait for the watchdog to find which peer went, up to
+        ``distributed.timeout_s``; any other error (torchrun's SIGTERM after
+        a worker died, a local error) only for a peer gone on this machine,
+        seen at once, so that the other ranks hear of this one's error soon."""
+        if self.watchdog is None or isinstance(e, SplatInputError):
+            return e
+        import torch.distributed as dist
+
+        failed_collective = isinstance(e, dist.DistError) or any(
+            word in str(e) for word in ("Connection closed", "Connection reset", "Broken pipe", "gloo", "NCCL"))
+        lost = self.watchdog.lost_rank(None if failed_collective else 1.0)
+        if lost is None:
+            return e
+        return RankLostError(f"rank {self.group.rank} stopping: {lost}; restart with --resume to continue from "
+                             "the last complete checkpoint")
 
     # ------------------------------------------------------------ init
     def _initial_shard(self) -> GaussianModel:
@@ -376,12 +387,15 @@ class Trainer:
             for k, v in camera_terms.items():
                 sums[k] += v
                 present[k] += 1
+        seen = [Visibility(r.means2d[b], r.radii[b], c.width, c.height) for b, c in enumerate(cameras)]
+        for camera in seen:
+            self.strategy.step_pre_backward(model, self.optimizers, camera, step)
         loss_sum.backward()
         if self.appearance is not None:
-            sum_replicated_gradients(self.appearance, group)
+            sum_replicated_gradients(self.appearance, group, sparse=True)  # SparseAdam's row gradients
         self.optimizer_step()
-        seen = [Visibility(r.means2d[b], r.radii[b], c.width, c.height) for b, c in enumerate(cameras)]
         self.strategy.step_post_backward(model, self.optimizers, seen[0] if batch == 1 else seen, step)
+        self._check_ids()
         rebalance(model, self.optimizers, self.strategy, group, cfg["distributed"]["max_imbalance"])
         # One reduction for the logging terms (over the cameras of every rank), the count and the exchange.
         total = all_sum([sums[k] for k in names] + [present[k] for k in names]
@@ -389,6 +403,20 @@ class Trainer:
         self._surfels_total = int(total[-2])
         self.exchange_bytes += total[-1]
         return {k: total[j] / batch for j, k in enumerate(names) if total[len(names) + j] > 0}
+
+    def _check_ids(self) -> None:
+        """A strategy that edits rows without their ids (a custom one, through
+        :func:`splat.strategy.update_params` alone) leaves them stale: one
+        process numbers its rows afresh (their order is all a render needs
+        there); several processes cannot, and stop with an error."""
+        model = self.model
+        if len(model.ids) == model.num_gaussians:
+            return
+        if self.group.distributed:
+            raise RunStateError(f"strategy.name={self.cfg['strategy']['name']}: the strategy changed the number of "
+                                "surfels without their ids (model.ids), which several processes need")
+        model.ids = torch.arange(model.num_gaussians)
+        model.next_id = model.num_gaussians
 
     def _camera(self, frame, background) -> Camera:
         return Camera(frame.viewmat.to(self.device), frame.K.to(self.device), int(frame.width), int(frame.height),
@@ -430,7 +458,10 @@ class Trainer:
                 dist.barrier()
             return metrics
         except BaseException as e:
-            self._reraise(e)
+            error = self._explained(e)
+            if error is e:
+                raise
+            raise error from None
         finally:
             self.close()
 

@@ -131,6 +131,17 @@ def test_fewer_cameras_than_processes(scene, tmp_path):
     assert_same_model(two[0], one)
 
 
+def test_appearance_corrections_on_several_processes(scene, tmp_path):
+    """train.appearance=affine: the corrections every rank holds whole get
+    the gradients of all ranks' cameras (sparse, for SparseAdam), also on a
+    rank that rendered none, and train the one-process model."""
+    cfg = config(scene, 40, ["train.batch_size=1", "train.appearance=affine"])
+    one = run(1, cfg, tmp_path / "one")[0]
+    two = run(2, cfg, tmp_path / "two")
+    assert two[0]["counts"] == one["counts"]
+    assert_same_model(two[0], one)
+
+
 def test_resume_same_world_size_is_bitwise_and_other_sizes_reshard(scene, one_process, tmp_path):
     """Stopped at step 150 (checkpoint at 100), then resumed: 2 -> 2, 2 -> 1
     and 1 -> 2 processes all finish with the uninterrupted run's model."""

@@ -24,6 +24,8 @@ from ..errors import ConfigError
 #: Default seconds a collective may wait for a peer before the rank gives up
 #: (a peer that died): ``distributed.timeout_s`` in the config.
 DEFAULT_TIMEOUT_S = 120.0
+#: Seconds a collective waits for a live but slow peer before it fails.
+COLLECTIVE_TIMEOUT_S = 1800.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +76,9 @@ def from_environment(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S)
     "cuda:K").  With more than one rank, "auto" and "cuda" give rank r the
     GPU LOCAL_RANK and NCCL when there are enough GPUs, else the CPU and
     gloo; an explicit "cuda:K" is refused (every rank would share GPU K).
-    ``timeout_s`` bounds how long a collective waits for a peer."""
+    ``timeout_s``: how long a silent peer is waited for (the watchdog's
+    bound); a collective itself waits at least :data:`COLLECTIVE_TIMEOUT_S`
+    for a peer that is alive but slow."""
     world = launched_ranks()
     if world <= 1:
         from ..devices import resolve_device
@@ -89,17 +93,25 @@ def from_environment(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S)
     if timeout_s <= 0:
         raise ConfigError(f"distributed.timeout_s={timeout_s} must be > 0")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if device in ("auto", "cuda") and local_rank < gpus:
+    # Every rank must pick the same backend: NCCL only when every process on
+    # this machine (torchrun's LOCAL_WORLD_SIZE) has a GPU of its own.
+    local_world = _env_int("LOCAL_WORLD_SIZE", local_rank + 1)
+    if device in ("auto", "cuda") and local_world <= gpus:
         backend, dev = "nccl", torch.device("cuda", local_rank)
         torch.cuda.set_device(dev)
     elif device == "cuda":
-        raise ConfigError(f"device=cuda: LOCAL_RANK={local_rank} has no GPU of its own ({gpus} visible)")
+        raise ConfigError(f"device=cuda: {local_world} processes on this machine but {gpus} GPU(s) visible; "
+                          "start at most one process per GPU (--nproc_per_node)")
     else:
         backend, dev = "gloo", torch.device("cpu")
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+        # A collective may wait this long for a slow peer (rank 0 builds the
+        # initial model alone: a minute on a large scene).  A dead peer is
+        # the watchdog's job, within timeout_s (splat.distributed.watchdog).
+        wait = max(timeout_s, COLLECTIVE_TIMEOUT_S)
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=wait))
     return Group(rank=rank, world_size=world, local_rank=local_rank, backend=backend, device=dev)
 
 

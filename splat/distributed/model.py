@@ -53,15 +53,31 @@ def whole_model(model: GaussianModel, group: Group):
                          next_id=model.next_id)
 
 
-def sum_replicated_gradients(module: torch.nn.Module, group: Group) -> None:
+def sum_replicated_gradients(module: torch.nn.Module, group: Group, sparse: bool = False) -> None:
     """Sums over the ranks the gradients of ``module``'s parameters, which
-    every rank holds whole; a parameter this rank's cameras did not reach
-    contributes zeros."""
+    every rank holds whole; a rank whose cameras did not reach a parameter
+    contributes zeros.  ``sparse``: the gradients are row-sparse (embedding
+    lookups, for ``SparseAdam``), and stay so: the rows any rank touched,
+    with their sums.  Collective, the same calls on every rank (a rank
+    with no gradient cannot tell sparse from dense, so the caller says)."""
     if not group.distributed:
         return
     import torch.distributed as dist
 
     for p in module.parameters():
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        dist.all_reduce(p.grad)
+        dense = torch.zeros_like(p)
+        touched = torch.zeros(p.shape[0], dtype=p.dtype, device=p.device)
+        if p.grad is not None and p.grad.is_sparse:
+            g = p.grad.coalesce()
+            dense.index_add_(0, g.indices()[0], g.values())
+            touched[g.indices()[0]] = 1
+        elif p.grad is not None:
+            dense += p.grad
+            touched += 1
+        dist.all_reduce(dense)
+        if not sparse:
+            p.grad = dense
+            continue
+        dist.all_reduce(touched)
+        rows = touched.nonzero().flatten()
+        p.grad = torch.sparse_coo_tensor(rows[None], dense[rows], p.shape).coalesce()

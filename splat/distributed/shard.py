@@ -112,8 +112,8 @@ def rebalance(model, optimizers: Dict, strategy, group: Group, max_imbalance: fl
     if not group.distributed:
         return False
     counts = all_counts(model.num_gaussians, group)
-    if imbalance(counts) <= max_imbalance:
-        return False
+    if max(counts) - min(counts) <= 1 or imbalance(counts) <= max_imbalance:
+        return False  # within one surfel is as balanced as it gets
     rows = model_rows(model, optimizers, strategy)
     set_model_rows(model, optimizers, strategy, move_rows(rows, counts, group))
     return True
@@ -131,7 +131,7 @@ def model_rows(model, optimizers: Dict, strategy) -> Dict[str, torch.Tensor]:
             if key != "step" and torch.is_tensor(v) and v.dim() > 0:
                 rows[f"adam/{name}/{key}"] = v
     for key, v in strategy.row_state(model.num_gaussians).items():
-        rows[f"strategy/{key}"] = v
+        rows[f"strategy/{key}"] = v.to(model.means.device)  # (loaded from a checkpoint: on the CPU)
     return rows
 
 

@@ -61,7 +61,10 @@ class Strategy:
         """Takes back :meth:`row_state`'s tensors after their rows moved."""
 
     def step_pre_backward(self, model, optimizers: Dict, out, step: int) -> None:
-        """Called after rendering, before ``loss.backward()``."""
+        """Called after rendering, before ``loss.backward()``: ``out`` is the
+        camera's rasterizer output or, when the batch is rendered together
+        (surfels; :meth:`splat.trainer.Trainer.train_step_sharded`), its
+        :class:`Visibility`."""
 
     def step_post_backward(self, model, optimizers: Dict, out, step: int) -> None:
         """Called after the optimiser step; ``out.means2d.grad`` is populated.
