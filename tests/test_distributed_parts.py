@@ -94,3 +94,22 @@ def test_densification_keeps_one_process_rows_in_id_order(tmp_path):
     assert ids == sorted(ids) and len(set(ids)) == len(ids) == model.num_gaussians
     assert model.next_id == max(ids) + 1
     assert model.num_gaussians == n + 4 + 2  # 4 clones (+1 each), 2 splits (+1 net each)
+
+
+def test_a_strategy_that_forgets_ids_gets_them_renumbered_on_one_process(tmp_path):
+    """A custom strategy editing rows through update_params alone leaves
+    model.ids stale; one process numbers the rows afresh and trains on."""
+    from test_train import make_tiny_scene, tiny_config
+
+    from splat.strategy import update_params
+    from splat.trainer import Trainer
+
+    trainer = Trainer(tiny_config(make_tiny_scene(tmp_path / "scene"), 5, ["strategy.name=none"]), tmp_path / "run")
+    try:
+        keep = torch.arange(0, trainer.model.num_gaussians, 2)
+        update_params(trainer.model, trainer.optimizers, lambda _n, p: p[keep], lambda _k, v: v[keep])
+        trainer._check_ids()
+        assert trainer.model.ids.tolist() == list(range(len(keep))) and trainer.model.next_id == len(keep)
+        trainer.train_step(1)
+    finally:
+        trainer.close()

@@ -211,6 +211,20 @@ def test_a_rank_that_fails_stops_the_others(scene, tmp_path):
     assert "rank 1's own error" in (tmp_path / "ranks" / "rank1.err").read_text()
 
 
+def test_unreadable_shard_falls_back_to_the_previous_checkpoint(scene, tmp_path):
+    """Two processes resuming: the newest checkpoint's rank-1 shard is
+    garbage (a disk error; atomic writes make it otherwise impossible), so
+    both ranks skip it together and resume from the one before."""
+    cfg = config(scene, 60, ["checkpoint.every=20", "checkpoint.keep=3"])
+    out = tmp_path / "run"
+    run(2, cfg, out, stop_at=45)
+    newest = sorted((out / "checkpoints").glob("*.shards"))[-1]
+    shard = newest / "rank1-of-2.pt"
+    shard.write_bytes(b"x" * shard.stat().st_size)  # same size: the manifest still counts it complete
+    resumed = run(2, cfg, out, resume=True)
+    assert len(resumed[0]["counts"]) == 60 - 20  # resumed at step 20, not 40
+
+
 def _children(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]

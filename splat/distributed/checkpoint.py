@@ -155,14 +155,20 @@ def load_latest_checkpoint(out_dir: Path, run_id: Optional[str] = None, group: O
     group = group or Group()
     candidates = _complete_checkpoints(out_dir, run_id)
     if group.distributed:
+        # Rank 0's list, newest first; each is tried by every rank, and one
+        # that any rank cannot read is skipped by all.
         import torch.distributed as dist
 
-        pick = [str(candidates[0]["path"]) if candidates else None]
-        dist.broadcast_object_list(pick, src=0)
-        candidates = [c for c in candidates if str(c["path"]) == pick[0]] if pick[0] else []
-        if pick[0] and not candidates:
-            raise RunStateError(f"{pick[0]}: checkpoint chosen by rank 0 is not complete on rank {group.rank}")
-        return _load_for_rank(candidates[0], run_id, group) if candidates else None
+        box = [[str(c["path"]) for c in candidates]]
+        dist.broadcast_object_list(box, src=0)
+        mine = {str(c["path"]): c for c in candidates}
+        for path in box[0]:
+            try:
+                return _load_for_rank(mine.get(path), run_id, group, path)
+            except RunStateError as e:
+                if group.is_main:
+                    print(f"warning: skipping checkpoint {path}: {e}", file=sys.stderr)
+        return None
     for c in candidates:
         try:
             return _load_for_rank(c, run_id, group)
@@ -176,9 +182,14 @@ def load_latest_checkpoint(out_dir: Path, run_id: Optional[str] = None, group: O
     return None
 
 
-def _load_for_rank(c: dict, run_id: Optional[str], group: Group) -> dict:
-    shards = c["shards"]
+def _load_for_rank(c: Optional[dict], run_id: Optional[str], group: Group, path: Optional[str] = None) -> dict:
+    """This rank's part of checkpoint ``c`` (None: not complete on this rank).
+    With a group, collective: a RunStateError on every rank if any rank
+    cannot read its part."""
     try:
+        if c is None:
+            raise FileNotFoundError(f"{path} is not complete on rank {group.rank}")
+        shards = c["shards"]
         if len(shards) == group.world_size:
             ckpt = _load(shards[group.rank], run_id)
         else:
@@ -195,7 +206,7 @@ def _load_for_rank(c: dict, run_id: Optional[str], group: Group) -> dict:
         dist.all_gather_object(errors, error)
         bad = [(r, e) for r, e in enumerate(errors) if e]
         if bad:
-            raise RunStateError(f"{c['path']}: rank {bad[0][0]} cannot read its part ({bad[0][1]})")
+            raise RunStateError(f"rank {bad[0][0]} cannot read its part ({bad[0][1]})")
     elif error:
         raise RuntimeError(error)
     ckpt["path"] = str(c["path"])
