@@ -70,18 +70,9 @@ def rasterize(means, quats, scales, opacities, colors, viewmat, K, width, height
         sums = _empty_sums(width, height, dtype, device)
         return compose(*_connect(sums, inputs + (means2d,)), background=background, radii=radii, means2d=means2d)
 
-    if backend == "cpu" and not (viewmat.requires_grad or K.requires_grad):
-        proj, rgb_colors, means2d = _project_cpu(means, quats, scales, opacities, colors, viewmat, K,
-                                                 width, height, near, far, sh_degree, grad_enabled)
-        Tuvw, center = proj["Tuvw"], proj["center"]
-    else:
-        rgb_colors = _surfel_colors(means, colors, viewmat, sh_degree)
-        proj = _project(means, quats, scales, opacities, viewmat, K, width, height, near, far)
-        means2d = proj["center"].detach().clone()
-        Tuvw, center = proj["Tuvw"], proj["center"]
-    if grad_enabled and not proj["fused"]:
-        means2d.requires_grad_(True)
-        Tuvw, center = fold_translation(Tuvw, center, means2d)
+    fused = backend == "cpu" and not (viewmat.requires_grad or K.requires_grad)
+    proj, rgb_colors, means2d, Tuvw, center = project_for_kernels(
+        means, quats, scales, opacities, colors, viewmat, K, width, height, near, far, sh_degree, grad_enabled, fused)
 
     if backend == "torch":
         sums = rasterize_reference(means, quats, scales, opacities, rgb_colors, viewmat, K,
@@ -93,6 +84,27 @@ def rasterize(means, quats, scales, opacities, colors, viewmat, K, width, height
     if grad_enabled:
         sums = _connect(sums, inputs + (means2d,))
     return compose(*sums, background=background, radii=proj["radii"], means2d=means2d)
+
+
+def project_for_kernels(means, quats, scales, opacities, colors, viewmat, K, width, height, near, far, sh_degree,
+                        grad_enabled, fused):
+    """What the raster kernels take, per surfel: returns (proj as
+    :func:`_project`'s, colours [N, 3], means2d [N, 2], Tuvw [N, 9],
+    centre [N, 2]).  ``fused``: the one C++ op (CPU tensors, no viewmat/K
+    gradient), else PyTorch.  With ``grad_enabled``, ``means2d.grad``
+    becomes dL/d(screen translation) either way (:func:`fold_translation`)."""
+    if fused:
+        proj, rgb, means2d = _project_cpu(means, quats, scales, opacities, colors, viewmat, K,
+                                          width, height, near, far, sh_degree, grad_enabled)
+    else:
+        rgb = _surfel_colors(means, colors, viewmat, sh_degree)
+        proj = _project(means, quats, scales, opacities, viewmat, K, width, height, near, far)
+        means2d = proj["center"].detach().clone()
+    Tuvw, center = proj["Tuvw"], proj["center"]
+    if grad_enabled and not proj["fused"]:
+        means2d.requires_grad_(True)
+        Tuvw, center = fold_translation(Tuvw, center, means2d)
+    return proj, rgb, means2d, Tuvw, center
 
 
 def fold_translation(Tuvw, center, means2d):

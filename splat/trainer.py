@@ -31,7 +31,8 @@ statistics), renders its cameras of the batch with
 :func:`splat.distributed.render_sharded`, and writes its part of each
 checkpoint; rank 0 prints, writes ``point_cloud.ply`` (the whole model) and
 ``metrics.json``.  The same config gives the same model on any number of
-processes, up to floating-point summation order (docs/distributed.md).
+processes: bit for bit on the CPU, up to summation order on GPUs
+(docs/distributed.md).
 """
 
 from __future__ import annotations

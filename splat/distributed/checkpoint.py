@@ -245,9 +245,7 @@ def merge_shards(shards: List[dict]) -> dict:
     """One checkpoint of the whole model from a run's shards (in rank order):
     per-surfel tensors concatenated, then sorted by id; the shared state is
     rank 0's."""
-    import copy
-
-    whole = copy.deepcopy(shards[0])
+    whole = _copy_without_rows(shards[0])
     entries = _row_entries(whole)
     for get, put in entries:
         put(whole, torch.cat([get(s) for s in shards]))
@@ -262,9 +260,17 @@ def merge_shards(shards: List[dict]) -> dict:
 
 def slice_rows(ckpt: dict, start: int, stop: int) -> dict:
     """The checkpoint of rows [start, stop) of ``ckpt``'s model."""
-    import copy
-
-    part = copy.deepcopy({k: v for k, v in ckpt.items()})
+    part = _copy_without_rows(ckpt)
     for get, put in _row_entries(part):
         put(part, get(part)[start:stop].clone())
     return part
+
+
+def _copy_without_rows(ckpt: dict) -> dict:
+    """A deep copy of ``ckpt`` whose per-surfel tensors are shared, not
+    copied: the callers replace every one of them, and a copy of the whole
+    model per call is what a resume on another world size cannot afford."""
+    import copy
+
+    rows = [get(ckpt) for get, _ in _row_entries(ckpt)]
+    return copy.deepcopy(ckpt, memo={id(t): t for t in rows})

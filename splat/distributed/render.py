@@ -33,7 +33,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..outputs import RasterOutput, compose
-from ..rasterize import _empty_sums, _project, _project_cpu, _RasterizeSurfels, _surfel_colors, fold_translation
+from ..rasterize import _empty_sums, _RasterizeSurfels, project_for_kernels
 from .exchange import comm_device, exchange_rows
 from .group import Group
 
@@ -107,17 +107,10 @@ def render_sharded(means, quats, scales, opacities, colors, ids, cameras: Sequen
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (means, quats, scales, opacities, colors))
     floats, ints, handles, radii = [], [], [], []
     for cam in cameras:
-        if means.device.type == "cpu" and not (cam.viewmat.requires_grad or cam.K.requires_grad):
-            # splat.rasterize's fused C++ projection (means2d folded in by its backward).
-            proj, rgb, means2d = _project_cpu(means, quats, scales, opacities, colors, cam.viewmat, cam.K,
-                                              cam.width, cam.height, near, far, sh_degree, grad)
-            Tuvw, center = proj["Tuvw"], proj["center"]
-        else:
-            rgb = _surfel_colors(means, colors, cam.viewmat, sh_degree)
-            proj = _project(means, quats, scales, opacities, cam.viewmat, cam.K, cam.width, cam.height, near, far)
-            means2d = proj["center"].detach().clone().requires_grad_(grad)
-            Tuvw, center = (fold_translation(proj["Tuvw"], proj["center"], means2d) if grad
-                            else (proj["Tuvw"], proj["center"]))
+        fused = means.device.type == "cpu" and not (cam.viewmat.requires_grad or cam.K.requires_grad)
+        proj, rgb, means2d, Tuvw, center = project_for_kernels(
+            means, quats, scales, opacities, colors, cam.viewmat, cam.K, cam.width, cam.height, near, far,
+            sh_degree, grad, fused)
         rect = proj["pixel_rect"]
         sel = ((rect[:, 2] > rect[:, 0]) & (rect[:, 3] > rect[:, 1])).nonzero().flatten()
         floats.append(torch.cat([Tuvw[sel], center[sel], proj["normal"][sel], rgb[sel], opacities[sel, None],
