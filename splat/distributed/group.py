@@ -107,6 +107,7 @@ def from_environment(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S)
     import torch.distributed as dist
 
     if not dist.is_initialized():
+        _import_modules_that_capture_the_group()
         # A collective may wait this long for a slow peer (rank 0 builds the
         # initial model alone: a minute on a large scene).  A dead peer is
         # the watchdog's job, within timeout_s (splat.distributed.watchdog).
@@ -115,17 +116,40 @@ def from_environment(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S)
     return Group(rank=rank, world_size=world, local_rank=local_rank, backend=backend, device=dev)
 
 
+def _import_modules_that_capture_the_group() -> None:
+    """Imports, before the group exists, the torch module whose functions
+    take the default group as a default argument value.
+
+    ``torch.distributed.nn.functional`` writes ``group=group.WORLD`` in ten
+    signatures, evaluated when it is first imported.  torch imports it
+    lazily (the first ``torch.optim`` optimizer imports ``torch._dynamo``,
+    which imports FSDP, which imports it), so after init_process_group those
+    defaults hold the group itself: destroy_process_group can then not free
+    it, gloo's worker threads outlive :func:`leave`, and they are torn down
+    with the interpreter at exit, where a thread still releasing a
+    collective's tensors aborts the process ("terminate called without an
+    active exception", rare: it failed a CI run once, after a passing
+    three-process training test).
+    Imported first, those defaults are None, and leave() really ends the
+    group (tests/test_distributed_group.py checks that its threads are gone)."""
+    import torch.distributed.nn.functional  # noqa: F401
+
+
 def leave(group: Group, synchronize: bool = True) -> None:
     """Leaves the process group (nothing for one process).
 
+    destroy_process_group() frees the group, and gloo joins its worker
+    threads here, while the interpreter is whole.  Threads left to the
+    interpreter's exit may still be releasing a collective's tensors, which
+    takes the GIL from a dying interpreter and aborts a process that has
+    finished its work ("terminate called without an active exception"):
+    see :func:`_import_modules_that_capture_the_group` for what kept the
+    group alive until exit.
+
     ``synchronize`` (the normal end, when every rank leaves): a barrier
-    first.  gloo's worker threads release a finished collective's tensors a
-    moment after the caller sees it complete; if the process is already
-    shutting down by then, that release takes the GIL from a dying
-    interpreter and aborts the process ("terminate called without an active
-    exception", seen in about 1 run of 15 whose last act was a gather).  The
-    barrier, which holds no tensors, waits those moments out.  On an error
-    path (a peer may be gone) there is no barrier."""
+    first, so that no rank tears its connections down while a peer still
+    finishes the last collective.  On an error path (a peer may be gone)
+    there is no barrier."""
     if group.distributed:
         import torch.distributed as dist
 
