@@ -50,22 +50,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def mesh_options(args, unbounded: bool):
     """:class:`splat.mesh.MeshOptions` from the parsed flags (bad values: ValueError naming the flag)."""
-    from .mesh.extract import MeshOptions
+    from .mesh.extract import MeshOptions, check_options
 
     res = args.mesh_res if args.mesh_res is not None else (512 if unbounded else MeshOptions.mesh_res)
-    if res < 8:
-        raise ValueError(f"--mesh-res: {res} is below 8")
     if args.depth_ratio is not None and not 0.0 <= args.depth_ratio <= 1.0:
         raise ValueError(f"--depth-ratio: {args.depth_ratio} is not in [0, 1]")
-    if args.depth_trunc is not None and not args.depth_trunc > 0:
-        raise ValueError(f"--depth-trunc: {args.depth_trunc} is not > 0")
-    if not 0.0 <= args.alpha_min < 1.0:
-        raise ValueError(f"--alpha-min: {args.alpha_min} is not in [0, 1)")
     if args.keep_clusters < 0:
         raise ValueError(f"--keep-clusters: {args.keep_clusters} is negative")
-    return MeshOptions(mesh_res=res, depth_ratio=args.depth_ratio, alpha_min=args.alpha_min,
-                       depth_trunc=args.depth_trunc, keep_unseen=args.keep_unseen,
-                       max_clusters=args.keep_clusters)
+    options = MeshOptions(mesh_res=res, depth_ratio=args.depth_ratio, alpha_min=args.alpha_min,
+                          depth_trunc=args.depth_trunc, keep_unseen=args.keep_unseen,
+                          max_clusters=args.keep_clusters)
+    check_options(options)
+    return options
 
 
 def main(argv=None) -> int:
@@ -105,4 +101,7 @@ def main(argv=None) -> int:
                          progress=args.progress)
         return 0
 
-    return run_cli(run, debug=args.debug, extra=(DataError,))
+    from .sfm.sigterm import sigterm_as_interrupt
+
+    # SIGTERM (a scheduler, kill) ends a render or a mesh like Ctrl+C: one line, no partial file.
+    return run_cli(sigterm_as_interrupt(run, args.debug), debug=args.debug, extra=(DataError,))

@@ -10,6 +10,8 @@ over the whole scene, the same clean-up, and vertex colours from the views.
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -19,6 +21,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..errors import SplatInputError
+from .budget import bounded_tsdf_bytes, check_fits, unbounded_tsdf_bytes
 from .cleanup import keep_large_clusters, remove_unseen
 from .open3d_import import import_open3d
 from .tsdf import fuse_tsdf
@@ -99,19 +103,75 @@ def _clean(mesh, views, tolerance, options: MeshOptions, recolor: bool):
     return mesh, notes
 
 
+def check_options(options: MeshOptions) -> None:
+    """Refuses settings no mesh can come from, naming the ``render.py`` flag."""
+    if options.mesh_res < 8:
+        raise ValueError(f"--mesh-res: {options.mesh_res} is below 8")
+    if options.depth_trunc is not None and not (math.isfinite(options.depth_trunc) and options.depth_trunc > 0):
+        raise ValueError(f"--depth-trunc: {options.depth_trunc} is not a finite number > 0")
+    if not 0.0 <= options.alpha_min < 1.0:
+        raise ValueError(f"--alpha-min: {options.alpha_min} is not in [0, 1)")
+
+
+def _why_empty(views, alpha_min: float, depth_trunc: Optional[float], notes) -> str:
+    """Why a fusion gave no triangles, for the error line."""
+    measured = sum(int((v.depth > 0).sum()) for v in views)
+    if measured == 0:
+        return (f"no pixel of the {len(views)} train views reaches alpha {alpha_min:g} "
+                "(--alpha-min)")
+    if depth_trunc is not None:
+        within = sum(int(((v.depth > 0) & (v.depth <= depth_trunc)).sum()) for v in views)
+        if within == 0:
+            nearest = min(float(v.depth[v.depth > 0].min()) for v in views if (v.depth > 0).any())
+            return (f"every measured depth lies beyond depth_trunc {depth_trunc:.4g} (--depth-trunc; "
+                    f"the nearest is {nearest:.4g})")
+    return (f"{measured} pixels were fused but no surface survived ({'; '.join(notes) or 'no clean-up'}); "
+            "try a finer --mesh-res, --keep-unseen or --keep-clusters 0")
+
+
+def write_mesh(o3d, mesh, path: Path) -> None:
+    """Writes ``mesh`` to ``path`` atomically: beside it first, then renamed,
+    so that a killed write leaves the previous file (or none), never a
+    truncated one.  A failed write is an OSError naming the file."""
+    path = Path(path)
+    folder = path.parent
+    for old in folder.glob(f".{path.name}.tmp*.ply"):  # left by a killed writer
+        pid = old.name[len(path.name) + 5:-4]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            old.unlink(missing_ok=True)
+    if not os.access(folder, os.W_OK):
+        raise OSError(f"{folder}: cannot write {path.name} there (no write permission)")
+    tmp = folder / f".{path.name}.tmp{os.getpid()}.ply"  # open3d picks the format by the extension
+    try:
+        if not o3d.io.write_triangle_mesh(str(tmp), mesh) or not tmp.is_file():
+            raise OSError(f"{path}: open3d could not write the mesh (disk full or not writable?)")
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def extract_mesh(model_dir, data: Optional[str] = None, overrides=(), unbounded: bool = False,
                  options: Optional[MeshOptions] = None, progress="auto") -> Path:
-    """Mesh the run in ``model_dir``; returns the path written (module doc)."""
+    """Mesh the run in ``model_dir``; returns the path written (module doc).
+
+    An empty result is an error (:class:`splat.errors.SplatInputError`)
+    saying why, and the file is not written; so is a resolution whose
+    fusion would not fit in the available memory (:mod:`splat.mesh.budget`)."""
     from ..render import load_run
 
     o3d = import_open3d()
     options = options or MeshOptions()
-    if options.mesh_res < 8:
-        raise ValueError(f"--mesh-res: {options.mesh_res} is below 8")
+    check_options(options)
+    if unbounded:
+        check_fits(unbounded_tsdf_bytes(options.mesh_res), f"--mesh-res {options.mesh_res} (--unbounded)",
+                   "lower --mesh-res (the grid grows with its cube)")
     t0 = time.perf_counter()
     model, cfg, scene = load_run(model_dir, data, overrides)
     views = render_fusion_views(model, cfg, scene.train, _depth_ratio(options, cfg, unbounded), options.alpha_min, progress)
     radius = float(scene.scene_radius())
+    depth_trunc = None
     if unbounded:
         center = torch.stack([f.camera_center for f in scene.train]).double().mean(0)  # [3]
         extent = contracted_extent(model.means.detach().cpu(), center, radius)
@@ -125,11 +185,17 @@ def extract_mesh(model_dir, data: Optional[str] = None, overrides=(), unbounded:
     else:
         depth_trunc = float(options.depth_trunc) if options.depth_trunc else default_depth_trunc(views, radius)
         voxel = depth_trunc / options.mesh_res
+        check_fits(bounded_tsdf_bytes(views, voxel, depth_trunc), f"--mesh-res {options.mesh_res}",
+                   "lower --mesh-res (the blocks grow with its square) or --depth-trunc")
         mesh = fuse_tsdf(views, voxel, 5.0 * voxel, depth_trunc, progress)
         mesh, notes = _clean(mesh, views, UNSEEN_TOLERANCE_VOXELS * voxel, options, recolor=False)
         how = f"voxel {voxel:.4g}, sdf_trunc {5 * voxel:.4g}, depth_trunc {depth_trunc:.4g}"
         path = Path(model_dir) / "mesh.ply"
-    o3d.io.write_triangle_mesh(str(path), mesh)
+    if len(mesh.triangles) == 0:
+        kept = f"; the older {path.name} is left as it was" if path.exists() else ""
+        raise SplatInputError(f"{path}: not written, the mesh is empty: "
+                              f"{_why_empty(views, options.alpha_min, depth_trunc, notes)}{kept}")
+    write_mesh(o3d, mesh, path)
     print(f"wrote {path}: {len(mesh.vertices)} vertices, {len(mesh.triangles)} triangles ({how}; "
           f"{'; '.join(notes)}) in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return path
