@@ -22,7 +22,7 @@ Sources (``model.init``):
 ``auto`` starts from the scene's points, else the triangulated ones, and
 measures their **coverage**.  A few hundred SIFT points cover a textured
 object and leave an untextured floor, the walls and the sky empty; a start
-like that trains floaters and streaks there (issue 26).  While the
+like that trains floaters and streaks there.  While the
 coverage is below :data:`FILL_BELOW`, the next source -- stereo, then
 random, then the far sphere (:mod:`splat.data.far_points`: a sky or a
 distant backdrop, which no other source reaches) -- adds its points **only
@@ -80,8 +80,8 @@ FILL_BELOW = 0.9
 MAX_INIT_SCALE_PX = 10.0
 #: Plane-sweep stereo when it only fills holes: half the resolution, half
 #: the reference views and half the depth planes of a full run (~16x
-#: cheaper; 41 s against 864 s on still_life's 60 views under load, coverage
-#: 63 % against 66 %), since densification refines a start anyway.
+#: fewer plane evaluations, for nearly the same coverage: figures in
+#: ``docs/results.md``), since densification refines a start anyway.
 FILL_STEREO = dict(width=128, max_references=12, num_depths=64)
 #: ``auto`` thins each filling source to one point per cube this many
 #: coverage cells wide at the point's depth (:func:`thin_to_cells`;
@@ -89,7 +89,7 @@ FILL_STEREO = dict(width=128, max_references=12, num_depths=64)
 #: and the 8 around it, so one per cell keeps the coverage (still_life: 98 %
 #: both ways) while a dense source's 20,000 stereo points, a few pixels
 #: apart, would start the training with more surfels than it ends with, and
-#: be slower throughout (issue 26).
+#: be slower throughout.
 FILL_SPACING_CELLS = 1.0
 #: Fewer points than this from a forced source (``triangulate``, ``stereo``)
 #: is not a start: fall back to the next source.

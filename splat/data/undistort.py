@@ -54,8 +54,7 @@ else ``$XDG_CACHE_HOME/splat``, else ``~/.cache/splat``, and ``<key>`` is a
 SHA-256 of the source file's bytes, both cameras, and this module's format
 version.  The key is the content, not the path and modification time, which
 a reproducible tarball, ``cp -p`` or ``touch -r`` keep across an edit;
-hashing the file costs about 1 ms per MB, far less than decoding and
-remapping it.  Entries are written atomically; one that cannot be read
+hashing the file costs far less than decoding and remapping it.  Entries are written atomically; one that cannot be read
 back (or has the wrong size) is recomputed with a warning.  Deleting the
 folder is always safe.
 """

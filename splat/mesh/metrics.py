@@ -1,8 +1,8 @@
 """Distances between a predicted triangle mesh and a ground-truth one:
 Chamfer, precision / recall / F1, and the share of the mesh no camera sees.
 
-The definition (issue 30, so that ``bench/mesh.py``'s figures compare with
-that issue's table), for a predicted mesh P, a ground-truth mesh G and
+The definition (fixed, so that ``bench/mesh.py``'s figures compare across
+runs and with ``docs/results.md``), for a predicted mesh P, a ground-truth mesh G and
 reference points R (the ground-truth depth of the test views, back-projected
 to world space by :func:`depth_points`):
 

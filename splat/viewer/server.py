@@ -233,8 +233,8 @@ class ViewerServer:
         only at websockets' 10 s ``open_timeout``; a websocket client that
         does not answer the closing handshake (a frozen tab, a bare socket)
         holds it for the 10 s ``close_timeout``.  viser's ``stop()`` gives its
-        server thread 1 s + 5 s and then abandons it, so Ctrl+C took 6-7 s
-        and the process exited with that thread still running ("Server
+        server thread 1 s + 5 s and then abandons it, so Ctrl+C would take 6-7 s
+        and the process would exit with that thread still running ("Server
         stopped" never printed).  Here the handshake-stage handlers are
         cancelled (websockets' own path for a cancelled handshake: it aborts
         the connection, silently), and after ``grace`` -- the closing
