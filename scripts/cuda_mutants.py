@@ -38,7 +38,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 from cuda_emulation.build import KERNEL_FILES, KERNELS as _KERNEL_ROOT  # noqa: E402
+from report import portable  # noqa: E402
 
 KERNELS = _KERNEL_ROOT / "cuda"
 TEST_FILES = ("tests/test_cuda_emulation.py", "tests/test_cuda_emulation_3dgs.py")
@@ -190,7 +192,7 @@ def main() -> int:
     mutants = [v for k, v in results.items() if k != "baseline"]
     summary = {"baseline_passed": results["baseline"]["passed"],
                "caught": sum(v["caught"] for v in mutants), "total": len(mutants), "results": results}
-    text = json.dumps(summary, indent=2)
+    text = json.dumps(portable(summary), indent=2)
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")
