@@ -105,16 +105,29 @@ MUTANTS = {
 }
 
 
+def mutant_pattern(old: str) -> re.Pattern:
+    """``old`` as a regex that matches it whatever the whitespace between its
+    tokens, so that a formatter's line breaks (scripts/lint.sh) do not stop a
+    mutant applying."""
+    return re.compile(r"\s*".join(re.escape(tok) for tok in re.findall(r"\w+|\S", old)))
+
+
+def apply_mutant(text: str, fname: str, old: str, new: str) -> str:
+    """``text`` with the one occurrence of ``old`` (modulo whitespace) replaced by ``new``."""
+    found = list(mutant_pattern(old).finditer(text))
+    if len(found) != 1:
+        raise SystemExit(f"error: mutant text found {len(found)} times in {fname} (expected once): {old!r}")
+    m = found[0]
+    return text[:m.start()] + new.strip() + text[m.end():]
+
+
 def make_copy(folder: Path, edit=None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for name in KERNEL_FILES:
         shutil.copy(KERNELS / name, folder / name)
     if edit is not None:
         fname, _, old, new = edit[:4]
-        text = (folder / fname).read_text()
-        if text.count(old) != 1:
-            raise SystemExit(f"error: mutant text found {text.count(old)} times in {fname} (expected once): {old!r}")
-        (folder / fname).write_text(text.replace(old, new))
+        (folder / fname).write_text(apply_mutant((folder / fname).read_text(), fname, old, new))
 
 
 def sanitizer_env() -> dict:

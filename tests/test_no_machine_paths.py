@@ -74,8 +74,8 @@ def test_portable_paths_name_no_machine_folder():
     assert portable_path("/srv/data/scenes/still_life", root) == "still_life"
     assert portable_path("/scratch/runs/fast/mesh.ply", root) == "fast/mesh.ply"
     assert portable_path("../shared/scenes/still_life", root) == "../shared/scenes/still_life"
-    report = {"command": f"python bench/quality.py --shared /srv/data --out /scratch/q/fast.json -- "
-                         f"data.path=/srv/data/scenes/fox", "commits": {root: "abc1234", "/scratch/old": "c95de2c"},
+    report = {"command": "python bench/quality.py --shared /srv/data --out /scratch/q/fast.json -- "
+                         "data.path=/srv/data/scenes/fox", "commits": {root: "abc1234", "/scratch/old": "c95de2c"},
               "rate": "3.1 it/s", "url": "https://github.com/hbb1/diff-surfel-rasterization", "n": 3}
     assert portable(report, root) == {
         "command": "python bench/quality.py --shared data --out q/fast.json -- data.path=fox",

@@ -190,7 +190,8 @@ def read_images_text(path: Path) -> dict[int, ColmapImage]:
         tok = s.split()
         if len(tok) < 10:
             raise DataError(
-                f"{path}: line {ln}: malformed image line (expected IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME): {s!r}"
+                f"{path}: line {ln}: malformed image line "
+                f"(expected IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME): {s!r}"
             )
         iid = _num(path, ln, tok[0], int, "image id")
         q = np.array([_num(path, ln, t, float, "quaternion component") for t in tok[1:5]])

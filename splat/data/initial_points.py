@@ -162,7 +162,7 @@ def covered_cells(points: torch.Tensor, frames: Sequence) -> List[torch.Tensor]:
     """Per view, [rows, cols] bool: cells within one cell of a projected point."""
     hits = [torch.zeros(_grid(f)[:2]) for f in frames]
     for part in points.split(_chunk(frames)):
-        for g, (rows, cols, inside, i, j) in zip(hits, _cell_index(part, frames)):
+        for g, (_rows, _cols, inside, i, j) in zip(hits, _cell_index(part, frames)):
             g[i[inside], j[inside]] = 1.0
     return [F.max_pool2d(g[None, None], 3, stride=1, padding=1)[0, 0] > 0 for g in hits]
 
@@ -198,7 +198,7 @@ def uncovered_filter(points: torch.Tensor, frames: Sequence,
         hit = torch.zeros(len(cands), dtype=torch.bool)
         for start in range(0, len(cands), _chunk(frames)):
             part = slice(start, start + _chunk(frames))
-            for hole, (rows, cols, inside, i, j) in zip(holes, _cell_index(cands[part], frames)):
+            for hole, (_rows, _cols, inside, i, j) in zip(holes, _cell_index(cands[part], frames)):
                 hit[part] |= inside & hole[i, j]
         return hit
 
