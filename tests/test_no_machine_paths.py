@@ -1,8 +1,8 @@
 """The repository names no folder of the machines it was built on.
 
-* No tracked text file holds a development machine's absolute path: a home
-  or work folder (``/work/...``, ``/root/...``, ``/home/...``) or a git
-  mirror's folder (``.mirror/...``).  Example commands may still use
+* No tracked text file holds a development machine's absolute path: a path
+  inside a home or work folder (under ``/work``, ``/root`` or ``/home``) or
+  inside a git mirror's ``.mirror`` folder.  Example commands may still use
   ``/tmp/old`` or ``/shared/scenes/mine``: those name no machine.
 * Recorded results (``bench/results/``) hold no absolute path at all: the
   bench scripts record paths relative to the repository, or a scene's or
