@@ -51,13 +51,17 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, SplatInputError
 from ..model import in_image, project_points
+
+if TYPE_CHECKING:
+    from .types import SceneData
 
 __all__ = ["InitialPoints", "initial_points", "coverage", "uncovered_filter", "pixel_footprint",
            "hole_cells", "thin_to_cells", "COVERAGE_CELLS", "FILL_SPACING_CELLS", "FILL_BELOW", "MAX_INIT_SCALE_PX",
@@ -304,8 +308,9 @@ def _fmt(n: int) -> str:
     return f"{n:,}"
 
 
-def initial_points(scene, init: str, num_stereo: int, num_random: int, random_min_views: float = 0.5,
-                   fill_spacing: float = FILL_SPACING_CELLS, cache_dir=None, scene_name: str = "the scene",
+def initial_points(scene: SceneData, init: str, num_stereo: int, num_random: int, random_min_views: float = 0.5,
+                   fill_spacing: float = FILL_SPACING_CELLS, cache_dir: Optional[Union[str, Path]] = None,
+                   scene_name: str = "the scene",
                    background: Optional[torch.Tensor] = None) -> InitialPoints:
     """The start for ``model.init=init`` (see the module doc).
 

@@ -67,11 +67,14 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 import numpy as np
 
 from .types import DataError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "DISTORTED_MODELS",
@@ -400,12 +403,12 @@ def load_camera_image(
     path: Path,
     cam: LensCamera,
     downscale: int,
-    background,
+    background: torch.Tensor,
     cache_dir: Optional[Union[str, Path]] = None,
     blank_pixels: float = 0.0,
     kind: str = "image",
     camera_name: str = "",
-):
+) -> tuple[torch.Tensor, Optional[torch.Tensor], tuple[float, float, float, float]]:
     """Load one image of camera ``cam`` as a pinhole image.
 
     ``camera_name`` (e.g. ``"sparse/0/cameras.txt: camera 3"``) names the
