@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU campaign of issue 25 (docs/testing.md, "The GPU campaign"):
+# The GPU campaign (docs/testing.md, "The GPU campaign"):
 # parity, sanitizers, speed against gsplat and diff-surfel-rasterization,
 # training and a profile, in three device calls of under 10 minutes each.
 #
