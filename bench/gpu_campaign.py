@@ -57,7 +57,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from report import commit, machine
+from report import commit, machine, portable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(1, str(ROOT))  # this checkout's splat (the GPU machine gets a bare copy of the tree)
@@ -135,7 +135,7 @@ class Campaign:
 
     def write(self, name: str, data: dict) -> Path:
         path = self.out / f"{name}.json"
-        path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+        path.write_text(json.dumps(portable(data), indent=2, default=str) + "\n")
         return path
 
     # ------------------------------------------------------------------ stages

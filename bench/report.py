@@ -6,7 +6,15 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
+from pathlib import Path
+
+#: The repository this script runs from: paths inside it are recorded relative to it.
+ROOT = Path(__file__).resolve().parents[1]
+#: An absolute POSIX path inside a string: a "/" that starts a token (not one
+#: inside "bench/results", "../shared", "it/s" or a URL), then path characters.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~/:-])/[\w.+@%-]+(?:/[\w.+@%-]+)*/?")
 
 
 def machine(**extra) -> dict:
@@ -26,8 +34,47 @@ def commit(root: str):
         return None
 
 
+def portable_path(path: str, root=ROOT) -> str:
+    """``path`` as a results file records it, naming no folder of the machine
+    it ran on: relative to the repository ``root`` when inside it (``"."``
+    for the root itself), else its last component (a scene's name, an output
+    folder's name; a file keeps its folder's name too).  Relative paths are
+    kept as they are."""
+    if not os.path.isabs(path):
+        return path
+    root = Path(root)
+    for candidate in (Path(os.path.normpath(path)), Path(path).resolve()):
+        try:
+            rel = candidate.relative_to(root)
+        except ValueError:
+            continue
+        return rel.as_posix() if rel.parts else "."
+    plain = Path(os.path.normpath(path))
+    if not plain.name:
+        return path
+    # A file keeps its folder's name: out/fast/mesh.ply and out/default/mesh.ply stay apart.
+    return f"{plain.parent.name}/{plain.name}" if plain.suffix and plain.parent.name else plain.name
+
+
+def portable(value, root=ROOT):
+    """``value`` (a report: dicts, lists, strings, numbers) with every
+    absolute path in its strings and keys replaced by :func:`portable_path`
+    (a command line's ``--out /x/y.json`` and ``data.path=/x/scene`` too)."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if isinstance(value, str):
+        return _ABSOLUTE_PATH.sub(lambda m: portable_path(m.group(0), root), value)
+    if isinstance(value, dict):
+        return {portable(k, root): portable(v, root) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable(v, root) for v in value]
+    return value
+
+
 def emit(report: dict, out=None) -> None:
-    text = json.dumps(report, indent=2)
+    """Print ``report`` as JSON and write it to ``out``, its paths made
+    portable (:func:`portable`): results are stored in the repository."""
+    text = json.dumps(portable(report), indent=2)
     print(text)
     if out:
         with open(out, "w") as f:

@@ -38,7 +38,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 from cuda_emulation.build import KERNEL_FILES, KERNELS as _KERNEL_ROOT  # noqa: E402
+from report import portable  # noqa: E402
 
 KERNELS = _KERNEL_ROOT / "cuda"
 TEST_FILES = ("tests/test_cuda_emulation.py", "tests/test_cuda_emulation_3dgs.py")
@@ -85,7 +87,7 @@ MUTANTS = {
     # this breaks how binning.cu applies it (negative depths sort by magnitude).
     "bin_depth_key_ignores_sign": ("binning.cu", "broken depth key",
                                    "keys[i] = depth_sort_key(depth[i]);", "keys[i] = depth_sort_key(fabs(depth[i]));"),
-    # 3D Gaussians (issue 22): the shared kernels' Gaussian-only paths.
+    # 3D Gaussians: the shared kernels' Gaussian-only paths.
     "fwd_every_thread_loads": ("forward.cu", "write past a shared array (float64 Gaussian batch of 128)",
                                "if (tid < P::kBatch && k_load < count)", "if (k_load < count)"),
     "bwd_surfel_record_size": ("backward.cu", "gradient record cut to the surfels' size",
@@ -103,16 +105,29 @@ MUTANTS = {
 }
 
 
+def mutant_pattern(old: str) -> re.Pattern:
+    """``old`` as a regex that matches it whatever the whitespace between its
+    tokens, so that a formatter's line breaks (scripts/lint.sh) do not stop a
+    mutant applying."""
+    return re.compile(r"\s*".join(re.escape(tok) for tok in re.findall(r"\w+|\S", old)))
+
+
+def apply_mutant(text: str, fname: str, old: str, new: str) -> str:
+    """``text`` with the one occurrence of ``old`` (modulo whitespace) replaced by ``new``."""
+    found = list(mutant_pattern(old).finditer(text))
+    if len(found) != 1:
+        raise SystemExit(f"error: mutant text found {len(found)} times in {fname} (expected once): {old!r}")
+    m = found[0]
+    return text[:m.start()] + new.strip() + text[m.end():]
+
+
 def make_copy(folder: Path, edit=None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for name in KERNEL_FILES:
         shutil.copy(KERNELS / name, folder / name)
     if edit is not None:
         fname, _, old, new = edit[:4]
-        text = (folder / fname).read_text()
-        if text.count(old) != 1:
-            raise SystemExit(f"error: mutant text found {text.count(old)} times in {fname} (expected once): {old!r}")
-        (folder / fname).write_text(text.replace(old, new))
+        (folder / fname).write_text(apply_mutant((folder / fname).read_text(), fname, old, new))
 
 
 def sanitizer_env() -> dict:
@@ -190,7 +205,7 @@ def main() -> int:
     mutants = [v for k, v in results.items() if k != "baseline"]
     summary = {"baseline_passed": results["baseline"]["passed"],
                "caught": sum(v["caught"] for v in mutants), "total": len(mutants), "results": results}
-    text = json.dumps(summary, indent=2)
+    text = json.dumps(portable(summary), indent=2)
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU campaign of issue 25 (docs/testing.md, "The GPU campaign"):
+# The GPU campaign (docs/testing.md, "The GPU campaign"):
 # parity, sanitizers, speed against gsplat and diff-surfel-rasterization,
 # training and a profile, in three device calls of under 10 minutes each.
 #
@@ -30,7 +30,8 @@ CAMPAIGN=.gpu_campaign
 # Pinned: the versions the campaign was prepared and dry-run with.
 PLYFILE_VERSION=1.1.5
 GSPLAT_VERSION=1.5.3
-DSR_REPO_DEFAULT=/work/.mirror/hbb1+diff-surfel-rasterization/repo
+# A git clone of https://github.com/hbb1/diff-surfel-rasterization (--dsr-repo, else $DSR_REPO).
+DSR_REPO_DEFAULT="${DSR_REPO:-}"
 
 die() { echo "gpu_campaign: $*" >&2; exit 2; }
 
@@ -63,14 +64,15 @@ prepare() {
     >"$CAMPAIGN/wheels/COMMIT"
 
   local dsr="$CAMPAIGN/peers/diff-surfel-rasterization"
-  if git -C "$dsr_repo" rev-parse -q --verify HEAD >/dev/null 2>&1; then
+  # Not git -C "": an empty path means the current folder, i.e. this repository.
+  if [ -n "$dsr_repo" ] && git -C "$dsr_repo" rev-parse -q --verify HEAD >/dev/null 2>&1; then
     rm -rf "$dsr" && mkdir -p "$dsr"
     git -C "$dsr_repo" archive HEAD | tar -x -C "$dsr"
     git -C "$dsr_repo" rev-parse HEAD >"$dsr/COMMIT"
     echo "diff-surfel-rasterization: $(cat "$dsr/COMMIT") from $dsr_repo"
   else
-    echo "gpu_campaign: no git mirror at --dsr-repo $dsr_repo (fetch github:hbb1/diff-surfel-rasterization" \
-         "with the search tool first): diff-surfel-rasterization will be skipped" >&2
+    echo "gpu_campaign: no git clone at --dsr-repo '$dsr_repo' (clone github.com/hbb1/diff-surfel-rasterization" \
+         "and pass its folder, or set DSR_REPO): diff-surfel-rasterization will be skipped" >&2
   fi
 
   for s in still_life dtu_scan24; do

@@ -33,6 +33,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from report import portable  # noqa: E402  (results name no folder of this machine)
 
 
 def train_cmd(out: Path, args, *extra):
@@ -149,7 +152,7 @@ def main() -> int:
                   n_gaussians=dict(uninterrupted=metrics_a.get("n_gaussians"), killed_and_resumed=metrics_b.get("n_gaussians")),
                   never_lost_a_checkpoint=never_lost_a_checkpoint, reference_seconds=round(reference_seconds, 1))
     shutil.rmtree(work, ignore_errors=True)
-    text = json.dumps(result, indent=2)
+    text = json.dumps(portable(result), indent=2)
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")

@@ -26,8 +26,8 @@ PSNR between two renders with different seeds, is about 45 dB.  (The
 ``llvm_ad_rgb`` variant needs a newer libLLVM than some systems have; the
 scalar variant is fast enough here.)
 
-It writes the same layouts and conventions as the reference data sets in
-``/work/shared/scenes`` (see their README), only smaller:
+It writes the same layouts and conventions as the benchmark scenes of
+``docs/results.md`` (``still_life``: NeRF and COLMAP layouts), only smaller:
 
 ``images/{train,test}_NNN.png``
     sRGB RGBA PNGs (straight, i.e. not premultiplied, alpha).

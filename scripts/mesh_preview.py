@@ -41,7 +41,7 @@ def main(argv=None) -> None:
     try:
         o3d = import_open3d("mesh_preview.py")
     except MissingOpen3D as e:
-        raise SystemExit(f"error: {e}")
+        raise SystemExit(f"error: {e}") from None
 
     model = Path(args.model)
     mesh = o3d.io.read_triangle_mesh(str(model / args.mesh))

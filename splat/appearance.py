@@ -84,7 +84,8 @@ def make_optimizer(appearance: AffineAppearance, lr: float) -> torch.optim.Optim
     return torch.optim.SparseAdam(list(appearance.parameters()), lr=lr)
 
 
-def make_appearance(train_cfg: Dict, num_images: int, device=None) -> Optional[AffineAppearance]:
+def make_appearance(train_cfg: Dict, num_images: int,
+                    device: torch.device | str | None = None) -> Optional[AffineAppearance]:
     """The correction ``train.appearance`` asks for (None for ``"none"``)."""
     mode = train_cfg["appearance"]
     if mode == "none":

@@ -15,6 +15,12 @@ The same numbers appear in ``cuda_rasterizer/core.h`` (the kernels cannot
 import Python).  ``tests/test_conventions.py`` parses that header and checks
 that both agree, so they cannot drift apart.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 #: Upper clamp of a surfel's alpha, so that 1 - alpha never reaches 0 and the
 #: backward pass can divide by it.
@@ -42,6 +48,6 @@ def pixel_centers_offset() -> float:
     return 0.5
 
 
-def normalized_depth(z, near: float, far: float):
+def normalized_depth(z: float | torch.Tensor, near: float, far: float) -> float | torch.Tensor:
     """m(z) = far/(far-near) * (1 - near/z): 0 at the near plane, 1 at the far plane."""
     return far / (far - near) * (1.0 - near / z)

@@ -46,7 +46,7 @@ def format_error(e: BaseException) -> str:
     return " ".join(line.strip() for line in msg.splitlines() if line.strip())
 
 
-def interrupt_behind(e: BaseException):
+def interrupt_behind(e: BaseException) -> KeyboardInterrupt | None:
     """The KeyboardInterrupt (Ctrl+C, or SIGTERM's ``Terminated``) that ``e``
     is, or was raised while handling (a library's clean-up can fail on the
     state the interrupt left: torch.save's zip writer does), or None."""

@@ -3,7 +3,7 @@
 Training draws a few random numbers (the positions of split children, the
 random backgrounds).  Drawn from a global generator, they would depend on the
 order in which the draws happen: on how the surfels are spread over
-processes (issue 23), and on what ran before a resume.  Here each number is a
+processes, and on what ran before a resume.  Here each number is a
 pure function of its key, so a surfel's split children are the same on one
 process or N, and after any resume:
 

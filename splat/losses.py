@@ -18,10 +18,13 @@ convergence and costs PSNR (2DGS starts them at 3k / 7k of 30k steps).
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from .outputs import RasterOutput
 
 
 # --------------------------------------------------------------- photometric
@@ -311,7 +314,7 @@ LOSS_TERMS = ("photo", "dist", "normal")
 
 
 def total_loss(
-    out,
+    out: RasterOutput,
     gt: torch.Tensor,  # [H, W, 3]
     K: torch.Tensor,
     viewmat: torch.Tensor,

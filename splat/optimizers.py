@@ -31,9 +31,9 @@ def make_optimizers(model: GaussianModel, lr: Dict, scene_radius: float) -> Dict
     # last few elements of a tensor (its vector loop's scalar tail)
     # differently from the rest, so a surfel's update would depend on where
     # its row falls in its process's shard, and N processes would drift from
-    # one (issue 23; seen after 2 steps).  foreach is position-independent
-    # (tests/test_distributed_train.py) and costs 30 ms against fused's 8 ms
-    # per step at 200k surfels on the 2-core CPU.  CUDA keeps fused: its
+    # one.  foreach is position-independent (tests/test_distributed_train.py)
+    # and slower than fused (docs/results.md), a price paid for that
+    # invariance.  CUDA keeps fused: its
     # rasterizer sums gradients with atomics, so no order is bitwise there.
     fused = model.means.is_cuda
     return {

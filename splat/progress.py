@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from typing import Callable, TextIO
 
 __all__ = ["format_duration", "use_progress_bar", "LogLines"]
 
@@ -21,7 +22,7 @@ def format_duration(seconds: float) -> str:
     return f"{s // 3600}h{(s % 3600) // 60:02d}m"
 
 
-def use_progress_bar(setting, stream=None) -> bool:
+def use_progress_bar(setting: bool | str, stream: TextIO | None = None) -> bool:
     """Whether ``log.progress`` (``"auto"``, true or false) means the tqdm bar.
 
     ``"auto"`` draws the bar only when ``stream`` (default: stderr, where the
@@ -47,7 +48,8 @@ class LogLines:
     passed since the last one, and at the last step; the rate is over the
     steps since the previous line (wall clock, hooks included)."""
 
-    def __init__(self, start_step: int, iterations: int, interval_s: float, file=None, clock=time.perf_counter):
+    def __init__(self, start_step: int, iterations: int, interval_s: float, file: TextIO | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
         self.iterations = int(iterations)
         self.interval_s = float(interval_s)
         self.file = file

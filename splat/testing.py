@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import math
+from typing import Any, Dict, Sequence, Tuple
 
 import torch
 
 
-def look_at_viewmat(eye, target, up=(0.0, -1.0, 0.0), dtype=torch.float64) -> torch.Tensor:
+def look_at_viewmat(eye: Sequence[float] | torch.Tensor, target: Sequence[float] | torch.Tensor,
+                    up: Sequence[float] | torch.Tensor = (0.0, -1.0, 0.0),
+                    dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """World->camera [4, 4], OpenCV convention, camera at ``eye`` looking at ``target``.
 
     ``up`` is the world direction that should appear towards the top of the
@@ -26,14 +29,15 @@ def look_at_viewmat(eye, target, up=(0.0, -1.0, 0.0), dtype=torch.float64) -> to
     return viewmat
 
 
-def intrinsics(width, height, fov_x_deg=50.0, principal_offset=(0.0, 0.0), aspect=1.0, dtype=torch.float64):
+def intrinsics(width: int, height: int, fov_x_deg: float = 50.0, principal_offset: Tuple[float, float] = (0.0, 0.0),
+               aspect: float = 1.0, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     fx = width / (2 * math.tan(math.radians(fov_x_deg) / 2))
     return torch.tensor([[fx, 0, width / 2 + principal_offset[0]],
                          [0, fx * aspect, height / 2 + principal_offset[1]],
                          [0, 0, 1]], dtype=dtype)
 
 
-def quats_from_normals(normals: torch.Tensor, generator=None) -> torch.Tensor:
+def quats_from_normals(normals: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """Quaternions [N, 4] (w, x, y, z) whose rotation's third column is ``normals`` [N, 3],
     with a random twist about the normal."""
     n = normals / normals.norm(dim=-1, keepdim=True)
@@ -64,8 +68,9 @@ def rotmat_to_quat(R: torch.Tensor) -> torch.Tensor:
     return q * torch.where(q[:, :1] < 0, -1.0, 1.0)
 
 
-def random_scene(n, width, height, dtype=torch.float64, seed=0, principal_offset=(0.0, 0.0),
-                 aspect=1.0, scale_range=(0.05, 0.35), depth=4.0):
+def random_scene(n: int, width: int, height: int, dtype: torch.dtype = torch.float64, seed: int = 0,
+                 principal_offset: Tuple[float, float] = (0.0, 0.0), aspect: float = 1.0,
+                 scale_range: Tuple[float, float] = (0.05, 0.35), depth: float = 4.0) -> Dict[str, Any]:
     """Random surfels in a cube of side ~2 in front of a camera at distance ``depth``.
 
     Returns a dict of the rasterize arguments.  Random orientations give
@@ -87,7 +92,9 @@ def random_scene(n, width, height, dtype=torch.float64, seed=0, principal_offset
     return scene
 
 
-def random_gaussians(n, seed=0, dtype=torch.float64, spread=(1.3, 1.0, 0.8), scale_range=(0.05, 0.3)):
+def random_gaussians(n: int, seed: int = 0, dtype: torch.dtype = torch.float64,
+                     spread: Tuple[float, float, float] = (1.3, 1.0, 0.8),
+                     scale_range: Tuple[float, float] = (0.05, 0.3)) -> Dict[str, torch.Tensor]:
     """n random 3D Gaussians (means, quats, scales [n, 3], opacities, colors)
     in a box of half-sides ``spread`` around the origin, where
     :func:`random_scene`'s camera looks."""
@@ -102,7 +109,8 @@ def random_gaussians(n, seed=0, dtype=torch.float64, spread=(1.3, 1.0, 0.8), sca
     )
 
 
-def surface_scene(n, width, height, dtype=torch.float32, seed=0, distance=3.0):
+def surface_scene(n: int, width: int, height: int, dtype: torch.dtype = torch.float32, seed: int = 0,
+                  distance: float = 3.0) -> Dict[str, Any]:
     """Surfels on surfaces, with sizes and opacities like a trained model's.
 
     A ground plane and four spheres, surfels tangent to the surface, scales

@@ -170,7 +170,7 @@ def test_appearance_lowers_the_loss_and_metrics_report_the_fit(scene_dir, tmp_pa
         scene, _, _ = recoloured_scene(cfg)
         seen = []
         trainer = Trainer(cfg, tmp_path / mode, scene=scene,
-                          callbacks=[lambda t, s, terms: seen.append(terms["photo"])])
+                          callbacks=[lambda t, s, terms, seen=seen: seen.append(terms["photo"])])
         metrics[mode] = trainer.train()
         losses[mode] = float(np.mean(seen[-20:]))
     print(f"photometric loss over the last 20 steps: none {losses['none']:.4f}, affine {losses['affine']:.4f}")

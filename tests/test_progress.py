@@ -60,7 +60,7 @@ def _train(tmp_path, *args):
     cmd = [sys.executable, str(ROOT / "train.py"), "--data", str(SAMPLE), "--out", str(tmp_path / "out"),
            *QUICK, *args]
     # Bytes, not text=True: universal newlines would turn every "\r" into "\n".
-    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300, cwd=ROOT)
+    res = subprocess.run(cmd, capture_output=True, timeout=300, cwd=ROOT)
     err = res.stderr.decode("utf-8", "replace")
     assert res.returncode == 0, err
     return err

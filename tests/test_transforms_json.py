@@ -28,7 +28,7 @@ def write_transforms(root: Path, truth: fx.Scene, per_frame: bool = False, masks
     fxx, fyy, cx, cy = cam.fxfycxcy()
     intr = {"fl_x": fxx, "fl_y": fyy, "cx": cx, "cy": cy, "w": cam.width, "h": cam.height}
     frames = []
-    for k, v in enumerate(truth.views):
+    for v in truth.views:
         fr = {"file_path": f"images/{v.name}", "transform_matrix": fx.c2w_cv_to_gl(v.c2w_cv).tolist()}
         if per_frame:
             fr.update(intr)

@@ -35,12 +35,12 @@ choose).  Every data problem raises :class:`DataError` naming the file.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 from .colmap import find_sparse_dir, load_colmap
 from .nerf import load_nerf
 from .transforms import MASK_MODES, load_transforms
-from .types import DataError, Frame, SceneData
+from .types import BackgroundLike, DataError, Frame, SceneData
 
 __all__ = ["load_scene", "load_scene_from_config", "detect_layout", "Frame", "SceneData", "DataError"]
 
@@ -70,11 +70,11 @@ def detect_layout(path: Union[str, Path]) -> str:
 def load_scene(
     path: Union[str, Path],
     downscale: int = 1,
-    background=(1.0, 1.0, 1.0),
+    background: BackgroundLike = (1.0, 1.0, 1.0),
     test_every: int = 8,
     layout: str = "auto",
     masks: str = "none",
-    cache_dir=None,
+    cache_dir: Optional[Union[str, Path]] = None,
     blank_pixels: float = 0.0,
     eval_masks: bool = False,
 ) -> SceneData:

@@ -38,13 +38,13 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 import torch
 
-from .types import (DataError, Frame, SceneData, check_intrinsics, check_points, check_pose, first_repeat,
-                    holdout_split, image_size, parse_background, scaled_K)
+from .types import (BackgroundLike, DataError, Frame, SceneData, check_intrinsics, check_points, check_pose,
+                    first_repeat, holdout_split, image_size, parse_background, scaled_K)
 from .undistort import DISTORTED_MODELS, PINHOLE_MODELS, LensCamera, load_camera_image
 
 __all__ = [
@@ -190,7 +190,8 @@ def read_images_text(path: Path) -> dict[int, ColmapImage]:
         tok = s.split()
         if len(tok) < 10:
             raise DataError(
-                f"{path}: line {ln}: malformed image line (expected IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME): {s!r}"
+                f"{path}: line {ln}: malformed image line "
+                f"(expected IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME): {s!r}"
             )
         iid = _num(path, ln, tok[0], int, "image id")
         q = np.array([_num(path, ln, t, float, "quaternion component") for t in tok[1:5]])
@@ -399,7 +400,9 @@ def _model_file(sparse: Path, stem: str) -> Path:
     raise DataError(f"{sparse / (stem + '.bin')}: missing (no {stem}.bin or {stem}.txt in {sparse})")
 
 
-def read_model(sparse: Path):
+def read_model(
+    sparse: Path,
+) -> tuple[dict[int, ColmapCamera], dict[int, ColmapImage], np.ndarray, np.ndarray, dict[str, Path]]:
     """Read a COLMAP model folder.
 
     Returns ``(cameras, images, xyz [M, 3] float64, rgb [M, 3] uint8,
@@ -444,9 +447,9 @@ def _unsupported_model_message(cam_file: Path, cam: ColmapCamera, image_name: st
 def load_colmap(
     path: Path,
     downscale: int = 1,
-    background=(1.0, 1.0, 1.0),
+    background: BackgroundLike = (1.0, 1.0, 1.0),
     test_every: int = 8,
-    cache_dir=None,
+    cache_dir: Optional[Union[str, Path]] = None,
     blank_pixels: float = 0.0,
 ) -> SceneData:
     """Load a COLMAP scene folder (see the module docstring for the layout).

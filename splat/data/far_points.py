@@ -10,8 +10,8 @@ surfaces inside the region the cameras look at.  A sky has no texture to
 match and lies outside that region, so they leave it empty; a start like
 that trains the sky from surfels that densification drags out of the
 foreground, at whatever depth they happen to have, and every test view sees
-them from a new angle (issue 26: most of still_life's test-PSNR spread
-between inits is its sky).
+them from a new angle (most of still_life's test-PSNR spread between
+inits is its sky: ``docs/results.md``).
 
 The method (one pass of voxel colouring on a sphere):
 

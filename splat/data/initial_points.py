@@ -22,7 +22,7 @@ Sources (``model.init``):
 ``auto`` starts from the scene's points, else the triangulated ones, and
 measures their **coverage**.  A few hundred SIFT points cover a textured
 object and leave an untextured floor, the walls and the sky empty; a start
-like that trains floaters and streaks there (issue 26).  While the
+like that trains floaters and streaks there.  While the
 coverage is below :data:`FILL_BELOW`, the next source -- stereo, then
 random, then the far sphere (:mod:`splat.data.far_points`: a sky or a
 distant backdrop, which no other source reaches) -- adds its points **only
@@ -51,13 +51,17 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, SplatInputError
 from ..model import in_image, project_points
+
+if TYPE_CHECKING:
+    from .types import SceneData
 
 __all__ = ["InitialPoints", "initial_points", "coverage", "uncovered_filter", "pixel_footprint",
            "hole_cells", "thin_to_cells", "COVERAGE_CELLS", "FILL_SPACING_CELLS", "FILL_BELOW", "MAX_INIT_SCALE_PX",
@@ -80,8 +84,8 @@ FILL_BELOW = 0.9
 MAX_INIT_SCALE_PX = 10.0
 #: Plane-sweep stereo when it only fills holes: half the resolution, half
 #: the reference views and half the depth planes of a full run (~16x
-#: cheaper; 41 s against 864 s on still_life's 60 views under load, coverage
-#: 63 % against 66 %), since densification refines a start anyway.
+#: fewer plane evaluations, for nearly the same coverage: figures in
+#: ``docs/results.md``), since densification refines a start anyway.
 FILL_STEREO = dict(width=128, max_references=12, num_depths=64)
 #: ``auto`` thins each filling source to one point per cube this many
 #: coverage cells wide at the point's depth (:func:`thin_to_cells`;
@@ -89,7 +93,7 @@ FILL_STEREO = dict(width=128, max_references=12, num_depths=64)
 #: and the 8 around it, so one per cell keeps the coverage (still_life: 98 %
 #: both ways) while a dense source's 20,000 stereo points, a few pixels
 #: apart, would start the training with more surfels than it ends with, and
-#: be slower throughout (issue 26).
+#: be slower throughout.
 FILL_SPACING_CELLS = 1.0
 #: Fewer points than this from a forced source (``triangulate``, ``stereo``)
 #: is not a start: fall back to the next source.
@@ -162,7 +166,7 @@ def covered_cells(points: torch.Tensor, frames: Sequence) -> List[torch.Tensor]:
     """Per view, [rows, cols] bool: cells within one cell of a projected point."""
     hits = [torch.zeros(_grid(f)[:2]) for f in frames]
     for part in points.split(_chunk(frames)):
-        for g, (rows, cols, inside, i, j) in zip(hits, _cell_index(part, frames)):
+        for g, (_rows, _cols, inside, i, j) in zip(hits, _cell_index(part, frames)):
             g[i[inside], j[inside]] = 1.0
     return [F.max_pool2d(g[None, None], 3, stride=1, padding=1)[0, 0] > 0 for g in hits]
 
@@ -198,7 +202,7 @@ def uncovered_filter(points: torch.Tensor, frames: Sequence,
         hit = torch.zeros(len(cands), dtype=torch.bool)
         for start in range(0, len(cands), _chunk(frames)):
             part = slice(start, start + _chunk(frames))
-            for hole, (rows, cols, inside, i, j) in zip(holes, _cell_index(cands[part], frames)):
+            for hole, (_rows, _cols, inside, i, j) in zip(holes, _cell_index(cands[part], frames)):
                 hit[part] |= inside & hole[i, j]
         return hit
 
@@ -304,8 +308,9 @@ def _fmt(n: int) -> str:
     return f"{n:,}"
 
 
-def initial_points(scene, init: str, num_stereo: int, num_random: int, random_min_views: float = 0.5,
-                   fill_spacing: float = FILL_SPACING_CELLS, cache_dir=None, scene_name: str = "the scene",
+def initial_points(scene: SceneData, init: str, num_stereo: int, num_random: int, random_min_views: float = 0.5,
+                   fill_spacing: float = FILL_SPACING_CELLS, cache_dir: Optional[Union[str, Path]] = None,
+                   scene_name: str = "the scene",
                    background: Optional[torch.Tensor] = None) -> InitialPoints:
     """The start for ``model.init=init`` (see the module doc).
 

@@ -41,7 +41,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from .types import (DataError, Frame, SceneData, check_intrinsics, check_pose, image_size, load_image,
+from .types import (BackgroundLike, DataError, Frame, SceneData, check_intrinsics, check_pose, image_size, load_image,
                     parse_background, scaled_K)
 
 __all__ = ["CAMERA_KEY_GROUPS", "CameraKeys", "opengl_c2w_to_viewmat", "load_nerf", "pinhole_intrinsics"]
@@ -272,7 +272,7 @@ def _load_split(json_path: Path, downscale: int, bg: torch.Tensor, seen: dict) -
     return frames
 
 
-def load_nerf(path: Path, downscale: int = 1, background=(1.0, 1.0, 1.0)) -> SceneData:
+def load_nerf(path: Path, downscale: int = 1, background: BackgroundLike = (1.0, 1.0, 1.0)) -> SceneData:
     """Load a NeRF-synthetic scene folder (see the module docstring).
 
     Args:

@@ -86,14 +86,14 @@ import hashlib
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 import torch
 
 from .nerf import CameraKeys, _read_json, _transform, opengl_c2w_to_viewmat, pinhole_intrinsics, resolve_unique_image
-from .types import (DataError, Frame, SceneData, area_downscale, check_intrinsics, check_points, check_pose,
-                    first_repeat, holdout_split, image_size, parse_background, read_mask, scaled_K)
+from .types import (BackgroundLike, DataError, Frame, SceneData, area_downscale, check_intrinsics, check_points,
+                    check_pose, first_repeat, holdout_split, image_size, parse_background, read_mask, scaled_K)
 from .undistort import LensCamera, default_cache_dir, load_camera_image
 
 __all__ = ["MASK_MODES", "load_transforms", "lens_camera_from_json"]
@@ -221,7 +221,8 @@ def _mask_for_undistortion(m: np.ndarray, cache_dir) -> Path:
     return out
 
 
-def load_mask(path: Path, cam: LensCamera, downscale: int, cache_dir=None, blank_pixels: float = 0.0) -> torch.Tensor:
+def load_mask(path: Path, cam: LensCamera, downscale: int, cache_dir: Optional[Union[str, Path]] = None,
+              blank_pixels: float = 0.0) -> torch.Tensor:
     """``[h, w]`` weights of mask file ``path`` for an image of camera ``cam``:
     read by :func:`splat.data.types.read_mask` (see the module docstring),
     then undistorted and area-averaged like the image."""
@@ -236,10 +237,10 @@ def load_mask(path: Path, cam: LensCamera, downscale: int, cache_dir=None, blank
 def load_transforms(
     path: Path,
     downscale: int = 1,
-    background=(1.0, 1.0, 1.0),
+    background: BackgroundLike = (1.0, 1.0, 1.0),
     test_every: int = 8,
     masks: str = "none",
-    cache_dir=None,
+    cache_dir: Optional[Union[str, Path]] = None,
     blank_pixels: float = 0.0,
     eval_masks: bool = False,
 ) -> SceneData:

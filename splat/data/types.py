@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Iterable, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -458,7 +458,7 @@ def holdout_split(source: str, n: int, test_every: int) -> tuple[list[int], list
     return train, [i for i in range(n) if k and i % k == 0]
 
 
-def first_repeat(names) -> Optional[str]:
+def first_repeat(names: Iterable[str]) -> Optional[str]:
     """The first item of ``names`` seen before, or None when all differ."""
     seen = set()
     for x in names:

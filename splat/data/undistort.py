@@ -54,8 +54,7 @@ else ``$XDG_CACHE_HOME/splat``, else ``~/.cache/splat``, and ``<key>`` is a
 SHA-256 of the source file's bytes, both cameras, and this module's format
 version.  The key is the content, not the path and modification time, which
 a reproducible tarball, ``cp -p`` or ``touch -r`` keep across an edit;
-hashing the file costs about 1 ms per MB, far less than decoding and
-remapping it.  Entries are written atomically; one that cannot be read
+hashing the file costs far less than decoding and remapping it.  Entries are written atomically; one that cannot be read
 back (or has the wrong size) is recomputed with a warning.  Deleting the
 folder is always safe.
 """
@@ -68,11 +67,14 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 import numpy as np
 
 from .types import DataError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "DISTORTED_MODELS",
@@ -401,12 +403,12 @@ def load_camera_image(
     path: Path,
     cam: LensCamera,
     downscale: int,
-    background,
+    background: torch.Tensor,
     cache_dir: Optional[Union[str, Path]] = None,
     blank_pixels: float = 0.0,
     kind: str = "image",
     camera_name: str = "",
-):
+) -> tuple[torch.Tensor, Optional[torch.Tensor], tuple[float, float, float, float]]:
     """Load one image of camera ``cam`` as a pinhole image.
 
     ``camera_name`` (e.g. ``"sparse/0/cameras.txt: camera 3"``) names the

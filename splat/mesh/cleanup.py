@@ -30,7 +30,7 @@ the same here when given.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 import torch
@@ -38,11 +38,15 @@ import torch
 from .open3d_import import import_open3d
 from .views import FusionView, pixel_lookup
 
+if TYPE_CHECKING:
+    import open3d
+
 #: Vertices projected at once per view (bounds the working memory).
 SEEN_CHUNK = 1 << 20
 
 
-def observe_vertices(vertices: np.ndarray, views: Sequence[FusionView], tolerance, with_color: bool = False):
+def observe_vertices(vertices: np.ndarray, views: Sequence[FusionView], tolerance: float | np.ndarray,
+                     with_color: bool = False) -> tuple[np.ndarray, Optional[np.ndarray]]:
     """Which vertices the views see (module doc), and optionally their colour.
 
     vertices [M, 3]; tolerance: a float or [M] per vertex.  Returns
@@ -78,7 +82,8 @@ def observe_vertices(vertices: np.ndarray, views: Sequence[FusionView], toleranc
     return seen.numpy(), color
 
 
-def remove_unseen(mesh, views: Sequence[FusionView], tolerance, recolor: bool = False):
+def remove_unseen(mesh: open3d.geometry.TriangleMesh, views: Sequence[FusionView], tolerance: float | np.ndarray,
+                  recolor: bool = False) -> tuple[open3d.geometry.TriangleMesh, float]:
     """Drop the triangles with a vertex no view sees; returns (mesh, share of the
     area removed).  ``mesh`` is an open3d legacy TriangleMesh, changed in place;
     ``recolor`` also sets its vertex colours from the views (:func:`observe_vertices`).
@@ -96,7 +101,8 @@ def remove_unseen(mesh, views: Sequence[FusionView], tolerance, recolor: bool = 
     return mesh, float(removed)
 
 
-def keep_large_clusters(mesh, min_triangles: int = 50, max_clusters: Optional[int] = None):
+def keep_large_clusters(mesh: open3d.geometry.TriangleMesh, min_triangles: int = 50,
+                        max_clusters: Optional[int] = None) -> tuple[open3d.geometry.TriangleMesh, int]:
     """Drop connected components with fewer than ``min_triangles`` triangles,
     and all but the ``max_clusters`` largest when given; returns (mesh,
     number of clusters kept).  Changed in place."""

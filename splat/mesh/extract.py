@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -27,7 +27,7 @@ from .cleanup import keep_large_clusters, remove_unseen
 from .open3d_import import import_open3d
 from .tsdf import fuse_tsdf
 from .unbounded import TRUNC_VOXELS, contract, contracted_extent, extract_unbounded, radial_stretch
-from .views import render_fusion_views
+from .views import FusionView, render_fusion_views
 
 #: Unseen-surface tolerance (cleanup.py), in voxels: above the fusion's own
 #: scatter (at most a voxel on tests/test_mesh.py's sphere).  On still_life's
@@ -74,7 +74,7 @@ def _depth_ratio(options: MeshOptions, cfg, unbounded: bool) -> float:
     return 1.0 if cfg["render"]["depth"] == "median" else 0.0
 
 
-def default_depth_trunc(views, radius: float) -> float:
+def default_depth_trunc(views: Sequence[FusionView], radius: float) -> float:
     """2DGS's ``2 x scene_radius``, unless that drops most of what the views
     measured.  Cameras that span little compared with their distance to the
     subject (an arc, a forward-facing capture) give a small radius, and that
@@ -152,8 +152,8 @@ def write_mesh(o3d, mesh, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def extract_mesh(model_dir, data: Optional[str] = None, overrides=(), unbounded: bool = False,
-                 options: Optional[MeshOptions] = None, progress="auto") -> Path:
+def extract_mesh(model_dir: str | Path, data: Optional[str] = None, overrides: Sequence[str] = (),
+                 unbounded: bool = False, options: Optional[MeshOptions] = None, progress: bool | str = "auto") -> Path:
     """Mesh the run in ``model_dir``; returns the path written (module doc).
 
     An empty result is an error (:class:`splat.errors.SplatInputError`)

@@ -1,8 +1,8 @@
 """Distances between a predicted triangle mesh and a ground-truth one:
 Chamfer, precision / recall / F1, and the share of the mesh no camera sees.
 
-The definition (issue 30, so that ``bench/mesh.py``'s figures compare with
-that issue's table), for a predicted mesh P, a ground-truth mesh G and
+The definition (fixed, so that ``bench/mesh.py``'s figures compare across
+runs and with ``docs/results.md``), for a predicted mesh P, a ground-truth mesh G and
 reference points R (the ground-truth depth of the test views, back-projected
 to world space by :func:`depth_points`):
 
@@ -31,12 +31,15 @@ called); the rest needs numpy and torch.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from ..model import camera_to_world, pixel_rays, seen_by
+
+if TYPE_CHECKING:
+    import open3d
 
 __all__ = ["BOX_PAD_FRACTION", "CAP_FRACTION", "THRESHOLD_FRACTION", "DEFAULT_SAMPLES", "CHUNK",
            "depth_points", "padded_box", "in_box", "triangle_areas", "sample_surface", "point_mesh_distance",
@@ -130,7 +133,8 @@ def _raycasting_scene(vertices: np.ndarray, triangles: np.ndarray):
     return scene
 
 
-def point_mesh_distance(points: np.ndarray, vertices: np.ndarray, triangles: np.ndarray, scene=None) -> np.ndarray:
+def point_mesh_distance(points: np.ndarray, vertices: np.ndarray, triangles: np.ndarray,
+                        scene: Optional[open3d.t.geometry.RaycastingScene] = None) -> np.ndarray:
     """Exact distance from each of ``points`` [M, 3] to the nearest point of
     any triangle of the mesh (``vertices`` [V, 3], ``triangles`` [T, 3]):
     ``min_t min_{x in t} |p - x|``, by open3d's
@@ -179,7 +183,7 @@ def distance_scores(d_acc: np.ndarray, d_comp: np.ndarray, diag: float, cap: flo
 
 def seen_mask(points: np.ndarray, viewmats: torch.Tensor, Ks: torch.Tensor, widths: Sequence[int],
               heights: Sequence[int], gt_vertices: np.ndarray, gt_triangles: np.ndarray, tol: float,
-              gt_scene=None) -> np.ndarray:
+              gt_scene: Optional[open3d.t.geometry.RaycastingScene] = None) -> np.ndarray:
     """[M] bool: point m of ``points`` [M, 3] is seen by at least one camera
     (``viewmats`` [C, 4, 4] world -> camera, ``Ks`` [C, 3, 3], image sizes
     ``widths``/``heights`` [C]) given the ground-truth mesh as occluder.

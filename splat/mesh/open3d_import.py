@@ -11,6 +11,8 @@ missing library and the system package that provides it.
 from __future__ import annotations
 
 import re
+from types import ModuleType
+from typing import Optional
 
 #: Shared libraries open3d's Linux wheels link that a minimal Debian/Ubuntu
 #: lacks, and the apt package of each.
@@ -30,7 +32,7 @@ class MissingOpen3D(RuntimeError):
     """open3d is not installed, or is installed and cannot load."""
 
 
-def missing_library(message: str):
+def missing_library(message: str) -> Optional[str]:
     """The shared library named in a loader error (``libX.so.N: cannot open
     shared object file``), or None."""
     m = re.search(r"([\w.+-]+\.so(?:\.[\w.]+)?): cannot open shared object file", message)
@@ -50,7 +52,7 @@ def explain_import_error(error: BaseException) -> str:
     return f"open3d cannot be imported ({text.splitlines()[0] if text else type(error).__name__})"
 
 
-def import_open3d(purpose: str = "meshing"):
+def import_open3d(purpose: str = "meshing") -> ModuleType:
     """The ``open3d`` module, or :class:`MissingOpen3D` with a one-line fix."""
     try:
         import open3d

@@ -20,13 +20,16 @@ legacy pipeline is deprecated upstream in favour of ``VoxelBlockGrid``.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from ..progress import use_progress_bar
 from .open3d_import import import_open3d
 from .views import FusionView
+
+if TYPE_CHECKING:
+    import open3d
 
 #: Voxels per block edge.  8^3 blocks waste less memory than open3d's default
 #: 16^3 on thin surfaces.
@@ -39,7 +42,7 @@ INITIAL_BLOCKS = 4096
 
 
 def fuse_tsdf(views: Sequence[FusionView], voxel: float, sdf_trunc: float, depth_trunc: float,
-              progress="auto"):
+              progress: bool | str = "auto") -> open3d.geometry.TriangleMesh:
     """Fuse ``views`` into a TSDF at voxel edge ``voxel``; returns an open3d
     legacy ``TriangleMesh`` with vertex colours (possibly empty)."""
     o3d = import_open3d()

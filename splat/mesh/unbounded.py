@@ -29,7 +29,7 @@ dropped (they are the edge of the truncation band, not a surface).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
@@ -37,6 +37,9 @@ import torch
 from ..progress import use_progress_bar
 from .open3d_import import import_open3d
 from .views import FusionView, pixel_lookup
+
+if TYPE_CHECKING:
+    import open3d
 
 #: Truncation in (local) voxels.
 TRUNC_VOXELS = 5.0
@@ -71,7 +74,7 @@ def contracted_extent(points: torch.Tensor, center: torch.Tensor, radius: float)
 
 
 def unbounded_tsdf(views: Sequence[FusionView], center: torch.Tensor, radius: float, extent: float,
-                   resolution: int, progress="auto"):
+                   resolution: int, progress: bool | str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """(tsdf [N, N, N], weight [N, N, N]) over the contracted cube [-extent, extent]^3,
     indexed [x, y, z] with sample i at -extent + (i + 0.5) * 2 extent / N."""
     n = int(resolution)
@@ -108,7 +111,7 @@ def unbounded_tsdf(views: Sequence[FusionView], center: torch.Tensor, radius: fl
 
 
 def extract_unbounded(views: Sequence[FusionView], center: torch.Tensor, radius: float, extent: float,
-                      resolution: int = 512, progress="auto"):
+                      resolution: int = 512, progress: bool | str = "auto") -> open3d.geometry.TriangleMesh:
     """The contracted-space TSDF's zero level set in world coordinates: an open3d
     legacy TriangleMesh, without colours (see :func:`splat.mesh.color_vertices`)."""
     o3d = import_open3d()

@@ -21,13 +21,17 @@ the true one would pass for seen.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 import torch
 
 from ..model import project_points
 from ..progress import use_progress_bar
+
+if TYPE_CHECKING:
+    from ..data.types import Frame
+    from ..model import GaussianModel
 
 
 @dataclass
@@ -55,7 +59,8 @@ class FusionView:
         return int(self.depth.shape[1])
 
 
-def pixel_lookup(points: torch.Tensor, viewmat: torch.Tensor, K: torch.Tensor, height: int, width: int):
+def pixel_lookup(points: torch.Tensor, viewmat: torch.Tensor, K: torch.Tensor, height: int,
+                 width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Where world ``points`` [M, 3] land in a view: (camera z [M], inside [M]
     bool: in front and within the image, flat pixel index ``row * width + col``
     [K] of the inside points).  Pixel (i, j) covers [j, j+1) x [i, i+1)
@@ -77,8 +82,8 @@ def fused_depth(expected: torch.Tensor, median: torch.Tensor, alpha: torch.Tenso
     return torch.where(keep, z, torch.zeros_like(z))
 
 
-def render_fusion_views(model, cfg, frames: Sequence, depth_ratio: float, alpha_min: float,
-                        progress="auto") -> list[FusionView]:
+def render_fusion_views(model: GaussianModel, cfg: dict, frames: Sequence[Frame], depth_ratio: float, alpha_min: float,
+                        progress: bool | str = "auto") -> list[FusionView]:
     """Render ``frames`` with ``model`` under the run's render settings (``cfg["render"]``).
 
     Colour is rendered over the config's background, as the model was trained."""

@@ -52,6 +52,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Callable, List, Optional, Union
 
 from ..errors import SplatInputError
@@ -81,7 +82,7 @@ class SfmError(SplatInputError):
     reconstruction failed); the message says what and, where it can, why."""
 
 
-def import_pycolmap():
+def import_pycolmap() -> ModuleType:
     """The pycolmap module, or SfmError naming the install command."""
     try:
         import pycolmap

@@ -10,6 +10,8 @@ renderer of its own.
 
 from __future__ import annotations
 
+from types import ModuleType
+
 from ..errors import SplatInputError
 
 VISER_MISSING = 'viser is not installed: pip install -e ".[viewer]"'
@@ -19,7 +21,7 @@ class ViewerUnavailable(SplatInputError):
     """viser (the optional ``viewer`` extra) cannot be imported."""
 
 
-def require_viser():
+def require_viser() -> ModuleType:
     """The ``viser`` module, or :class:`ViewerUnavailable` with the install command."""
     try:
         import viser

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Sequence, Tuple
 
 import numpy as np
 import torch
@@ -33,7 +33,7 @@ class Camera:
     height: int
 
 
-def quat_to_matrix(wxyz) -> np.ndarray:
+def quat_to_matrix(wxyz: Sequence[float] | np.ndarray) -> np.ndarray:
     """Rotation matrix [3, 3] of a (w, x, y, z) quaternion (normalised here)."""
     w, x, y, z = np.asarray(wxyz, dtype=np.float64) / np.linalg.norm(wxyz)
     return np.array([
@@ -43,7 +43,7 @@ def quat_to_matrix(wxyz) -> np.ndarray:
     ])
 
 
-def matrix_to_quat(R) -> np.ndarray:
+def matrix_to_quat(R: np.ndarray) -> np.ndarray:
     """(w, x, y, z) of a rotation matrix [3, 3] (Shepperd's method, w >= 0)."""
     R = np.asarray(R, dtype=np.float64)
     tr = np.trace(R)
@@ -64,7 +64,7 @@ def matrix_to_quat(R) -> np.ndarray:
     return -q if q[0] < 0 else q
 
 
-def viewmat_from_pose(wxyz, position) -> np.ndarray:
+def viewmat_from_pose(wxyz: Sequence[float] | np.ndarray, position: Sequence[float] | np.ndarray) -> np.ndarray:
     """splat's world -> camera ``viewmat`` [4, 4] of a viser pose."""
     R = quat_to_matrix(wxyz)  # camera -> world
     V = np.eye(4)
@@ -73,7 +73,7 @@ def viewmat_from_pose(wxyz, position) -> np.ndarray:
     return V
 
 
-def pose_from_viewmat(viewmat) -> Tuple[np.ndarray, np.ndarray]:
+def pose_from_viewmat(viewmat: np.ndarray | torch.Tensor) -> Tuple[np.ndarray, np.ndarray]:
     """(wxyz, position) of a world -> camera ``viewmat`` [4, 4]."""
     V = np.asarray(viewmat, dtype=np.float64)
     R = V[:3, :3].T  # camera -> world
@@ -86,7 +86,7 @@ def intrinsics(fov_y: float, width: int, height: int) -> np.ndarray:
     return np.array([[f, 0.0, 0.5 * width], [0.0, f, 0.5 * height], [0.0, 0.0, 1.0]])
 
 
-def fov_y_of(K, height: int) -> float:
+def fov_y_of(K: np.ndarray | torch.Tensor, height: int) -> float:
     """Vertical field of view (radians) of intrinsics ``K`` for an image ``height`` pixels tall."""
     return 2.0 * math.atan(0.5 * height / float(np.asarray(K)[1, 1]))
 
@@ -96,7 +96,9 @@ def render_size(width: int, height: int, scale: float) -> Tuple[int, int]:
     return max(1, int(round(width * scale))), max(1, int(round(height * scale)))
 
 
-def camera_from_view(wxyz, position, fov_y: float, width: int, height: int, scale: float = 1.0) -> Camera:
+def camera_from_view(wxyz: Sequence[float] | np.ndarray, position: Sequence[float] | np.ndarray, fov_y: float,
+                     width: int, height: int,
+                     scale: float = 1.0) -> Camera:
     """The splat camera of a browser view (canvas ``width`` x ``height``) rendered at ``scale``.
 
     The render covers the same field of view at fewer pixels; the browser
@@ -120,7 +122,8 @@ class StartView:
     fov_y: float  # radians
 
 
-def start_view_from_camera(viewmat, K, height: int, target) -> StartView:
+def start_view_from_camera(viewmat: np.ndarray, K: np.ndarray, height: int,
+                           target: Sequence[float] | np.ndarray) -> StartView:
     """Start at a data-set camera: its pose and vertical field of view; the orbit
     centre is the point of its optical axis nearest to ``target`` (e.g. the
     model's centre), at least 1e-3 in front of the camera."""
@@ -131,7 +134,8 @@ def start_view_from_camera(viewmat, K, height: int, target) -> StartView:
     return StartView(pos, pos + dist * forward, up, fov_y_of(K, height))
 
 
-def start_view_looking_at(center, radius: float, fov_y: float = math.radians(50.0)) -> StartView:
+def start_view_looking_at(center: Sequence[float] | np.ndarray, radius: float,
+                          fov_y: float = math.radians(50.0)) -> StartView:
     """A camera outside a sphere (``center``, ``radius``) that frames all of it,
     looking along +z with -y up (the OpenCV/COLMAP habit for captures)."""
     center = np.asarray(center, dtype=np.float64)

@@ -8,10 +8,13 @@ the page next to a colour bar).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import TYPE_CHECKING, Iterable, Optional, Tuple
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from ..outputs import RasterOutput
 
 #: Page label -> (rasterizer output, unit shown with the range).
 MODES = {
@@ -85,7 +88,7 @@ def to_uint8(rgb: np.ndarray) -> np.ndarray:
     return (np.clip(rgb, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
 
 
-def visualize(out, mode: str, background, cmap: str = "turbo",
+def visualize(out: RasterOutput, mode: str, background: torch.Tensor, cmap: str = "turbo",
               value_range: Optional[Tuple[float, float]] = None) -> Picture:
     """The picture of mode ``mode`` (a key of :data:`MODES`) of a rasterizer output ``out``.
 
@@ -120,5 +123,5 @@ def describe_range(mode: str, cmap: str, pic: Picture) -> str:
     return f"{cmap}: {pic.lo:.4g} .. {pic.hi:.4g}" + (f" ({unit})" if unit else "")
 
 
-def to_tensor_bg(background) -> torch.Tensor:
+def to_tensor_bg(background: Iterable[float]) -> torch.Tensor:
     return torch.tensor(list(background), dtype=torch.float32).reshape(3)

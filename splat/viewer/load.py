@@ -5,12 +5,15 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence, TextIO, Tuple
 
 import numpy as np
 
 from ..errors import SplatInputError
 from .camera import StartView, start_view_from_camera, start_view_looking_at
+
+if TYPE_CHECKING:
+    from ..model import GaussianModel
 
 
 @dataclass
@@ -24,7 +27,7 @@ class ViewerInput:
     source: str = ""  # the file the model came from
 
 
-def model_extent(model):
+def model_extent(model: GaussianModel) -> Tuple[np.ndarray, float]:
     """(centre [3], radius): the median of the surfel centres and the 90th
     percentile of their distances from it (robust to a few far floaters)."""
     means = model.means.detach().cpu().double().numpy()
@@ -35,7 +38,7 @@ def model_extent(model):
     return center, radius if radius > 0 else 1.0
 
 
-def load_model_file(path: Path):
+def load_model_file(path: Path) -> Tuple[GaussianModel, str]:
     """(model, source) of a PLY file or a training output folder: its
     ``point_cloud.ply``, else the newest readable checkpoint of its run."""
     from ..checkpoint import read_run_file
@@ -57,7 +60,8 @@ def load_model_file(path: Path):
     return GaussianModel(ckpt["params"], ckpt["sh_degree"]), ckpt["path"]
 
 
-def start_from_data(cfg, target, log=sys.stderr):
+def start_from_data(cfg: dict, target: Sequence[float] | np.ndarray,
+                    log: TextIO = sys.stderr) -> Optional[Tuple[StartView, float]]:
     """(start, scene radius) at the first test camera (else the first train
     camera) of the config's data, or None if the data do not load."""
     from ..data import load_scene_from_config
@@ -76,7 +80,8 @@ def start_from_data(cfg, target, log=sys.stderr):
         float(scene.scene_radius())
 
 
-def load_for_viewer(path, data: Optional[str] = None, root: Optional[Path] = None, log=sys.stderr) -> ViewerInput:
+def load_for_viewer(path: str | Path, data: Optional[str] = None, root: Optional[Path] = None,
+                    log: TextIO = sys.stderr) -> ViewerInput:
     """Load a PLY file or a training output folder (``OUT/config.yaml`` gives
     near/far, background and the data whose first test camera is the start).
     ``data`` (a scene folder) replaces the config's data, and gives a model

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, TextIO
 
 import numpy as np
 import torch
@@ -40,6 +40,11 @@ from ..errors import SplatInputError
 from . import require_viser
 from .camera import Camera, StartView, camera_from_view, quat_to_matrix
 from .colormap import COLORMAPS, MODES, colorbar, describe_range, to_tensor_bg, visualize
+
+if TYPE_CHECKING:
+    from ..model import GaussianModel
+    from ..outputs import RasterOutput
+    from ..trainer import Trainer
 
 #: Seconds without a camera update after which a moving view is refined.
 SETTLE_S = 0.25
@@ -113,10 +118,10 @@ class ViewerServer:
     ``port``: if it is taken, a free one is chosen and printed; :attr:`url`
     is the address actually served."""
 
-    def __init__(self, model, start: StartView, *, backend: str = "auto", near: float = 0.2,
+    def __init__(self, model: GaussianModel, start: StartView, *, backend: str = "auto", near: float = 0.2,
                  far: float = 100.0, background: Sequence[float] = (1.0, 1.0, 1.0),
                  host: str = "127.0.0.1", port: int = 8080, title: str = "splat",
-                 scene_radius: Optional[float] = None, log=sys.stderr):
+                 scene_radius: Optional[float] = None, log: TextIO = sys.stderr):
         viser = require_viser()
         self.backend = backend
         self.start = start
@@ -201,7 +206,7 @@ class ViewerServer:
     def num_clients(self) -> int:
         return len(self._states)
 
-    def set_model(self, model) -> None:
+    def set_model(self, model: GaussianModel) -> None:
         """Show ``model`` from now on (thread-safe; the caller must not modify it afterwards)."""
         with self._model_lock:
             self._model = model
@@ -233,8 +238,8 @@ class ViewerServer:
         only at websockets' 10 s ``open_timeout``; a websocket client that
         does not answer the closing handshake (a frozen tab, a bare socket)
         holds it for the 10 s ``close_timeout``.  viser's ``stop()`` gives its
-        server thread 1 s + 5 s and then abandons it, so Ctrl+C took 6-7 s
-        and the process exited with that thread still running ("Server
+        server thread 1 s + 5 s and then abandons it, so Ctrl+C would take 6-7 s
+        and the process would exit with that thread still running ("Server
         stopped" never printed).  Here the handshake-stage handlers are
         cancelled (websockets' own path for a cancelled handshake: it aborts
         the connection, silently), and after ``grace`` -- the closing
@@ -401,7 +406,7 @@ class ViewerServer:
                     st.low_res = scale < float(self.scale.value) - 1e-9
                     st.last = info
 
-    def render(self, camera: Camera, model=None):
+    def render(self, camera: Camera, model: Optional[GaussianModel] = None) -> RasterOutput:
         """The rasterizer output of the current model in ``camera`` (no gradients)."""
         from ..render import render_frame
 
@@ -448,7 +453,7 @@ class ViewerServer:
 class TrainingView(ViewerServer):
     """The viewer attached to a training run: pass :meth:`callback` to the Trainer."""
 
-    def __init__(self, model, start: StartView, *, refresh_s: float = 0.5, **kw):
+    def __init__(self, model: GaussianModel, start: StartView, *, refresh_s: float = 0.5, **kw: Any):
         super().__init__(model, start, **kw)
         self.refresh_s = float(refresh_s)
         self._paused = threading.Event()
@@ -471,7 +476,7 @@ class TrainingView(ViewerServer):
             self._paused.clear()
         self.pause.label = "Resume training" if paused else "Pause training"
 
-    def callback(self, trainer, step: int, terms: dict) -> None:
+    def callback(self, trainer: Trainer, step: int, terms: dict) -> None:
         """The trainer hook (``Trainer(callbacks=[view.callback])``)."""
         now = time.perf_counter()
         if self._rate_t0 is None or now - self._rate_t0 > 2.0:  # steps/s over the last ~2 s

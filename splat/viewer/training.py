@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TextIO
 
 from . import require_viser
 from .camera import start_view_from_camera
 from .load import model_extent
 
 
-def train_with_viewer(cfg, out, resume: bool = False, overwrite: bool = False, port: int = 8080,
-                      host: str = "127.0.0.1", keep_serving: bool = True, log=sys.stderr) -> int:
+def train_with_viewer(cfg: dict, out: str | Path, resume: bool = False, overwrite: bool = False, port: int = 8080,
+                      host: str = "127.0.0.1", keep_serving: bool = True, log: TextIO = sys.stderr) -> int:
     """Train like ``Trainer(cfg, out).train()`` while serving the viewer (see
     :class:`splat.viewer.server.TrainingView`); afterwards keep showing the
     final model until Ctrl+C if ``keep_serving``."""
