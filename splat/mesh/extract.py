@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -28,6 +28,9 @@ from .open3d_import import import_open3d
 from .tsdf import fuse_tsdf
 from .unbounded import TRUNC_VOXELS, contract, contracted_extent, extract_unbounded, radial_stretch
 from .views import FusionView, render_fusion_views
+
+if TYPE_CHECKING:
+    import open3d
 
 #: Unseen-surface tolerance (cleanup.py), in voxels: above the fusion's own
 #: scatter (at most a voxel on tests/test_mesh.py's sphere).  On still_life's
@@ -129,7 +132,7 @@ def _why_empty(views, alpha_min: float, depth_trunc: Optional[float], notes) -> 
             "try a finer --mesh-res, --keep-unseen or --keep-clusters 0")
 
 
-def write_mesh(o3d, mesh, path: Path) -> None:
+def write_mesh(o3d: Any, mesh: "open3d.geometry.TriangleMesh", path: Path) -> None:
     """Writes ``mesh`` to ``path`` atomically: beside it first, then renamed,
     so that a killed write leaves the previous file (or none), never a
     truncated one.  A failed write is an OSError naming the file."""
