@@ -16,7 +16,7 @@ import torch
 from .appearance import fit_affine
 from .errors import ConfigError
 from .losses import masked_psnr, masked_ssim, psnr, ssim
-from .render import normalized_normals
+from .model_render import normalized_normals
 
 __all__ = ["ground_truth_geometry", "check_eval_masks", "evaluate_frames", "evaluate_frames_batched",
            "frame_metrics", "combine_frame_metrics"]

@@ -104,7 +104,7 @@ def make_tiny_scene(root: Path, n_views: int = 10, size: int = SIZE) -> Path:
     """
     from PIL import Image
 
-    from splat.render import normalized_normals, render_frame
+    from splat.model_render import normalized_normals, render_frame
 
     root = Path(root)
     (root / "images").mkdir(parents=True, exist_ok=True)

@@ -102,7 +102,7 @@ def _clean(mesh, views, tolerance, options: MeshOptions, recolor: bool):
 def extract_mesh(model_dir, data: Optional[str] = None, overrides=(), unbounded: bool = False,
                  options: Optional[MeshOptions] = None, progress="auto") -> Path:
     """Mesh the run in ``model_dir``; returns the path written (module doc)."""
-    from ..render import load_run
+    from ..trained_run import load_run
 
     o3d = import_open3d()
     options = options or MeshOptions()
