@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 
 from splat.trainer import Trainer
-from splat.training.batch_rendering import camera_of
 from splat.training.step import camera_loss
 from splat.training.views import view_index
 from test_train import tiny_config, tiny_scene  # noqa: F401 (fixture)
@@ -45,8 +44,7 @@ def test_the_batch_gradient_is_the_mean_over_its_cameras(tiny_scene, tmp_path): 
     expect = {name: torch.zeros_like(p) for name, p in single.model.params.items()}
     for k in range(3 * (step - 1) + 1, 3 * step + 1):  # the batch's views in the seeded order
         index = view_index(single.cfg["seed"], k, len(frames))
-        camera = camera_of(frames[index], single.background, single.device)
-        out = single.rendering.render(single.model, camera, single.sh_degree_at(step))
+        out = single.render(frames[index], single.background, single.sh_degree_at(step))
         loss, _ = camera_loss(out, frames[index].image, frames[index], step, single.cfg["loss"], single.device)
         loss.backward()
         for name, p in single.model.params.items():

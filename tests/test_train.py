@@ -30,7 +30,8 @@ from splat.checkpoint import atomic_write, list_checkpoints
 from splat.distributed.checkpoint import load_latest_checkpoint
 from splat.config import DEFAULT_CONFIG, load_config
 from splat.errors import ConfigError
-from splat.trainer import Trainer, view_index
+from splat.trainer import Trainer
+from splat.training.views import view_index
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = 32  # image width = height of the fixture, pixels
