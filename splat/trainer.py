@@ -75,7 +75,7 @@ from .evaluation import check_eval_masks, evaluate_frames
 from .errors import RunStateError, SplatInputError
 from .model import GaussianModel, save_ply
 from .optimizers import make_optimizers  # noqa: F401 (re-exported)
-from .progress import LogLines, format_duration, use_progress_bar  # noqa: F401 (re-exported)
+from .progress import LogLines, format_duration, summary_line, use_progress_bar  # noqa: F401 (re-exported)
 from .devices import peak_memory_mb, resolve_device  # noqa: F401 (re-exported)
 from .model_render import render_frame
 from .strategy import make_strategy
@@ -139,7 +139,7 @@ class Trainer:
         check_eval_masks(cfg, self.scene)  # before the (long) training, not at its end
         self.scene_radius = float(self.scene.scene_radius())
         self.step = 0  # completed steps
-        self._surfels_total = 0
+        self._surfels_total = 0  # over all ranks as of the last step (progress lines)
         self._first_step = 0
         self.exchange_bytes = 0.0  # sent between ranks by this session's steps, all ranks together
         self.train_seconds = 0.0
@@ -206,6 +206,7 @@ class Trainer:
 
     # ------------------------------------------------------------ loop
     def render(self, frame, background=None, sh_degree=None):
+        """:func:`splat.model_render.render_frame` of this rank's model (default: ``data.background``)."""
         r = self.cfg["render"]
         bg = self.background if background is None else background
         return render_frame(
@@ -293,9 +294,9 @@ class Trainer:
             if bar is not None:
                 bar.update(1)
                 if step % cfg["log"]["every"] == 0 or step == iterations:
-                    bar.set_postfix(loss=f"{ema['loss']:.4f}", psnr=f"{ema['psnr']:.2f}", n=self._surfels_seen)
+                    bar.set_postfix(loss=f"{ema['loss']:.4f}", psnr=f"{ema['psnr']:.2f}", n=self._surfels_total)
             elif log is not None:
-                log.step(step, ema["loss"], self._surfels_seen)
+                log.step(step, ema["loss"], self._surfels_total)
             if (every > 0 and step % every == 0) or step == iterations:
                 self.train_seconds += time.perf_counter() - t0
                 t0 = time.perf_counter()
@@ -314,13 +315,8 @@ class Trainer:
         metrics = self.evaluate()
         if main:
             atomic_write_bytes(self.out_dir / "metrics.json", (json.dumps(metrics, indent=2) + "\n").encode())
-            self._print_summary(metrics)
+            print(summary_line(self.step, metrics, self.out_dir), file=sys.stderr)
         return metrics
-
-    @property
-    def _surfels_seen(self) -> int:
-        """Surfels over all ranks as of the last step (for progress lines; not collective)."""
-        return self._surfels_total if self.group.distributed else self.model.num_gaussians
 
     def num_gaussians(self) -> int:
         """Surfels over all ranks (collective with several processes)."""
@@ -386,13 +382,6 @@ class Trainer:
         metrics["test"] = test  # nested copy too: metrics["test"]["psnr"]
         return metrics
 
-    def _print_summary(self, m: dict) -> None:
-        parts = [f"{self.step} steps in {m['train_seconds']:.1f} s", f"{m['n_gaussians']} surfels"]
-        for k in ("psnr", "ssim", "psnr_masked", "ssim_masked", "depth_rel_err", "normal_deg_err"):
-            if f"test.{k}" in m and m[f"test.{k}"] is not None:
-                parts.append(f"test {k} {m[f'test.{k}']:.4g}")
-        parts.append(f"peak mem {m['peak_memory_mb']:.0f} MB")
-        print("done: " + ", ".join(parts) + f" -> {self.out_dir}", file=sys.stderr)
 
 
 def train(cfg: Dict, out_dir, resume: bool = False, callbacks: Sequence[StepCallback] = ()) -> dict:
