@@ -3,23 +3,24 @@ after an affine colour fit) and depth / normal errors against ground truth
 stored next to the data (``<stem>_depth.npy``, ``<stem>_normal.npy``).
 
 Used by the trainer at the end of a run and by the benchmarks; it needs only
-something that renders a frame (``trainer.render``) and the run's config."""
+something that renders views and the run's config."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict
+from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 import torch
 
 from .appearance import fit_affine
+from .distributed.group import Group, all_gather_objects
 from .errors import ConfigError
 from .losses import masked_psnr, masked_ssim, psnr, ssim
-from .render import normalized_normals
+from .model_render import normalized_normals
 
-__all__ = ["ground_truth_geometry", "check_eval_masks", "evaluate_frames", "evaluate_frames_batched",
-           "frame_metrics", "combine_frame_metrics"]
+__all__ = ["ground_truth_geometry", "check_eval_masks", "evaluate_frames", "frame_metrics",
+           "combine_frame_metrics"]
 
 
 def ground_truth_geometry(data_dir: Path, stem: str, H: int, W: int):
@@ -54,10 +55,17 @@ def check_eval_masks(cfg: Dict, scene) -> None:
                       "(data.layout=transforms); use eval.masked=auto to skip the masked figures")
 
 
-def evaluate_frames(trainer, frames) -> dict:
-    """``trainer``: anything with ``render(frame)``, ``cfg`` and ``background``
-    (a :class:`splat.trainer.Trainer`).  Mean PSNR/SSIM over ``frames`` of the raw render, ``psnr_affine_fit``
-    of the render after the least-squares affine colour fit to each image
+def evaluate_frames(cfg: Dict, background: torch.Tensor, frames: Sequence, render_views: Callable[[list], dict],
+                    group: Optional[Group] = None) -> dict:
+    """Test figures of ``frames`` rendered by ``render_views(views)``, which
+    renders a list of N views together (N = ``group.world_size``, 1 without
+    a group) and returns {index in the list: output} for the ones this
+    process renders; the figures of every process are gathered and combined
+    in view order on each (collective).  ``cfg``: the run's config;
+    ``background`` [3]: ``data.background``.
+
+    Mean PSNR/SSIM over ``frames`` of the raw render, ``psnr_affine_fit`` of
+    the render after the least-squares affine colour fit to each image
     (:func:`splat.appearance.fit_affine`: the number to compare with
     appearance-modelling methods), plus depth/normal errors where ground
     truth files exist next to the data (pixels with z_gt > 0).
@@ -70,26 +78,15 @@ def evaluate_frames(trainer, frames) -> dict:
     frames they average; absent when no frame has a (non-empty) mask."""
     if not frames:
         return {}
-    return combine_frame_metrics([frame_metrics(trainer.cfg, trainer.background, f, trainer.render(f))
-                                  for f in frames])
-
-
-def evaluate_frames_batched(cfg: Dict, background, frames, render_batch, group) -> dict:
-    """:func:`evaluate_frames` with the views spread over the ranks of
-    ``group`` (a :class:`splat.distributed.Group`): ``render_batch(views)``
-    renders a list of N views together and returns {index in the list:
-    output} for the ones this rank renders; their figures are gathered and
-    combined in view order on every rank.  Collective."""
-    from .distributed.group import all_gather_objects
-
-    n = group.world_size
+    n = 1 if group is None else group.world_size
     rows = []
     for first in range(0, len(frames), n):
-        chunk = frames[first:first + n]
+        chunk = list(frames[first:first + n])
         rows += [(first + i, frame_metrics(cfg, background, chunk[i], out))
-                 for i, out in render_batch(chunk).items()]
-    everyone = sorted((row for part in all_gather_objects(rows, group) for row in part), key=lambda r: r[0])
-    return combine_frame_metrics([row for _, row in everyone])
+                 for i, out in render_views(chunk).items()]
+    if group is not None:
+        rows = [row for part in all_gather_objects(rows, group) for row in part]
+    return combine_frame_metrics([row for _, row in sorted(rows, key=lambda r: r[0])])
 
 
 def frame_metrics(cfg: Dict, background, f, out) -> dict:

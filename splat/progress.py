@@ -72,3 +72,13 @@ class LogLines:
         self.first = False
         self.last_step, self.last_time = step, now
         return True
+
+
+def summary_line(steps: int, m: dict, out_dir) -> str:
+    """The ``done:`` line of a run that took ``steps`` steps, from its metrics ``m``."""
+    parts = [f"{steps} steps in {m['train_seconds']:.1f} s", f"{m['n_gaussians']} surfels"]
+    for k in ("psnr", "ssim", "psnr_masked", "ssim_masked", "depth_rel_err", "normal_deg_err"):
+        if f"test.{k}" in m and m[f"test.{k}"] is not None:
+            parts.append(f"test {k} {m[f'test.{k}']:.4g}")
+    parts.append(f"peak mem {m['peak_memory_mb']:.0f} MB")
+    return "done: " + ", ".join(parts) + f" -> {out_dir}"

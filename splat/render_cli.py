@@ -1,4 +1,4 @@
-"""``render.py``'s command line: views (:mod:`splat.render`) and meshes (:mod:`splat.mesh`).
+"""``render.py``'s command line: views (:mod:`splat.render_files`) and meshes (:mod:`splat.mesh`).
 
 Mistakes print one line ``error: ...`` (exit 1; 2 for bad flags or an
 open3d that is missing or cannot load), ``--debug`` shows tracebacks instead.
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
             return 2
     from .data import DataError
     from .errors import run_cli
-    from .render import render_split
+    from .render_files import render_split
 
     def run() -> int:
         if args.split is not None or not meshing:

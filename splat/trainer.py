@@ -24,10 +24,15 @@ backgrounds are keyed by (seed, step, surfel id or camera)
 (:mod:`splat.keyed_random`).  A run resumed from a checkpoint therefore
 replays exactly the steps the uninterrupted run would have taken.
 
-Several processes (``torchrun ... train.py``, issue 23): the loop is the
-same; what depends on ranks it asks :mod:`splat.distributed`.  Each rank
-holds a shard of the surfels (with their Adam moments and densification
-statistics), renders its cameras of the batch with
+The loop is this class; each step is :class:`splat.training.step.BatchStep`
+(one step over a batch of cameras, rendered camera by camera or sharded:
+:mod:`splat.training.batch_rendering`), and the rules it follows live in
+:mod:`splat.training` beside what they concern.
+
+Several processes (``torchrun ... train.py``): the loop is the same; what
+depends on ranks it asks :mod:`splat.distributed`.  Each rank holds a shard
+of the surfels (with their Adam moments and densification statistics),
+renders its cameras of the batch with
 :func:`splat.distributed.render_sharded`, and writes its part of each
 checkpoint; rank 0 prints, writes ``point_cloud.ply`` (the whole model) and
 ``metrics.json``.  The same config gives the same model on any number of
@@ -37,14 +42,12 @@ processes: bit for bit on the CPU, up to summation order on GPUs
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
 from typing import Callable, Dict, Sequence
 
-import numpy as np
 import torch
 
 from .checkpoint import (
@@ -63,38 +66,24 @@ from .checkpoint import (
 )
 from .appearance import make_appearance, make_optimizer
 from .config import check_config
-from .distributed import Camera, Group, from_environment, leave
+from .distributed import Group, from_environment, leave
 from .distributed.checkpoint import load_latest_checkpoint, prune as prune_checkpoints, save_sharded
 from .distributed.group import all_gather_objects, on_main
-from .distributed.model import render_model, shard_of, sum_replicated_gradients, whole_model
-from .distributed.shard import all_counts, all_sum, rebalance
-from .evaluation import check_eval_masks, evaluate_frames, evaluate_frames_batched
-from .errors import ConfigError, RankLostError, RunStateError, SplatInputError
-from .keyed_random import BACKGROUND_STREAM, keyed_uniform
-from .losses import LOSS_TERMS, psnr, total_loss
-from .model import GaussianModel, create_from_points, save_ply
-from .optimizers import make_optimizers, means_lr  # noqa: F401 (make_optimizers re-exported)
-from .progress import LogLines, format_duration, use_progress_bar  # noqa: F401 (re-exported)
+from .distributed.model import whole_model
+from .distributed.shard import all_counts, rebalance
+from .evaluation import check_eval_masks, evaluate_frames
+from .errors import RunStateError, SplatInputError
+from .model import GaussianModel, save_ply
+from .optimizers import make_optimizers  # noqa: F401 (re-exported)
+from .progress import LogLines, format_duration, summary_line, use_progress_bar  # noqa: F401 (re-exported)
 from .devices import peak_memory_mb, resolve_device  # noqa: F401 (re-exported)
-from .render import render_frame
+from .model_render import render_frame
 from .strategy import make_strategy
-
-# ---------------------------------------------------------------- helpers
-def view_index(seed: int, step: int, n_views: int) -> int:
-    """Training view of 1-based ``step``: a fresh seeded permutation per epoch.
-
-    Stateless, so resuming needs no view-order state beyond ``seed``."""
-    epoch, pos = divmod(step - 1, n_views)
-    return int(np.random.default_rng([int(seed), int(epoch)]).permutation(n_views)[pos])
-
-
-def gt_image(frame, background: torch.Tensor, cfg_background: torch.Tensor) -> torch.Tensor:
-    """Target image over ``background``.  Frames are composited over the
-    configured background by the loader; with a mask we re-composite."""
-    if frame.mask is None or torch.equal(background, cfg_background):
-        return frame.image
-    a = frame.mask[..., None]  # [H, W, 1]
-    return frame.image + (1.0 - a) * (background - cfg_background).view(1, 1, 3)
+from .training.batch_rendering import camera_of, make_batch_rendering
+from .training.capability import check_distributed
+from .training.initial_model import initial_shard
+from .training.step import BatchStep, sh_degree_at
+from .training.triage import explain
 
 
 # ---------------------------------------------------------------- trainer
@@ -127,7 +116,7 @@ class Trainer:
         try:
             self._setup(cfg, out_dir, resume, scene, overwrite, load_scene_from_config)
         except BaseException as e:
-            error = self._explained(e)  # before close(): the watchdog names a lost peer
+            error = explain(e, self.watchdog, self.group.rank)  # before close(): the watchdog names a lost peer
             self.close()
             if error is e:
                 raise
@@ -135,12 +124,7 @@ class Trainer:
 
     def _setup(self, cfg, out_dir, resume, scene, overwrite, load_scene_from_config) -> None:
         if self.group.distributed:
-            if cfg["model"]["primitive"] != "2dgs":
-                raise ConfigError(f"model.primitive={cfg['model']['primitive']}: training on several processes "
-                                  "renders surfels only (model.primitive=2dgs)")
-            if cfg["render"]["backend"] == "torch":
-                raise ConfigError("render.backend=torch: training on several processes needs the C++ or CUDA "
-                                  "kernels (render.backend=auto)")
+            check_distributed(cfg)
             from .distributed.watchdog import Watchdog
 
             self.watchdog = Watchdog(self.group, cfg["distributed"]["timeout_s"])
@@ -155,13 +139,16 @@ class Trainer:
         check_eval_masks(cfg, self.scene)  # before the (long) training, not at its end
         self.scene_radius = float(self.scene.scene_radius())
         self.step = 0  # completed steps
-        self._surfels_total = 0
+        self._surfels_total = 0  # over all ranks as of the last step (progress lines)
         self._first_step = 0
         self.exchange_bytes = 0.0  # sent between ranks by this session's steps, all ranks together
         self.train_seconds = 0.0
         self.identity = run_identity(cfg, self.scene)
         self.run_id = self.identity["run_id"]
         self._start(resume, overwrite)
+        self.rendering = make_batch_rendering(self.model.primitive, cfg["render"], self.device, self.group)
+        self.batch_step = BatchStep(cfg, self.scene, self.background, self.scene_radius, self.device,
+                                    self.rendering, self.group)
 
     def _claim(self, resume: bool, overwrite: bool) -> None:
         """Lock and claim the output folder (rank 0 only: the others share it)."""
@@ -185,7 +172,7 @@ class Trainer:
             self.model = GaussianModel(ckpt["params"], ckpt["sh_degree"], ids=ckpt.get("ids"),
                                        next_id=ckpt.get("next_id"))
         else:
-            self.model = self._initial_shard()
+            self.model = initial_shard(cfg, self.scene, self.background, self.group)
         self.model.to(self.device)
         self.optimizers = make_optimizers(self.model, cfg["train"]["lr"], self.scene_radius)
         # train.appearance=affine: per-train-image colour correction, own Adam (splat/appearance.py)
@@ -217,55 +204,9 @@ class Trainer:
             leave(self.group, synchronize=False)  # train() ended with a barrier; an error path must not wait
             self._own_group = False
 
-    def _explained(self, e: BaseException) -> BaseException:
-        """``e``, or a :class:`RankLostError` naming the peer when a lost rank
-        is behind it.  A failed collective (gloo notices a closed connection
-        at once) may wait for the watchdog to find which peer went, up to
-        ``distributed.timeout_s``; any other error (torchrun's SIGTERM after
-        a worker died, a local error) only for a peer gone on this machine,
-        seen at once, so that the other ranks hear of this one's error soon."""
-        if self.watchdog is None or isinstance(e, SplatInputError):
-            return e
-        import torch.distributed as dist
-
-        failed_collective = isinstance(e, dist.DistError) or any(
-            word in str(e) for word in ("Connection closed", "Connection reset", "Broken pipe", "gloo", "NCCL"))
-        lost = self.watchdog.lost_rank(None if failed_collective else 1.0)
-        if lost is None:
-            return e
-        return RankLostError(f"rank {self.group.rank} stopping: {lost}; restart with --resume to continue from "
-                             "the last complete checkpoint")
-
-    # ------------------------------------------------------------ init
-    def _initial_shard(self) -> GaussianModel:
-        """The initial model (:meth:`_init_model`, built by rank 0 and sent to
-        all), of which this rank keeps its balanced slice."""
-        if not self.group.distributed:
-            return self._init_model()
-        params, sh_degree = on_main(self.group, lambda: (lambda m: (m.raw_state(), m.sh_degree))(self._init_model()))
-        return shard_of(params, sh_degree, self.group)
-
-    def _init_model(self) -> GaussianModel:
-        """Surfels on the start :func:`splat.data.initial_points.initial_points`
-        picks for ``model.init`` (``auto``: the scene's or triangulated
-        points, filled where they leave the views uncovered by stereo, then
-        random points), sized by the 3DGS neighbour rule bounded by a few
-        pixels at the point's depth.  Prints what it combined."""
-        from .data.initial_points import initial_points
-
-        mcfg = self.cfg["model"]
-        start = initial_points(self.scene, mcfg["init"], num_stereo=mcfg["init_num_stereo"],
-                               num_random=mcfg["init_num_random"], random_min_views=mcfg["init_random_min_views"],
-                               fill_spacing=mcfg["init_fill_spacing"],
-                               cache_dir=self.cfg["data"]["cache_dir"] or None, scene_name=self.cfg["data"]["path"],
-                               background=self.background)
-        if self.group.is_main:
-            print(f"init: {start.description}", file=sys.stderr)
-        return create_from_points(start.points, start.colors, mcfg["sh_degree"], mcfg["init_opacity"],
-                                  mcfg["init_scale"], max_scales=start.max_scales, primitive=mcfg["primitive"])
-
     # ------------------------------------------------------------ loop
     def render(self, frame, background=None, sh_degree=None):
+        """:func:`splat.model_render.render_frame` of this rank's model (default: ``data.background``)."""
         r = self.cfg["render"]
         bg = self.background if background is None else background
         return render_frame(
@@ -274,136 +215,20 @@ class Trainer:
         )
 
     def sh_degree_at(self, step: int) -> int:
-        return min(step // max(self.cfg["train"]["sh_increase_every"], 1), self.model.sh_degree)
-
-    def loss(self, out, gt: torch.Tensor, frame, step: int):
-        """(loss, logging terms) of one step's render ``out`` against ``gt`` [H, W, 3].
-
-        With ``frame.loss_mask`` (``data.masks=ignore``) render and target are
-        both multiplied by it, so masked-out pixels add nothing to the
-        photometric loss and get no gradient from it (the geometry
-        regularisers still see every pixel)."""
-        if frame.loss_mask is not None:
-            m = frame.loss_mask.to(self.device)[..., None]  # [H, W, 1]
-            out = dataclasses.replace(out, rgb=out.rgb * m)
-            gt = gt * m
-        K = frame.K.to(self.device)
-        viewmat = frame.viewmat.to(self.device)
-        return total_loss(out, gt, K, viewmat, step, self.cfg["loss"])
-
-    def optimizer_step(self) -> None:
-        """Apply and clear the gradients of every parameter."""
-        for opt in self.optimizers.values():
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-    @property
-    def renders_sharded(self) -> bool:
-        """Whether steps and evaluation render with
-        :func:`splat.distributed.render_sharded` (surfels with the C++/CUDA
-        kernels, on any number of processes: one code path, so one process
-        and N run the same arithmetic) rather than camera by camera with
-        :func:`splat.render.render_frame` (3D Gaussians, the PyTorch
-        reference backend)."""
-        return self.model.primitive == "2dgs" and self.cfg["render"]["backend"] != "torch"
+        """SH degree used at ``step`` (:func:`splat.training.step.sh_degree_at`)."""
+        return sh_degree_at(step, self.cfg["train"]["sh_increase_every"], self.model.sh_degree)
 
     def train_step(self, step: int) -> dict:
-        """One optimisation step; see :meth:`train_step_sharded` and
-        :meth:`train_step_per_camera`."""
-        if self.renders_sharded:
-            return self.train_step_sharded(step)
-        return self.train_step_per_camera(step)
-
-    def _set_means_lr(self, step: int) -> None:
-        lr = self.cfg["train"]["lr"]
-        for g in self.optimizers["means"].param_groups:
-            g["lr"] = means_lr(step, self.cfg["train"]["iterations"], lr["means"], lr["means_final"]) * self.scene_radius
-
-    def _batch_views(self, step: int) -> list:
-        """Indices into the training views of ``step``'s ``train.batch_size`` cameras."""
-        batch = int(self.cfg["train"]["batch_size"])
-        return [view_index(self.cfg["seed"], (step - 1) * batch + b + 1, len(self.scene.train)) for b in range(batch)]
-
-    def _background(self, frame, step: int, slot: int) -> torch.Tensor:
-        """The background of camera ``slot`` of ``step``: the configured one, or
-        with ``data.random_background`` and a mask a random colour keyed by
-        (seed, step, slot), the same on any number of processes."""
-        if self.cfg["data"]["random_background"] and frame.mask is not None:
-            key = torch.tensor([[step, slot]], dtype=torch.int64)
-            return keyed_uniform(self.cfg["seed"], BACKGROUND_STREAM, key, 3)[0].float()
-        return self.background
-
-    def train_step_per_camera(self, step: int) -> dict:
-        """One optimisation step (1-based ``step``) over ``train.batch_size``
-        cameras B: views ``(step - 1) B + 1 ... step B`` of the seeded view
-        order (:func:`view_index`; B = 1 is one view per step).  The loss is
-        the mean of the cameras' losses; each camera's backward runs before
-        the next one renders, so memory is that of one camera.  Returns
-        logging terms, averaged over the cameras."""
-        batch = int(self.cfg["train"]["batch_size"])
-        frames = self.scene.train
-        self._set_means_lr(step)
-        outs, terms = [], {}
-        for b, index in enumerate(self._batch_views(step)):
-            out, loss, camera_terms = self._camera_loss(frames[index], index, step, b)
-            self.strategy.step_pre_backward(self.model, self.optimizers, out, step)
-            (loss / batch).backward()
-            outs.append(out)
-            for k, v in camera_terms.items():
-                terms[k] = terms.get(k, 0.0) + v / batch
-        self.optimizer_step()
-        self.strategy.step_post_backward(self.model, self.optimizers, outs[0] if batch == 1 else outs, step)
-        return terms
-
-    def train_step_sharded(self, step: int) -> dict:
-        """One step over ``train.batch_size`` cameras B rendered together from
-        every rank's surfels (:func:`splat.distributed.render_sharded`: camera
-        i on rank i mod N; one process renders them all).  The loss is the
-        mean over the batch, and one backward carries each surfel's gradient
-        back to its owner, summed over the cameras in the same order on any
-        number of processes.  The appearance corrections, which every rank
-        holds whole, have their gradients summed over the ranks.  Then
-        densification, and a rebalance of the shards when they drifted
-        apart.  Memory: the B cameras' renders at once."""
-        from .strategy import Visibility
-
+        """One optimisation step (:class:`splat.training.step.BatchStep`), the
+        ids check and a rebalance of the shards when they drifted apart.
+        Returns the logging terms, averaged over the batch's cameras."""
         cfg, group, model = self.cfg, self.group, self.model
-        batch = int(cfg["train"]["batch_size"])
-        frames = self.scene.train
-        self._set_means_lr(step)
-        views = self._batch_views(step)
-        backgrounds = [self._background(frames[i], step, b) for b, i in enumerate(views)]
-        cameras = [self._camera(frames[i], bg) for i, bg in zip(views, backgrounds)]
-        r = render_model(model, cameras, group, self.sh_degree_at(step), cfg["render"]["near"], cfg["render"]["far"])
-        loss_sum = r.anchor
-        names = ("loss", "psnr") + LOSS_TERMS
-        sums, present = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0)
-        for b, out in r.outputs.items():
-            frame = frames[views[b]]
-            out = self._corrected(out, views[b], frame, backgrounds[b])
-            gt = gt_image(frame, backgrounds[b], self.background).to(self.device)
-            loss, camera_terms = self.loss(out, gt, frame, step)
-            loss_sum = loss_sum + loss / batch
-            camera_terms.update(loss=float(loss.detach()), psnr=psnr(out.rgb, gt))
-            for k, v in camera_terms.items():
-                sums[k] += v
-                present[k] += 1
-        seen = [Visibility(r.means2d[b], r.radii[b], c.width, c.height) for b, c in enumerate(cameras)]
-        for camera in seen:
-            self.strategy.step_pre_backward(model, self.optimizers, camera, step)
-        loss_sum.backward()
-        if self.appearance is not None:
-            sum_replicated_gradients(self.appearance, group, sparse=True)  # SparseAdam's row gradients
-        self.optimizer_step()
-        self.strategy.step_post_backward(model, self.optimizers, seen[0] if batch == 1 else seen, step)
+        sums = self.batch_step(model, self.optimizers, self.strategy, self.appearance, step)
         self._check_ids()
         rebalance(model, self.optimizers, self.strategy, group, cfg["distributed"]["max_imbalance"])
-        # One reduction for the logging terms (over the cameras of every rank), the count and the exchange.
-        total = all_sum([sums[k] for k in names] + [present[k] for k in names]
-                        + [model.num_gaussians, r.bytes_sent + r.bytes_backward], group)
-        self._surfels_total = int(total[-2])
-        self.exchange_bytes += total[-1]
-        return {k: total[j] / batch for j, k in enumerate(names) if total[len(names) + j] > 0}
+        terms, self._surfels_total, exchanged = sums.reduce(model.num_gaussians, group)
+        self.exchange_bytes += exchanged
+        return terms
 
     def _check_ids(self) -> None:
         """A strategy that edits rows without their ids (a custom one, through
@@ -418,31 +243,6 @@ class Trainer:
                                 "surfels without their ids (model.ids), which several processes need")
         model.ids = torch.arange(model.num_gaussians)
         model.next_id = model.num_gaussians
-
-    def _camera(self, frame, background) -> Camera:
-        return Camera(frame.viewmat.to(self.device), frame.K.to(self.device), int(frame.width), int(frame.height),
-                      background.to(self.device))
-
-    def _corrected(self, out, index: int, frame, background):
-        """``out`` through the train view ``index``'s appearance correction, if any."""
-        if self.appearance is None:
-            return out
-        # With a mask the loader painted the background into the target, so
-        # the photo's exposure applies to the scene only; without one every
-        # pixel is photographed content (an uncovered one too).
-        covered = (out.alpha, background) if frame.mask is not None else ()
-        return dataclasses.replace(out, rgb=self.appearance(out.rgb, index, *covered))
-
-    def _camera_loss(self, frame, index: int, step: int, slot: int = 0):
-        """(render, loss, logging terms) of one training camera ``frame``
-        (``index`` in the training views, ``slot`` in the step's batch)."""
-        bg = self._background(frame, step, slot)
-        gt = gt_image(frame, bg, self.background).to(self.device)
-        out = self._corrected(self.render(frame, bg, self.sh_degree_at(step)), index, frame, bg)
-        loss, terms = self.loss(out, gt, frame, step)
-        terms["loss"] = float(loss.detach())
-        terms["psnr"] = psnr(out.rgb, gt)
-        return out, loss, terms
 
     def train(self) -> dict:
         """Run (or continue) training to ``train.iterations``; write outputs;
@@ -459,7 +259,7 @@ class Trainer:
                 dist.barrier()
             return metrics
         except BaseException as e:
-            error = self._explained(e)
+            error = explain(e, self.watchdog, self.group.rank)
             if error is e:
                 raise
             raise error from None
@@ -494,9 +294,9 @@ class Trainer:
             if bar is not None:
                 bar.update(1)
                 if step % cfg["log"]["every"] == 0 or step == iterations:
-                    bar.set_postfix(loss=f"{ema['loss']:.4f}", psnr=f"{ema['psnr']:.2f}", n=self._surfels_seen)
+                    bar.set_postfix(loss=f"{ema['loss']:.4f}", psnr=f"{ema['psnr']:.2f}", n=self._surfels_total)
             elif log is not None:
-                log.step(step, ema["loss"], self._surfels_seen)
+                log.step(step, ema["loss"], self._surfels_total)
             if (every > 0 and step % every == 0) or step == iterations:
                 self.train_seconds += time.perf_counter() - t0
                 t0 = time.perf_counter()
@@ -515,13 +315,8 @@ class Trainer:
         metrics = self.evaluate()
         if main:
             atomic_write_bytes(self.out_dir / "metrics.json", (json.dumps(metrics, indent=2) + "\n").encode())
-            self._print_summary(metrics)
+            print(summary_line(self.step, metrics, self.out_dir), file=sys.stderr)
         return metrics
-
-    @property
-    def _surfels_seen(self) -> int:
-        """Surfels over all ranks as of the last step (for progress lines; not collective)."""
-        return self._surfels_total if self.group.distributed else self.model.num_gaussians
 
     def num_gaussians(self) -> int:
         """Surfels over all ranks (collective with several processes)."""
@@ -566,7 +361,8 @@ class Trainer:
     # ------------------------------------------------------- evaluation
     @torch.no_grad()
     def evaluate(self, frames=None) -> dict:
-        """Test-set metrics (see module doc of ``splat/render.py`` for the depth choice)."""
+        """Test-set metrics (:func:`splat.evaluation.evaluate_frames`; the
+        depth choice: :mod:`splat.render_files`).  Collective."""
         frames = self.scene.test if frames is None else frames
         metrics = {
             "n_gaussians": self.num_gaussians(),
@@ -579,25 +375,13 @@ class Trainer:
             metrics["peak_memory_mb_per_rank"] = all_gather_objects(metrics["peak_memory_mb"], self.group)
             steps = max(self.step - self._first_step, 1)
             metrics["exchange_mb_per_step"] = round(self.exchange_bytes / steps / 2**20, 3)
-        if self.renders_sharded:
-            r = self.cfg["render"]
-            test = evaluate_frames_batched(
-                self.cfg, self.background, frames, lambda views: render_model(
-                    self.model, [self._camera(f, self.background) for f in views], self.group,
-                    self.model.sh_degree, r["near"], r["far"]).outputs, self.group)
-        else:
-            test = evaluate_frames(self, frames)
+        test = evaluate_frames(self.cfg, self.background, frames, lambda views: self.rendering.render_views(
+            self.model, [camera_of(f, self.background, self.device) for f in views], self.model.sh_degree),
+            self.group)
         metrics.update({f"test.{k}": v for k, v in test.items()})
         metrics["test"] = test  # nested copy too: metrics["test"]["psnr"]
         return metrics
 
-    def _print_summary(self, m: dict) -> None:
-        parts = [f"{self.step} steps in {m['train_seconds']:.1f} s", f"{m['n_gaussians']} surfels"]
-        for k in ("psnr", "ssim", "psnr_masked", "ssim_masked", "depth_rel_err", "normal_deg_err"):
-            if f"test.{k}" in m and m[f"test.{k}"] is not None:
-                parts.append(f"test {k} {m[f'test.{k}']:.4g}")
-        parts.append(f"peak mem {m['peak_memory_mb']:.0f} MB")
-        print("done: " + ", ".join(parts) + f" -> {self.out_dir}", file=sys.stderr)
 
 
 def train(cfg: Dict, out_dir, resume: bool = False, callbacks: Sequence[StepCallback] = ()) -> dict:

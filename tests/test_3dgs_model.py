@@ -10,7 +10,7 @@ import torch
 
 from splat.errors import SplatInputError
 from splat.model import PLY_THIN_FACTOR, create_from_points, load_ply, ply_attribute_names, quat_to_rotmat, save_ply
-from splat.render import render_frame
+from splat.model_render import render_frame
 from splat.trainer import Trainer
 
 from test_train import tiny_config, tiny_scene  # noqa: F401 (fixture)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from splat.trainer import Trainer, view_index
+from splat.trainer import Trainer
+from splat.training.step import camera_loss
+from splat.training.views import view_index
 from test_train import tiny_config, tiny_scene  # noqa: F401 (fixture)
 
 #: The loss terms all switched on from step 1, so every gradient path is in the batch.
@@ -23,7 +25,7 @@ def _grads_of_one_step(trainer: Trainer, step: int = 1) -> dict:
             seen[name] = p.grad.detach().clone()
             p.grad = None
 
-    trainer.optimizer_step = capture
+    trainer.batch_step.apply_gradients = lambda optimizers: capture()
     trainer.train_step(step)
     return seen
 
@@ -42,7 +44,8 @@ def test_the_batch_gradient_is_the_mean_over_its_cameras(tiny_scene, tmp_path): 
     expect = {name: torch.zeros_like(p) for name, p in single.model.params.items()}
     for k in range(3 * (step - 1) + 1, 3 * step + 1):  # the batch's views in the seeded order
         index = view_index(single.cfg["seed"], k, len(frames))
-        _, loss, _ = single._camera_loss(frames[index], index, step)
+        out = single.render(frames[index], single.background, single.sh_degree_at(step))
+        loss, _ = camera_loss(out, frames[index].image, frames[index], step, single.cfg["loss"], single.device)
         loss.backward()
         for name, p in single.model.params.items():
             expect[name] += p.grad / 3
@@ -58,13 +61,14 @@ def test_steps_take_the_next_views_of_the_seeded_order(tiny_scene, tmp_path):  #
     a run sees each view equally often whatever B, and resuming needs no state."""
     trainer = Trainer(tiny_config(tiny_scene, 10, ["train.batch_size=2"]), tmp_path / "run")
     rendered = []
-    camera = trainer._camera
+    backward = trainer.rendering.backward
 
-    def record(frame, background):
-        rendered.append(next(i for i, f in enumerate(trainer.scene.train) if f is frame))
-        return camera(frame, background)
+    def record(model, cameras, *args):
+        for camera in cameras:
+            rendered.append(next(i for i, f in enumerate(trainer.scene.train) if torch.equal(f.viewmat, camera.viewmat)))
+        return backward(model, cameras, *args)
 
-    trainer._camera = record
+    trainer.rendering.backward = record
     for step in (1, 2, 3):
         terms = trainer.train_step(step)
     n = len(trainer.scene.train)

@@ -24,6 +24,7 @@ from splat.errors import SplatInputError
 from splat.model import knn_mean_distance
 from splat.testing import intrinsics, look_at_viewmat, surface_scene
 from splat.trainer import Trainer
+from splat.training.initial_model import initial_model
 
 W, H = 96, 72
 N_VIEWS = 16
@@ -164,7 +165,7 @@ def test_initial_scales_are_bounded_in_pixels(sparse, tmp_path):
     knn_px = knn_mean_distance(sparse.points) / pixel_footprint(sparse.points, sparse.train)
     assert float(knn_px.max()) > MAX_INIT_SCALE_PX  # the fixture does exercise the bound
     cfg = load_config("configs/fast.yaml", ["model.init=points", "log.progress=false", "checkpoint.every=0"])
-    model = Trainer(cfg, tmp_path / "run", scene=sparse)._init_model()
+    model = initial_model(cfg, sparse, torch.tensor(cfg["data"]["background"], dtype=torch.float32))
     px = model.scales.detach().max(dim=1).values / pixel_footprint(start.points, sparse.train)
     assert float(px.max()) <= MAX_INIT_SCALE_PX * (1 + 1e-5), float(px.max())
 

@@ -30,7 +30,8 @@ from splat.checkpoint import atomic_write, list_checkpoints
 from splat.distributed.checkpoint import load_latest_checkpoint
 from splat.config import DEFAULT_CONFIG, load_config
 from splat.errors import ConfigError
-from splat.trainer import Trainer, view_index
+from splat.trainer import Trainer
+from splat.training.views import view_index
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = 32  # image width = height of the fixture, pixels
@@ -104,7 +105,7 @@ def make_tiny_scene(root: Path, n_views: int = 10, size: int = SIZE) -> Path:
     """
     from PIL import Image
 
-    from splat.render import normalized_normals, render_frame
+    from splat.model_render import normalized_normals, render_frame
 
     root = Path(root)
     (root / "images").mkdir(parents=True, exist_ok=True)

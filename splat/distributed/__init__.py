@@ -4,7 +4,7 @@
   process group (NCCL between GPUs, gloo on CPUs), one process without
   torchrun;
 * :mod:`.exchange`: rows sent between ranks inside the autograd graph;
-* :mod:`.render`: a batch of cameras rendered from surfels that live on
+* :mod:`.sharded_render`: a batch of cameras rendered from surfels that live on
   different ranks, with exact gradients back to their owners;
 * :mod:`.shard`: which rank holds which surfels, and moving them (balance);
 * :mod:`.model`: a model spread over ranks (dealt out, rendered, gathered);
@@ -18,7 +18,7 @@ ranks; docs/distributed.md is the user's guide.
 """
 from .exchange import exchange_counts, exchange_rows
 from .group import Group, from_environment, launched_ranks, leave
-from .render import Camera, ShardedRender, camera_rank, render_sharded
+from .sharded_render import Camera, ShardedRender, camera_rank, render_sharded
 
 __all__ = ["Group", "from_environment", "launched_ranks", "leave", "exchange_counts", "exchange_rows", "Camera",
            "ShardedRender", "camera_rank", "render_sharded"]

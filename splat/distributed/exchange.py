@@ -10,7 +10,7 @@ to the rank and row it came from.  With one process it is the identity.
 Every rank must call it (and, through backward(), its backward) the same
 number of times in the same order: these are collectives.  So a rank whose
 loss does not use what it received must still connect it to its loss (a
-zero term; :func:`splat.distributed.render.render_sharded` returns one).
+zero term; :func:`splat.distributed.sharded_render.render_sharded` returns one).
 """
 from __future__ import annotations
 

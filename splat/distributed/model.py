@@ -16,7 +16,7 @@ import torch
 
 from ..model import GaussianModel
 from .group import Group
-from .render import Camera, ShardedRender, render_sharded
+from .sharded_render import Camera, ShardedRender, render_sharded
 from .shard import balanced_slice, gather_to_main
 
 

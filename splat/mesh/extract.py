@@ -162,7 +162,7 @@ def extract_mesh(model_dir: str | Path, data: Optional[str] = None, overrides: S
     An empty result is an error (:class:`splat.errors.SplatInputError`)
     saying why, and the file is not written; so is a resolution whose
     fusion would not fit in the available memory (:mod:`splat.mesh.budget`)."""
-    from ..render import load_run
+    from ..trained_run import load_run
 
     o3d = import_open3d()
     options = options or MeshOptions()

@@ -87,7 +87,7 @@ def render_fusion_views(model: GaussianModel, cfg: dict, frames: Sequence[Frame]
     """Render ``frames`` with ``model`` under the run's render settings (``cfg["render"]``).
 
     Colour is rendered over the config's background, as the model was trained."""
-    from ..render import render_frame
+    from ..model_render import render_frame
 
     r = cfg["render"]
     background = torch.tensor(cfg["data"]["background"], dtype=torch.float32)

@@ -5,14 +5,15 @@ and may replace the model's parameters (clone / split / prune / reset).  It
 owns every piece of state it needs (gradient accumulators, ...) and exposes it
 through ``state_dict`` / ``load_state_dict`` so checkpoints can resume it.
 
-The trainer calls, every step::
+The trainer calls, every step (:class:`splat.training.step.BatchStep`),
+with one :class:`Visibility` per camera of the step's B cameras
+(``train.batch_size``), whether they render one by one or together::
 
-    for each of the step's B cameras (train.batch_size):
-        out = rasterize(...)
-        strategy.step_pre_backward(model, optimizers, out, step)
-        (loss / B).backward()
+    render the B cameras, their losses
+    strategy.step_pre_backward(model, optimizers, seen, step)    # per camera
+    backward of the mean loss (camera by camera: each before the next renders)
     optimizer steps
-    strategy.step_post_backward(model, optimizers, out, step)   # B > 1: the list of outs
+    strategy.step_post_backward(model, optimizers, seen, step)   # B > 1: the list of the B
 
 ``optimizers`` is a dict ``{param name: torch.optim.Adam}``, one optimiser per
 parameter, so a strategy can edit one parameter's Adam moments at a time.
@@ -62,14 +63,13 @@ class Strategy:
 
     def step_pre_backward(self, model, optimizers: Dict, out, step: int) -> None:
         """Called after rendering, before ``loss.backward()``: ``out`` is the
-        camera's rasterizer output or, when the batch is rendered together
-        (surfels; :meth:`splat.trainer.Trainer.train_step_sharded`), its
-        :class:`Visibility`."""
+        camera's :class:`Visibility` (:mod:`splat.training.batch_rendering`)."""
 
     def step_post_backward(self, model, optimizers: Dict, out, step: int) -> None:
-        """Called after the optimiser step; ``out.means2d.grad`` is populated.
-        With ``train.batch_size`` B > 1, ``out`` is the list of the step's B
-        outputs, and each gradient is that of its camera's loss over B."""
+        """Called after the optimiser step with the camera's
+        :class:`Visibility`; ``out.means2d.grad`` is populated.  With
+        ``train.batch_size`` B > 1, ``out`` is the list of the step's B
+        visibilities, and each gradient is that of its camera's loss over B."""
 
     def state_dict(self) -> dict:
         return {}

@@ -3,7 +3,7 @@
 viser is an optional extra (``pip install -e ".[viewer]"``); importing
 :mod:`splat.viewer` works without it, and :func:`require_viser` turns its
 absence into a one-line error.  Every picture on the page is rendered by the
-public :func:`splat.rasterize` (through :func:`splat.render.render_frame`)
+public :func:`splat.rasterize` (through :func:`splat.model_render.render_frame`)
 and sent to the browser as the scene's background image: the page has no
 renderer of its own.
 """

@@ -25,7 +25,7 @@ import torch
 
 @dataclass
 class Camera:
-    """What :func:`splat.render.render_frame` needs of a view."""
+    """What :func:`splat.model_render.render_frame` needs of a view."""
 
     viewmat: torch.Tensor  # [4, 4] world -> camera, OpenCV
     K: torch.Tensor  # [3, 3]

@@ -3,7 +3,7 @@
 One render thread serves every connected browser.  A browser's camera
 (orbit with the mouse: drag to orbit, right-drag to pan, wheel to zoom; or the
 page's fly buttons) marks it dirty; the thread renders it with
-:func:`splat.render.render_frame` (the public ``splat.rasterize``) and sends
+:func:`splat.model_render.render_frame` (the public ``splat.rasterize``) and sends
 the picture as the scene's background image, which the browser stretches over
 its canvas.  While the camera moves, frames are rendered at a resolution
 scale chosen from the measured cost per pixel so that one frame takes about
@@ -408,7 +408,7 @@ class ViewerServer:
 
     def render(self, camera: Camera, model: Optional[GaussianModel] = None) -> RasterOutput:
         """The rasterizer output of the current model in ``camera`` (no gradients)."""
-        from ..render import render_frame
+        from ..model_render import render_frame
 
         with self._model_lock:
             model = self._model if model is None else model

@@ -1,4 +1,4 @@
-"""Rendering a batch of cameras whose surfels are spread over the ranks (issue 23).
+"""Rendering a batch of cameras whose surfels are spread over the ranks.
 
 Every surfel lives on exactly one rank (its owner).  For a batch of B
 cameras, :func:`render_sharded` does, on every rank at once:

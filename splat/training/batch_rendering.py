@@ -1,0 +1,113 @@
+"""The rendering seam of a training step: a batch of cameras rendered, each
+camera's loss taken, and the gradients carried back to the parameters.
+
+Two implementations, one interface (:meth:`backward` for a step,
+:meth:`render_views` for evaluation):
+
+* :class:`PerCameraRendering`: :func:`splat.model_render.render_frame`
+  camera by camera; each camera's backward runs before the next one renders,
+  so memory is that of one camera.  3D Gaussians and
+  ``render.backend=torch``; one process.
+* :class:`ShardedRendering`: :func:`splat.distributed.render_sharded`
+  renders the whole batch from every rank's shard (camera i on rank
+  i mod N; one process renders them all) and one backward carries each
+  surfel's gradient back to its owner, summed over the cameras in the same
+  order on any number of processes.  Memory: the batch's renders at once.
+
+Both hand the strategy hooks one :class:`splat.strategy.Visibility` per
+camera, in batch order.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Sequence
+
+import torch
+
+from ..distributed.group import Group
+from ..distributed.model import render_model
+from ..distributed.sharded_render import Camera
+from ..model import GaussianModel
+from ..model_render import render_frame
+from ..strategy import Visibility, visibility
+from .capability import renders_sharded
+
+#: ``loss_of(slot, out)``: the loss (a scalar tensor) of the batch's camera
+#: ``slot`` rendered as ``out``.
+LossOf = Callable[[int, object], torch.Tensor]
+#: ``before_backward(seen)``: called with each camera's visibility before
+#: the backward that reaches it (the strategy's ``step_pre_backward``).
+BeforeBackward = Callable[[Visibility], None]
+
+
+def camera_of(frame, background: torch.Tensor, device) -> Camera:
+    """``frame``'s camera on ``device`` over ``background`` [3]."""
+    return Camera(frame.viewmat.to(device), frame.K.to(device), int(frame.width), int(frame.height),
+                  background.to(device))
+
+
+class PerCameraRendering:
+    """Camera by camera (module doc); ``render_cfg``: the config's ``render`` section."""
+
+    def __init__(self, render_cfg: Dict, device):
+        self.render_cfg, self.device = render_cfg, device
+
+    def render(self, model: GaussianModel, camera: Camera, sh_degree: int):
+        """One camera's :class:`splat.outputs.RasterOutput` (with autograd)."""
+        r = self.render_cfg
+        return render_frame(model, camera, camera.background, sh_degree=sh_degree, backend=r["backend"],
+                            near=r["near"], far=r["far"], device=self.device)
+
+    def backward(self, model: GaussianModel, cameras: Sequence[Camera], sh_degree: int, loss_of: LossOf,
+                 before_backward: BeforeBackward) -> tuple[list[Visibility], float]:
+        """Renders each camera, backward of its loss / B before the next one
+        renders.  Returns (the cameras' visibilities, bytes exchanged: 0)."""
+        batch = len(cameras)
+        seen = []
+        for b, camera in enumerate(cameras):
+            out = self.render(model, camera, sh_degree)
+            loss = loss_of(b, out)
+            seen.append(visibility(out))
+            before_backward(seen[-1])
+            (loss / batch).backward()
+        return seen, 0.0
+
+    def render_views(self, model: GaussianModel, cameras: Sequence[Camera], sh_degree: int) -> dict:
+        """{index in ``cameras``: output} of every camera (all render here)."""
+        return {b: self.render(model, camera, sh_degree) for b, camera in enumerate(cameras)}
+
+
+class ShardedRendering:
+    """The batch together from every rank's shard (module doc)."""
+
+    def __init__(self, render_cfg: Dict, group: Group):
+        self.render_cfg, self.group = render_cfg, group
+
+    def backward(self, model: GaussianModel, cameras: Sequence[Camera], sh_degree: int, loss_of: LossOf,
+                 before_backward: BeforeBackward) -> tuple[list[Visibility], float]:
+        """Renders the batch, one backward of the mean of this rank's cameras'
+        losses (joined to the exchange by its anchor, so every rank runs the
+        exchange's backward).  Returns (every camera's visibility of this
+        rank's surfels, bytes this rank sent both ways)."""
+        batch = len(cameras)
+        r = render_model(model, cameras, self.group, sh_degree, self.render_cfg["near"], self.render_cfg["far"])
+        loss_sum = r.anchor
+        for b, out in r.outputs.items():
+            loss_sum = loss_sum + loss_of(b, out) / batch
+        seen = [Visibility(r.means2d[b], r.radii[b], c.width, c.height) for b, c in enumerate(cameras)]
+        for camera in seen:
+            before_backward(camera)
+        loss_sum.backward()
+        return seen, float(r.bytes_sent + r.bytes_backward)
+
+    def render_views(self, model: GaussianModel, cameras: Sequence[Camera], sh_degree: int) -> dict:
+        """{index in ``cameras``: output} of the cameras this rank renders. Collective."""
+        return render_model(model, cameras, self.group, sh_degree, self.render_cfg["near"],
+                            self.render_cfg["far"]).outputs
+
+
+def make_batch_rendering(primitive: str, render_cfg: Dict, device, group: Group):
+    """The implementation :func:`splat.training.capability.renders_sharded` picks."""
+    if renders_sharded(primitive, render_cfg["backend"]):
+        return ShardedRendering(render_cfg, group)
+    return PerCameraRendering(render_cfg, device)

@@ -1,0 +1,139 @@
+"""One optimisation step over a batch of cameras, whichever way they render.
+
+The loss terms, the appearance correction, the backgrounds and the
+reduction of the logging terms are written here once;
+:mod:`splat.training.batch_rendering` renders (camera by camera or sharded)
+and carries the gradients back.  A step (1-based ``step``) over
+``train.batch_size`` cameras B:
+
+1. the means' learning rate of ``step``; the batch's views
+   (:func:`splat.training.views.batch_views`) and backgrounds;
+2. render, loss of each camera (:func:`camera_loss` against the target over
+   its background, through the view's appearance correction), the
+   strategy's ``step_pre_backward`` per camera, backward of the mean over
+   the batch;
+3. the appearance corrections' gradients summed over the ranks (every rank
+   holds them whole), the optimiser steps, the strategy's
+   ``step_post_backward`` (one :class:`splat.strategy.Visibility` when
+   B = 1, else the list of the B cameras').
+
+The trainer then checks ids and rebalances; :meth:`StepSums.reduce` sums the
+logging terms over every rank's cameras.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict
+
+import torch
+
+from ..distributed.group import Group
+from ..distributed.model import sum_replicated_gradients
+from ..distributed.shard import all_sum
+from ..losses import LOSS_TERMS, psnr, total_loss
+from ..optimizers import means_lr
+from .batch_rendering import camera_of
+from .targets import camera_background, corrected, gt_image
+from .views import batch_views
+
+#: The logging terms a step reports (each present when some camera has it).
+TERMS = ("loss", "psnr") + LOSS_TERMS
+
+
+def sh_degree_at(step: int, sh_increase_every: int, max_degree: int) -> int:
+    """SH degree used at ``step``: one more band every ``train.sh_increase_every`` steps."""
+    return min(step // max(sh_increase_every, 1), max_degree)
+
+
+def camera_loss(out, gt: torch.Tensor, frame, step: int, loss_cfg: Dict, device):
+    """(loss, logging terms) of one camera's render ``out`` against ``gt`` [H, W, 3].
+
+    With ``frame.loss_mask`` (``data.masks=ignore``) render and target are
+    both multiplied by it, so masked-out pixels add nothing to the
+    photometric loss and get no gradient from it (the geometry regularisers
+    still see every pixel)."""
+    if frame.loss_mask is not None:
+        m = frame.loss_mask.to(device)[..., None]  # [H, W, 1]
+        out = dataclasses.replace(out, rgb=out.rgb * m)
+        gt = gt * m
+    return total_loss(out, gt, frame.K.to(device), frame.viewmat.to(device), step, loss_cfg)
+
+
+def apply_gradients(optimizers: Dict) -> None:
+    """Apply and clear the gradients of every parameter."""
+    for opt in optimizers.values():
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+@dataclasses.dataclass
+class StepSums:
+    """This rank's share of a step's logging terms: per term, the sum over
+    the cameras it rendered and how many had it; the batch size; the bytes
+    it exchanged."""
+
+    sums: Dict[str, float]
+    present: Dict[str, int]
+    batch: int
+    bytes_exchanged: float = 0.0
+
+    def reduce(self, num_local: int, group: Group) -> tuple[dict, int, float]:
+        """(terms averaged over the batch, primitives over all ranks given
+        this rank's ``num_local``, bytes exchanged by all ranks): one
+        reduction over the ranks.  Collective."""
+        total = all_sum([self.sums[k] for k in TERMS] + [self.present[k] for k in TERMS]
+                        + [num_local, self.bytes_exchanged], group)
+        terms = {k: total[j] / self.batch for j, k in enumerate(TERMS) if total[len(TERMS) + j] > 0}
+        return terms, int(total[-2]), total[-1]
+
+
+class BatchStep:
+    """Steps of one run: ``cfg`` (the whole config), ``scene`` (its training
+    views), ``background`` [3] (``data.background``), ``rendering`` (a
+    :mod:`splat.training.batch_rendering` implementation), ``group``."""
+
+    def __init__(self, cfg: Dict, scene, background: torch.Tensor, scene_radius: float, device, rendering,
+                 group: Group):
+        self.cfg, self.scene, self.background = cfg, scene, background
+        self.scene_radius, self.device, self.rendering, self.group = scene_radius, device, rendering, group
+
+    def set_means_lr(self, optimizers: Dict, step: int) -> None:
+        lr = self.cfg["train"]["lr"]
+        for g in optimizers["means"].param_groups:
+            g["lr"] = means_lr(step, self.cfg["train"]["iterations"], lr["means"], lr["means_final"]) * self.scene_radius
+
+    def __call__(self, model, optimizers: Dict, strategy, appearance, step: int) -> StepSums:
+        """Steps 1-3 of the module doc; returns this rank's :class:`StepSums`."""
+        cfg = self.cfg
+        frames = self.scene.train
+        batch = int(cfg["train"]["batch_size"])
+        self.set_means_lr(optimizers, step)
+        views = batch_views(cfg["seed"], step, batch, len(frames))
+        backgrounds = [camera_background(cfg["data"], cfg["seed"], frames[i], step, b, self.background)
+                       for b, i in enumerate(views)]
+        cameras = [camera_of(frames[i], bg, self.device) for i, bg in zip(views, backgrounds)]
+        sums, present = dict.fromkeys(TERMS, 0.0), dict.fromkeys(TERMS, 0)
+
+        def loss_of(b: int, out) -> torch.Tensor:
+            frame = frames[views[b]]
+            out = corrected(appearance, out, views[b], frame, backgrounds[b])
+            gt = gt_image(frame, backgrounds[b], self.background).to(self.device)
+            loss, terms = camera_loss(out, gt, frame, step, cfg["loss"], self.device)
+            terms.update(loss=float(loss.detach()), psnr=psnr(out.rgb, gt))
+            for k, v in terms.items():
+                sums[k] += v
+                present[k] += 1
+            return loss
+
+        seen, exchanged = self.rendering.backward(
+            model, cameras, sh_degree_at(step, cfg["train"]["sh_increase_every"], model.sh_degree), loss_of,
+            lambda camera: strategy.step_pre_backward(model, optimizers, camera, step))
+        if appearance is not None:
+            sum_replicated_gradients(appearance, self.group, sparse=True)  # SparseAdam's row gradients
+        self.apply_gradients(optimizers)
+        strategy.step_post_backward(model, optimizers, seen[0] if batch == 1 else seen, step)
+        return StepSums(sums, present, batch, exchanged)
+
+    #: Replaceable (tests read the gradients a step would apply).
+    apply_gradients = staticmethod(apply_gradients)
