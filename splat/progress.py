@@ -5,6 +5,7 @@ log file holds lines rather than carriage-return updates."""
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from typing import Callable, TextIO
@@ -74,7 +75,7 @@ class LogLines:
         return True
 
 
-def summary_line(steps: int, m: dict, out_dir) -> str:
+def summary_line(steps: int, m: dict, out_dir: str | os.PathLike) -> str:
     """The ``done:`` line of a run that took ``steps`` steps, from its metrics ``m``."""
     parts = [f"{steps} steps in {m['train_seconds']:.1f} s", f"{m['n_gaussians']} surfels"]
     for k in ("psnr", "ssim", "psnr_masked", "ssim_masked", "depth_rel_err", "normal_deg_err"):
