@@ -168,7 +168,7 @@ def test_resume_same_world_size_is_bitwise_and_other_sizes_reshard(scene, one_pr
 def test_incomplete_checkpoint_is_ignored(scene, tmp_path):
     """A shard folder without its manifest (a rank killed while writing) does
     not count: the run resumes from the last complete checkpoint."""
-    from splat.distributed.checkpoint import load_latest_checkpoint
+    from splat.checkpoints import load_latest_checkpoint
 
     cfg = config(scene, 100, ["checkpoint.every=50"])
     out = tmp_path / "run"
@@ -281,7 +281,7 @@ def test_a_killed_rank_stops_the_others_with_one_line_and_resume_continues(scene
     assert "Traceback" not in err.split("rank 1 was lost")[0][-2000:]  # rank 0's own output has no traceback
     assert not Path(f"/proc/{workers[0]}").exists() or _rank_of(workers[0]) is None, "rank 0 left running"
 
-    from splat.distributed.checkpoint import load_latest_checkpoint
+    from splat.checkpoints import load_latest_checkpoint
 
     last = load_latest_checkpoint(out)["step"]
     resume = [a if not a.startswith("100000") else str(last + 10) for a in cmd] + ["--resume"]

@@ -24,10 +24,12 @@ import pytest
 import torch
 
 from splat.model import GaussianModel, quat_to_rotmat, rgb_to_sh
+from splat.config import StrategyConfig
 from splat.strategy import update_params
+from splat.state import PrimitiveState
 from splat.strategy.default import DefaultStrategy
-from splat.checkpoint import atomic_write, list_checkpoints
-from splat.distributed.checkpoint import load_latest_checkpoint
+from splat.run_folder import atomic_write, list_checkpoints
+from splat.checkpoints import load_latest_checkpoint
 from splat.config import DEFAULT_CONFIG, load_config
 from splat.errors import ConfigError
 from splat.trainer import Trainer, view_index
@@ -239,8 +241,9 @@ def test_update_params_keeps_optimizer_state_aligned():
 def test_default_strategy_clone_split_prune_reset():
     model = _toy_model(6)
     opts = _toy_optimizers(model)
-    s = DefaultStrategy(scene_radius=1.0, grow_grad2d=0.1, grow_scale3d=0.1, prune_opa=0.3,
-                        refine_start=0, refine_every=1, reset_every=1000)
+    s = DefaultStrategy(StrategyConfig(grow_grad2d=0.1, grow_scale3d=0.1, prune_opa=0.3, refine_start=0,
+                                       refine_every=1, reset_every=1000), scene_radius=1.0)
+    s.bind(PrimitiveState(model, opts))
     # surfels 0, 1 have high gradients; 1 is large (split), 0 small (clone); 5 is transparent (prune)
     with torch.no_grad():
         model.params["scales"][1] = math.log(0.5)

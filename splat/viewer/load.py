@@ -38,8 +38,8 @@ def model_extent(model):
 def load_model_file(path: Path):
     """(model, source) of a PLY file or a training output folder: its
     ``point_cloud.ply``, else the newest readable checkpoint of its run."""
-    from ..checkpoint import read_run_file
-    from ..distributed.checkpoint import load_latest_checkpoint
+    from ..run_folder import read_run_file
+    from ..checkpoints import load_latest_checkpoint
     from ..model import GaussianModel, load_ply
 
     if path.is_file():
