@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from . import require_viser
+from .optional_viser import require_viser
 from .camera import start_view_from_camera
 from .load import model_extent
 
