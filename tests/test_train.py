@@ -238,6 +238,21 @@ def test_update_params_keeps_optimizer_state_aligned():
         o.step()
 
 
+def test_strategy_takes_its_config_section():
+    """DefaultStrategy's thresholds come from StrategyConfig (the only place
+    their defaults are declared); make_strategy takes the config's section
+    as a dict or a StrategyConfig, and names an unknown key."""
+    from splat.config import DEFAULT_CONFIG
+    from splat.strategy import make_strategy
+
+    assert DefaultStrategy().cfg == StrategyConfig()
+    s = make_strategy(dict(DEFAULT_CONFIG["strategy"], refine_every=7), 2.0, seed=3)
+    assert isinstance(s, DefaultStrategy) and s.cfg.refine_every == 7 and s.scene_radius == 2.0 and s.seed == 3
+    assert make_strategy(StrategyConfig(prune_opa=0.2), 1.0).cfg.prune_opa == 0.2
+    with pytest.raises(ValueError, match="strategy.bogus"):
+        make_strategy({"name": "default", "bogus": 1}, 1.0)
+
+
 def test_default_strategy_clone_split_prune_reset():
     model = _toy_model(6)
     opts = _toy_optimizers(model)
