@@ -30,7 +30,6 @@ import json
 import os
 import re
 import shutil
-import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
