@@ -86,8 +86,9 @@ def memory_rank(group, surfels):
     import torch
 
     from splat.config import DEFAULT_CONFIG
-    from splat.distributed.model import shard_of
+    from splat.distributed.sharded_model import shard_of
     from splat.model import num_sh_bases
+    from splat.state import PrimitiveState
     from splat.strategy import make_strategy
     from splat.trainer import make_optimizers
 
@@ -104,11 +105,13 @@ def memory_rank(group, surfels):
     for opt in optimizers.values():
         opt.step()  # allocates the moments
     strategy = make_strategy(DEFAULT_CONFIG["strategy"], 1.0, group=group)
+    state = PrimitiveState(model, optimizers)
+    strategy.bind(state)
     strategy._reset_stats(model.num_gaussians)
     tensors = list(model.params.values()) + [p.grad for p in model.params.values()] + [model.ids]
     tensors += [v for opt in optimizers.values() for st in opt.state.values() for v in st.values()
                 if torch.is_tensor(v) and v.dim() > 0]
-    tensors += list(strategy.row_state(model.num_gaussians).values())
+    tensors += [v for k in state.stat_names() if (v := state.stat(k)) is not None]
     return {"surfels": model.num_gaussians, "bytes": sum(t.numel() * t.element_size() for t in tensors)}
 
 

@@ -52,14 +52,14 @@ def checkpoint_steps(ckpt_dir: Path):
 
 
 def newest_step(out: Path):
-    from splat.distributed.checkpoint import load_latest_checkpoint
+    from splat.checkpoints import load_latest_checkpoint
 
     ckpt = load_latest_checkpoint(out)
     return None if ckpt is None else int(ckpt["step"])
 
 
 def final_params(out: Path):
-    from splat.distributed.checkpoint import load_latest_checkpoint
+    from splat.checkpoints import load_latest_checkpoint
 
     return load_latest_checkpoint(out)["params"]
 

@@ -19,8 +19,8 @@ def load_run(model_dir, data: Optional[str] = None, overrides=()):
     """
     from .data import load_scene_from_config
     from .model import GaussianModel, load_ply
-    from .checkpoint import read_run_file
-    from .distributed.checkpoint import load_latest_checkpoint
+    from .run_folder import read_run_file
+    from .checkpoints import load_latest_checkpoint
     from .config import load_config
 
     model_dir = Path(model_dir)

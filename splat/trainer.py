@@ -1,6 +1,8 @@
 """The training loop: initialisation, optimisation, metrics.
 
-Config: ``splat/config.py``; checkpoints and atomic writes: ``splat/checkpoint.py``.
+Config: ``splat/config.py``; the output folder and atomic writes:
+``splat/run_folder.py``; checkpoints: ``splat/checkpoints.py``; the
+per-primitive state: ``splat/state.py``.
 
 No argument parsing here (see ``train.py``).  Typical use::
 
@@ -50,27 +52,16 @@ from typing import Callable, Dict, Sequence
 
 import torch
 
-from .checkpoint import (
-    RunLock,
-    atomic_write,
-    atomic_write_bytes,
-    check_out_dir,
-    checkpoint_path,
-    claim_out_dir,
-    clean_temp_files,
-    rng_state,
-    run_identity,
-    save_config,
-    seed_everything,
-    set_rng_state,
-)
+from .run_folder import (RunLock, atomic_write_bytes, check_out_dir, claim_out_dir, clean_temp_files, run_identity,
+                         save_config)
 from .appearance import make_appearance, make_optimizer
 from .config import check_config
 from .distributed import Group, from_environment, leave
-from .distributed.checkpoint import load_latest_checkpoint, prune as prune_checkpoints, save_sharded
+from .checkpoints import checkpoint_state, load_latest_checkpoint, save_checkpoint, seed_everything, set_rng_state
+from .distributed.collectives import all_counts
 from .distributed.group import all_gather_objects, on_main
-from .distributed.model import whole_model
-from .distributed.shard import all_counts, rebalance
+from .distributed.sharded_model import whole_model
+from .distributed.shard import rebalance
 from .evaluation import check_eval_masks, evaluate_frames
 from .errors import RunStateError, SplatInputError
 from .model import GaussianModel, save_ply
@@ -78,6 +69,7 @@ from .optimizers import make_optimizers  # noqa: F401 (re-exported)
 from .progress import LogLines, format_duration, summary_line, use_progress_bar  # noqa: F401 (re-exported)
 from .devices import peak_memory_mb, resolve_device  # noqa: F401 (re-exported)
 from .model_render import render_frame
+from .state import PrimitiveState
 from .strategy import make_strategy
 from .training.batch_rendering import camera_of, make_batch_rendering
 from .training.capability import check_distributed
@@ -180,11 +172,15 @@ class Trainer:
         if self.appearance is not None:
             self.optimizers["appearance"] = make_optimizer(self.appearance, cfg["train"]["appearance_lr"])
         self.strategy = make_strategy(cfg["strategy"], self.scene_radius, seed=cfg["seed"], group=self.group)
+        # The one table of per-primitive state (parameters, moments, ids, statistics).
+        self.state = PrimitiveState(self.model, self.optimizers)
+        self.strategy.bind(self.state)
         if ckpt is not None:
             if self.appearance is not None:
                 self.appearance.load_state_dict(ckpt["appearance"])
             for name, opt in self.optimizers.items():
                 opt.load_state_dict(ckpt["optimizers"][name])
+            self.state.load_state_dict(ckpt)
             self.strategy.load_state_dict(ckpt["strategy"])
             set_rng_state(ckpt["rng"])
             self.step = int(ckpt["step"])
@@ -224,25 +220,11 @@ class Trainer:
         Returns the logging terms, averaged over the batch's cameras."""
         cfg, group, model = self.cfg, self.group, self.model
         sums = self.batch_step(model, self.optimizers, self.strategy, self.appearance, step)
-        self._check_ids()
-        rebalance(model, self.optimizers, self.strategy, group, cfg["distributed"]["max_imbalance"])
+        self.state.check_ids(group.distributed)
+        rebalance(self.state, group, cfg["distributed"]["max_imbalance"])
         terms, self._surfels_total, exchanged = sums.reduce(model.num_gaussians, group)
         self.exchange_bytes += exchanged
         return terms
-
-    def _check_ids(self) -> None:
-        """A strategy that edits rows without their ids (a custom one, through
-        :func:`splat.strategy.update_params` alone) leaves them stale: one
-        process numbers its rows afresh (their order is all a render needs
-        there); several processes cannot, and stop with an error."""
-        model = self.model
-        if len(model.ids) == model.num_gaussians:
-            return
-        if self.group.distributed:
-            raise RunStateError(f"strategy.name={self.cfg['strategy']['name']}: the strategy changed the number of "
-                                "surfels without their ids (model.ids), which several processes need")
-        model.ids = torch.arange(model.num_gaussians)
-        model.next_id = model.num_gaussians
 
     def train(self) -> dict:
         """Run (or continue) training to ``train.iterations``; write outputs;
@@ -323,7 +305,7 @@ class Trainer:
         return sum(all_counts(self.model.num_gaussians, self.group))
 
     def whole_model(self):
-        """:func:`splat.distributed.model.whole_model` of this run (collective)."""
+        """:func:`splat.distributed.sharded_model.whole_model` of this run (collective)."""
         return whole_model(self.model, self.group)
 
     # ------------------------------------------------------ checkpoints
@@ -331,32 +313,9 @@ class Trainer:
         """Writes this step's checkpoint (several processes: this rank's shard,
         and the manifest from rank 0 once all are written) and deletes the
         ones beyond ``checkpoint.keep``."""
-        state = {
-            "step": self.step,
-            "sh_degree": self.model.sh_degree,
-            "params": {k: v.cpu() for k, v in self.model.raw_state().items()},
-            "optimizers": {k: o.state_dict() for k, o in self.optimizers.items()},
-            "strategy": self.strategy.state_dict(),
-            "appearance": None if self.appearance is None else {
-                k: v.detach().cpu() for k, v in self.appearance.state_dict().items()},
-            "rng": rng_state(),
-            "train_seconds": self.train_seconds,
-            "config": self.cfg,
-            "run_id": self.run_id,
-            "ids": self.model.ids.clone(),
-            "next_id": self.model.next_id,
-            "rank": self.group.rank,
-            "world_size": self.group.world_size,
-        }
-        if self.group.distributed:
-            path = save_sharded(self.out_dir, state, self.group)
-            if self.group.is_main:
-                prune_checkpoints(self.out_dir, self.run_id, self.step, self.cfg["checkpoint"]["keep"])
-            return path
-        path = checkpoint_path(self.out_dir, self.step, self.run_id)
-        atomic_write(path, lambda f: torch.save(state, f))
-        prune_checkpoints(self.out_dir, self.run_id, self.step, self.cfg["checkpoint"]["keep"])
-        return path
+        state = checkpoint_state(self.step, self.state, self.optimizers, self.strategy, self.appearance,
+                                 self.train_seconds, self.cfg, self.run_id, self.group)
+        return save_checkpoint(self.out_dir, state, self.cfg["checkpoint"]["keep"], self.group)
 
     # ------------------------------------------------------- evaluation
     @torch.no_grad()

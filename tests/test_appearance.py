@@ -17,7 +17,7 @@ import torch
 from test_train import make_tiny_scene, teacher_model, tiny_config  # tests/ is on sys.path under pytest
 
 from splat.appearance import AffineAppearance, fit_affine
-from splat.distributed.checkpoint import load_latest_checkpoint
+from splat.checkpoints import load_latest_checkpoint
 from splat.config import load_config
 from splat.data import load_scene_from_config
 from splat.errors import ConfigError

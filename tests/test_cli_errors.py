@@ -242,7 +242,7 @@ def test_train_sigterm_is_one_line_and_keeps_checkpoints(scene, tmp_path):
     """SIGTERM to train.py (with pycolmap imported, as when it triangulates) ends
     it like Ctrl+C: one line, exit code 143, the checkpoints kept for --resume."""
     pytest.importorskip("pycolmap")
-    from splat.checkpoint import list_checkpoints
+    from splat.run_folder import list_checkpoints
 
     out = tmp_path / "out"
     code = ("import runpy, sys\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from splat.distributed.checkpoint import merge_shards, slice_rows
+from splat.state import PrimitiveState
 from splat.distributed.shard import balanced_slice, imbalance, rebalance_plan
 from splat.keyed_random import BACKGROUND_STREAM, SPLIT_STREAM, keyed_normal, keyed_uniform
 
@@ -53,18 +53,20 @@ def _shard(ids, n_moment_rows=None):
     opt = {k: {"state": {0: {"step": torch.tensor(5.0), "exp_avg": v * 2, "exp_avg_sq": v * 3}},
                "param_groups": [{"lr": 1.0, "params": [0]}]} for k, v in params.items()}
     return {"step": 5, "params": params, "optimizers": opt, "ids": ids, "next_id": 100,
-            "strategy": {"grad2d": ids.float() * 10, "count": torch.ones(n), "radii": torch.zeros(n), "stats": {}}}
+            "row_stats": {"grad2d": ids.float() * 10, "count": torch.ones(n), "radii": torch.zeros(n)},
+            "strategy": {"stats": {}}}
 
 
 def test_merging_shards_sorts_by_id_and_slicing_keeps_rows_together():
-    whole = merge_shards([_shard(torch.tensor([4, 0, 9])), _shard(torch.tensor([2, 7]))])
+    whole = PrimitiveState.merge([_shard(torch.tensor([4, 0, 9])), _shard(torch.tensor([2, 7]))])
     assert whole["ids"].tolist() == [0, 2, 4, 7, 9] and whole["next_id"] == 100
     assert whole["params"]["opacities"].tolist() == [0, 2, 4, 7, 9]
     assert whole["optimizers"]["means"]["state"][0]["exp_avg"][:, 0].tolist() == [0, 4, 8, 14, 18]
-    assert whole["strategy"]["grad2d"].tolist() == [0, 20, 40, 70, 90]
-    part = slice_rows(whole, 2, 4)
-    assert part["ids"].tolist() == [4, 7] and part["params"]["means"][:, 0].tolist() == [4, 7]
-    assert part["optimizers"]["opacities"]["state"][0]["exp_avg_sq"].tolist() == [12, 21]
+    assert whole["row_stats"]["grad2d"].tolist() == [0, 20, 40, 70, 90]
+    part = PrimitiveState.slice(whole, 2, 1)  # rank 1 of 2: rows [2, 5)
+    assert part["ids"].tolist() == [4, 7, 9] and part["params"]["means"][:, 0].tolist() == [4, 7, 9]
+    assert part["optimizers"]["opacities"]["state"][0]["exp_avg_sq"].tolist() == [12, 21, 27]
+    assert part["row_stats"]["grad2d"].tolist() == [40, 70, 90]
     assert part["optimizers"]["opacities"]["state"][0]["step"] == 5
 
 
@@ -85,7 +87,10 @@ def test_densification_keeps_one_process_rows_in_id_order(tmp_path):
                            "scales": scales, "opacities": torch.zeros(n), "sh0": torch.zeros(n, 1, 3),
                            "shN": torch.zeros(n, 0, 3)}, 0)
     opts = make_optimizers(model, DEFAULT_CONFIG["train"]["lr"], 1.0)
-    s = DefaultStrategy(scene_radius=1.0, grow_grad2d=0.0, refine_start=0, refine_every=1, seed=3)
+    from splat.config import StrategyConfig
+
+    s = DefaultStrategy(StrategyConfig(grow_grad2d=0.0, refine_start=0, refine_every=1), scene_radius=1.0, seed=3)
+    s.bind(PrimitiveState(model, opts))
     s._reset_stats(n)
     s.grad2d[::2] = 1.0  # every other surfel grows
     s.count[:] = 1
@@ -108,7 +113,7 @@ def test_a_strategy_that_forgets_ids_gets_them_renumbered_on_one_process(tmp_pat
     try:
         keep = torch.arange(0, trainer.model.num_gaussians, 2)
         update_params(trainer.model, trainer.optimizers, lambda _n, p: p[keep], lambda _k, v: v[keep])
-        trainer._check_ids()
+        trainer.state.check_ids(distributed=False)
         assert trainer.model.ids.tolist() == list(range(len(keep))) and trainer.model.next_id == len(keep)
         trainer.train_step(1)
     finally:

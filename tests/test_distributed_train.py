@@ -166,10 +166,66 @@ def test_resume_same_world_size_is_bitwise_and_other_sizes_reshard(scene, one_pr
     assert_same_model(run(2, cfg, one, resume=True)[0], one_process)
 
 
+def tag_rank(group, cfg, out, resume=False, stop_at=None):
+    """One rank's run with a custom strategy; returns its rows' ids and tags."""
+    from splat.strategy import Strategy
+    from splat.trainer import Trainer
+
+    class Tags(Strategy):
+        """One per-row statistic registered in the table, ``tag`` = 1000 * id
+        + the steps its row has seen, checked against the ids every step; at
+        step 4 it prunes the first quarter of the ids (all on rank 0) and
+        those 1 mod 5, so that the shards drift apart and are rebalanced."""
+
+        def bind(self, state):
+            super().bind(state)
+            state.register("tag")
+
+        def step_post_backward(self, model, optimizers, out, step):
+            state = self.table(model, optimizers)
+            tag = state.stat("tag")
+            if tag is None:
+                tag = state.ids.double() * 1000
+            assert torch.equal(torch.div(tag, 1000, rounding_mode="floor").long().cpu(), state.ids), step
+            state.set_stat("tag", tag + 1)
+            if step == 4:
+                state.keep((state.ids >= state.next_id // 4) & (state.ids.remainder(5) != 1))
+
+    def stop(trainer, step, terms):
+        if stop_at is not None and step == stop_at:
+            raise Stop()
+
+    trainer = Trainer(cfg, out, resume=resume, callbacks=[stop], group=group)
+    trainer.strategy = Tags()
+    trainer.strategy.bind(trainer.state)
+    try:
+        trainer.train()
+    except Stop:
+        return {"stopped": True}
+    return {"ids": trainer.model.ids.tolist(), "tags": trainer.state.stat("tag").tolist()}
+
+
+@pytest.mark.parametrize("worlds", [(2, 1), (1, 2)])
+def test_a_custom_strategys_statistics_are_resplit_on_resume(scene, tmp_path, worlds):
+    """A custom strategy's per-row statistic registered in the table moves
+    with its rows (rebalance) and is re-split when the run resumes on
+    another number of processes: every row's tag still counts every step."""
+    first, second = worlds
+    cfg = config(scene, 12, ["strategy.name=none", "checkpoint.every=5"])
+    out = tmp_path / "run"
+    stopped = run_ranks(tag_rank, first, tmp_path / "ranks_a", cfg, str(out), False, 7, timeout_s=600)
+    assert all(r["stopped"] for r in stopped)
+    ranks = run_ranks(tag_rank, second, tmp_path / "ranks_b", cfg, str(out), True, None, timeout_s=600)
+    ids = [i for r in ranks for i in r["ids"]]
+    tags = [t for r in ranks for t in r["tags"]]
+    assert ids and not any(i % 5 == 1 for i in ids) and min(ids) >= 4
+    assert tags == [1000 * i + 12 for i in ids]  # resumed at step 5: the first 5 steps came with the checkpoint
+
+
 def test_incomplete_checkpoint_is_ignored(scene, tmp_path):
     """A shard folder without its manifest (a rank killed while writing) does
     not count: the run resumes from the last complete checkpoint."""
-    from splat.distributed.checkpoint import load_latest_checkpoint
+    from splat.checkpoints import load_latest_checkpoint
 
     cfg = config(scene, 100, ["checkpoint.every=50"])
     out = tmp_path / "run"
@@ -310,7 +366,7 @@ def test_a_killed_rank_stops_the_others_with_one_line_and_resume_continues(scene
     assert_rank_0_stopped_with_one_line(err)
     assert not Path(f"/proc/{workers[0]}").exists() or _rank_of(workers[0]) is None, "rank 0 left running"
 
-    from splat.distributed.checkpoint import load_latest_checkpoint
+    from splat.checkpoints import load_latest_checkpoint
 
     last = load_latest_checkpoint(out)["step"]
     resume = [a if not a.startswith("100000") else str(last + 10) for a in cmd] + ["--resume"]

@@ -1,4 +1,4 @@
-"""Run identity and checkpoints (splat/checkpoint.py): a folder holds one run,
+"""Run identity and checkpoints (splat/run_folder.py, splat/checkpoints.py): a folder holds one run,
 resume takes only that run's checkpoints, and the keep policy never lets a
 foreign or corrupt file push a valid checkpoint out."""
 
@@ -11,13 +11,13 @@ import torch
 
 from test_train import make_tiny_scene, tiny_config  # tests/ is on sys.path under pytest
 
-from splat.checkpoint import (
+from splat.run_folder import (
     RESUMABLE_KEYS,
     checkpoint_path,
     checkpoint_step,
     list_checkpoints,
 )
-from splat.distributed.checkpoint import load_latest_checkpoint, prune as prune_checkpoints
+from splat.checkpoints import load_latest_checkpoint, prune as prune_checkpoints
 from splat.errors import RunStateError
 from splat.trainer import Trainer
 
@@ -78,7 +78,7 @@ def test_resume_refuses_another_runs_checkpoint(scene, tmp_path):
 
 def test_resume_allows_the_declared_changes(scene, tmp_path):
     """train.iterations, checkpoint.*, log.*, device, render.backend/depth, eval.*, distributed.* and
-    the data's location may change on resume (splat.checkpoint.RESUMABLE_KEYS)."""
+    the data's location may change on resume (splat.run_folder.RESUMABLE_KEYS)."""
     assert set(RESUMABLE_KEYS) == {"train.iterations", "checkpoint", "log", "device", "render.backend",
                                    "render.depth", "eval", "data.path", "distributed"}
     out = tmp_path / "run"

@@ -1,10 +1,14 @@
 """Package structure: no import cycles between splat's modules.
 
 Every ``import`` statement counts, including the lazy ones inside functions
-(a lazy import hides a cycle, it does not remove it).  Not counted: a
-package's ``__init__`` importing its own submodules (it is their namespace:
-``splat/__init__.py`` re-exports ``splat.rasterize``, ``splat.strategy``
-builds ``splat.strategy.default`` by name).
+(a lazy import hides a cycle, it does not remove it), and so does a
+package's ``__init__``: its imports of its own submodules are edges like
+any other, and ``from PKG import name`` depends on ``PKG``'s ``__init__``
+unless ``name`` is a submodule (or a compiled extension) of PKG.  Importing
+``a.b.c`` also runs the ``__init__`` of ``a.b`` and ``a``; that counts too,
+except for the importing module's own enclosing packages (Python has begun
+them before it).  So a submodule that takes a name from its package's
+``__init__`` while that ``__init__`` imports the submodule is a cycle.
 """
 
 from __future__ import annotations
@@ -22,34 +26,52 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _imports(path: Path, name: str, modules: set) -> set:
+def _extension_modules() -> set:
+    """Compiled modules (``splat/_C*.so``): importable, not parsed."""
+    found = set()
+    for pattern in ("*.so", "*.pyd"):
+        for p in PKG.rglob(pattern):
+            parts = list(p.relative_to(PKG.parent).parts)
+            found.add(".".join(parts[:-1] + [parts[-1].split(".")[0]]))
+    return found
+
+
+def _imports(path: Path, name: str, modules: set, extensions: frozenset = frozenset()) -> set:
+    """The modules of ``modules`` that module ``name`` (file ``path``)
+    depends on (see the module doc)."""
     is_pkg = path.name == "__init__.py"
     base = name.split(".") if is_pkg else name.split(".")[:-1]
-    out = set()
+    explicit = []  # modules whose body this import needs
     for node in ast.walk(ast.parse(path.read_text())):
-        targets = []
         if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
+            explicit += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 root = ".".join(base[: len(base) - node.level + 1])
                 mod = f"{root}.{node.module}" if node.module else root
             else:
                 mod = node.module or ""
-            targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
-        for t in targets:
-            own_submodule = is_pkg and t.startswith(name + ".")
-            if t in modules and t != name and not own_submodule:
-                out.add(t)
+            for a in node.names:
+                sub = f"{mod}.{a.name}"
+                # A submodule, or a name out of mod's own namespace (its __init__ for a package).
+                explicit.append(sub if sub in modules or sub in extensions else mod)
+    out = {t for t in explicit if t in modules and t != name}
+    for t in explicit:  # the enclosing packages' __init__ run first, except this module's own
+        out |= {p for p in _enclosing(t) if p in modules and not name.startswith(p + ".") and p != name}
     return out
+
+
+def _enclosing(module: str) -> list:
+    """The packages above ``module`` (``a.b.c`` -> ``a.b``, ``a``)."""
+    parts = module.split(".")
+    return [".".join(parts[:k]) for k in range(len(parts) - 1, 0, -1)]
 
 
 def import_graph() -> dict:
     files = {_module_name(p): p for p in PKG.rglob("*.py")}
     modules = set(files)
-    return {m: _imports(p, m, modules) for m, p in files.items()}
-
-
+    extensions = frozenset(_extension_modules())
+    return {m: _imports(p, m, modules, extensions) for m, p in files.items()}
 def find_cycle(graph: dict):
     """One import cycle as a list of modules, or None."""
     state = {}  # 1 visiting, 2 done
@@ -112,3 +134,20 @@ def test_no_two_modules_in_splat_share_a_name_with_render():
     names = [p.stem for p in PKG.rglob("*.py") if p.stem == "render"]
     assert not names, [str(p) for p in PKG.rglob("render.py")]
 
+
+def test_a_package_init_counts(tmp_path):
+    """A submodule that imports a name from its package's ``__init__``,
+    which imports the submodule (even lazily), is a cycle; a submodule
+    imported by name from its package is not a dependency on the package."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("def helper():\n    pass\n\ndef lazy():\n    from . import sub\n")
+    (pkg / "sub.py").write_text("from . import helper\n")
+    (pkg / "other.py").write_text("from . import sub\n")
+    modules = {"pkg", "pkg.sub", "pkg.other"}
+    assert _imports(pkg / "__init__.py", "pkg", modules) == {"pkg.sub"}
+    assert _imports(pkg / "sub.py", "pkg.sub", modules) == {"pkg"}
+    assert _imports(pkg / "other.py", "pkg.other", modules) == {"pkg.sub"}
+    graph = {m: _imports(pkg / (m.split(".")[-1] + ".py" if "." in m else "__init__.py"), m, modules)
+             for m in modules}
+    assert find_cycle(graph) == ["pkg", "pkg.sub", "pkg"]

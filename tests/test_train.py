@@ -24,10 +24,12 @@ import pytest
 import torch
 
 from splat.model import GaussianModel, quat_to_rotmat, rgb_to_sh
+from splat.config import StrategyConfig
 from splat.strategy import update_params
+from splat.state import PrimitiveState
 from splat.strategy.default import DefaultStrategy
-from splat.checkpoint import atomic_write, list_checkpoints
-from splat.distributed.checkpoint import load_latest_checkpoint
+from splat.run_folder import atomic_write, list_checkpoints
+from splat.checkpoints import load_latest_checkpoint
 from splat.config import DEFAULT_CONFIG, load_config
 from splat.errors import ConfigError
 from splat.trainer import Trainer
@@ -237,11 +239,27 @@ def test_update_params_keeps_optimizer_state_aligned():
         o.step()
 
 
+def test_strategy_takes_its_config_section():
+    """DefaultStrategy's thresholds come from StrategyConfig (the only place
+    their defaults are declared); make_strategy takes the config's section
+    as a dict or a StrategyConfig, and names an unknown key."""
+    from splat.config import DEFAULT_CONFIG
+    from splat.strategy import make_strategy
+
+    assert DefaultStrategy().cfg == StrategyConfig()
+    s = make_strategy(dict(DEFAULT_CONFIG["strategy"], refine_every=7), 2.0, seed=3)
+    assert isinstance(s, DefaultStrategy) and s.cfg.refine_every == 7 and s.scene_radius == 2.0 and s.seed == 3
+    assert make_strategy(StrategyConfig(prune_opa=0.2), 1.0).cfg.prune_opa == 0.2
+    with pytest.raises(ValueError, match="strategy.bogus"):
+        make_strategy({"name": "default", "bogus": 1}, 1.0)
+
+
 def test_default_strategy_clone_split_prune_reset():
     model = _toy_model(6)
     opts = _toy_optimizers(model)
-    s = DefaultStrategy(scene_radius=1.0, grow_grad2d=0.1, grow_scale3d=0.1, prune_opa=0.3,
-                        refine_start=0, refine_every=1, reset_every=1000)
+    s = DefaultStrategy(StrategyConfig(grow_grad2d=0.1, grow_scale3d=0.1, prune_opa=0.3, refine_start=0,
+                                       refine_every=1, reset_every=1000), scene_radius=1.0)
+    s.bind(PrimitiveState(model, opts))
     # surfels 0, 1 have high gradients; 1 is large (split), 0 small (clone); 5 is transparent (prune)
     with torch.no_grad():
         model.params["scales"][1] = math.log(0.5)

@@ -287,7 +287,7 @@ def _write_ply(path: Path, xyz: np.ndarray):
 
 
 def test_ply_with_zero_points_means_no_point_cloud(tmp_path, capsys):
-    from splat.checkpoint import scene_fingerprint
+    from splat.run_folder import scene_fingerprint
 
     root = write_transforms(tmp_path / "s", fx.make_scene(n_views=3), ply_file_path="empty.ply")
     _write_ply(root / "empty.ply", np.zeros((0, 3)))
@@ -300,7 +300,7 @@ def test_ply_with_zero_points_means_no_point_cloud(tmp_path, capsys):
 
 def test_fingerprint_of_an_empty_point_cloud():
     """checkpoint._sha256_tensor took memoryview casts of empty arrays for an error."""
-    from splat.checkpoint import scene_fingerprint
+    from splat.run_folder import scene_fingerprint
 
     empty = SceneData(train=[], test=[], points=torch.zeros(0, 3), point_colors=torch.zeros(0, 3), layout="colmap")
     assert scene_fingerprint(empty) != scene_fingerprint(dataclasses.replace(empty, points=None, point_colors=None))

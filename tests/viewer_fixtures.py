@@ -64,7 +64,7 @@ def tilted_wall(viewmat: torch.Tensor, nx: int = 14, ny: int = 10, depth: float 
 def make_viewer_run(out: Path, **wall) -> Path:
     """``out`` as a finished training output folder: config.yaml (the sample scene) +
     point_cloud.ply (:func:`tilted_wall` with the keyword arguments ``wall``)."""
-    from splat.checkpoint import save_config
+    from splat.run_folder import save_config
     from splat.config import load_config
     from splat.model import save_ply
 

@@ -205,7 +205,7 @@ def _mask_for_undistortion(m: np.ndarray, cache_dir) -> Path:
 
     from PIL import Image
 
-    from ..checkpoint import atomic_write_bytes
+    from ..run_folder import atomic_write_bytes
 
     q = np.round(m * 65535.0).astype(np.uint16)  # [H, W]
     name = hashlib.sha256(f"{q.shape}".encode() + q.tobytes()).hexdigest()[:32]

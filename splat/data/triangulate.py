@@ -198,7 +198,7 @@ def triangulate_scene(frames: Sequence, cache_dir: Optional[os.PathLike] = None,
     DataError when the cache folder cannot be written."""
     import pycolmap  # noqa: F401  (ImportError before any work)
 
-    from ..checkpoint import atomic_write
+    from ..run_folder import atomic_write
 
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     out = cache / "triangulated" / f"{_cache_key(frames)}.npz"

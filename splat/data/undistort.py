@@ -323,7 +323,7 @@ def _cache_key(src: Path, cam: LensCamera, new_cam: LensCamera, kind: str) -> st
 
 def _write_png(path: Path, rgb: np.ndarray, alpha: np.ndarray, bits: int) -> None:
     """Atomic PNG write of float ``rgb [H, W, C]`` (+ alpha when any is < 1)."""
-    from ..checkpoint import atomic_write_bytes
+    from ..run_folder import atomic_write_bytes
 
     cv2 = _cv2()
     img = rgb if rgb.ndim == 3 else rgb[..., None]

@@ -1,4 +1,4 @@
-"""Rows of a tensor sent between ranks, inside the autograd graph (issue 23).
+"""Rows of a tensor sent between ranks, inside the autograd graph.
 
 :func:`exchange_rows` is one ``all_to_all_single``: rank r sends
 ``send_counts[d]`` consecutive rows of its input to each rank d and
@@ -18,6 +18,7 @@ from typing import Sequence
 
 import torch
 
+from .collectives import comm_device
 from .group import Group
 
 
@@ -49,11 +50,6 @@ def exchange_rows(x: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequ
     if x.is_floating_point() and torch.is_grad_enabled() and x.requires_grad:
         return _ExchangeRows.apply(x, tuple(int(c) for c in send_counts), tuple(int(c) for c in recv_counts), group)
     return _all_to_all(x, send_counts, recv_counts, group)
-
-
-def comm_device(group: Group) -> torch.device:
-    """Where small bookkeeping tensors of a collective must live: NCCL moves GPU memory only."""
-    return group.device if group.backend == "nccl" else torch.device("cpu")
 
 
 def _all_to_all(x, send_counts, recv_counts, group):

@@ -20,7 +20,7 @@ went, so its error names it too.  A rank that ends normally says so in the
 store and is never reported.
 
 Checkpoints are unaffected: one counts only once its manifest exists
-(:mod:`splat.distributed.checkpoint`), so ``--resume`` continues from the
+(:mod:`splat.checkpoints`), so ``--resume`` continues from the
 last complete one.
 """
 from __future__ import annotations

@@ -1,13 +1,16 @@
-"""Densification strategies: when and how surfels are added and removed.
+"""Densification strategies: when and how primitives are added and removed.
 
 A strategy sees the model, its optimisers and each step's rasterizer output,
-and may replace the model's parameters (clone / split / prune / reset).  It
-owns every piece of state it needs (gradient accumulators, ...) and exposes it
-through ``state_dict`` / ``load_state_dict`` so checkpoints can resume it.
+and edits the primitives (clone / split / prune / reset) through the run's
+table of per-primitive state, :class:`splat.state.PrimitiveState`, which
+keeps parameters, Adam moments, ids and the strategy's registered per-row
+statistics aligned (and moves them between processes and into
+checkpoints).  Other state goes through ``state_dict`` / ``load_state_dict``.
 
-The trainer calls, every step (:class:`splat.training.step.BatchStep`),
-with one :class:`Visibility` per camera of the step's B cameras
-(``train.batch_size``), whether they render one by one or together::
+The trainer calls :meth:`Strategy.bind` with the table once, then, every step
+(:class:`splat.training.step.BatchStep`), with one :class:`Visibility` per camera
+of the step's B cameras (``train.batch_size``), whether they render one by one or
+together::
 
     render the B cameras, their losses
     strategy.step_pre_backward(model, optimizers, seen, step)    # per camera
@@ -16,69 +19,28 @@ with one :class:`Visibility` per camera of the step's B cameras
     strategy.step_post_backward(model, optimizers, seen, step)   # B > 1: the list of the B
 
 ``optimizers`` is a dict ``{param name: torch.optim.Adam}``, one optimiser per
-parameter, so a strategy can edit one parameter's Adam moments at a time.
-Use :func:`update_params` to change parameters: it keeps the optimiser state
-consistent with the new rows.
+parameter.  A custom strategy edits rows with the table's
+``keep`` / ``take`` / ``append`` / ``set_rows`` and registers its statistics
+with ``register`` / ``set_stat``; :func:`update_params` (parameters and
+moments only, ids left stale) is kept for strategies written before the table.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, NamedTuple
+import dataclasses
+from typing import Callable, Dict, Union
 
 import torch
-from torch import nn
 
-__all__ = ["Strategy", "Visibility", "visibility", "update_params", "make_strategy"]
+from ..config import StrategyConfig
+from ..state import PrimitiveState
+from .base import Strategy, Visibility, visibility
+from .default import DefaultStrategy
 
-
-class Visibility(NamedTuple):
-    """What densification reads of one camera's render: ``means2d`` [N, 2]
-    (its ``.grad`` after backward), ``radii`` [N] (0: not drawn) and the
-    image size.  :func:`visibility` makes one from a rasterizer output; the
-    multi-process trainer makes them from :func:`splat.distributed.render_sharded`."""
-
-    means2d: torch.Tensor
-    radii: torch.Tensor
-    width: int
-    height: int
+__all__ = ["Strategy", "Visibility", "visibility", "update_params", "make_strategy", "DefaultStrategy",
+           "strategy_config"]
 
 
-def visibility(out) -> Visibility:
-    """``out`` as a :class:`Visibility` (a rasterizer output or one already)."""
-    if isinstance(out, Visibility):
-        return out
-    return Visibility(out.means2d, out.radii, int(out.rgb.shape[1]), int(out.rgb.shape[0]))
-
-
-class Strategy:
-    """Base class: does nothing (a fixed set of surfels)."""
-
-    def row_state(self, n: int) -> Dict[str, torch.Tensor]:
-        """The strategy's per-surfel tensors ([n, ...]) that must move with
-        their surfels between processes (issue 23)."""
-        return {}
-
-    def set_row_state(self, rows: Dict[str, torch.Tensor]) -> None:
-        """Takes back :meth:`row_state`'s tensors after their rows moved."""
-
-    def step_pre_backward(self, model, optimizers: Dict, out, step: int) -> None:
-        """Called after rendering, before ``loss.backward()``: ``out`` is the
-        camera's :class:`Visibility` (:mod:`splat.training.batch_rendering`)."""
-
-    def step_post_backward(self, model, optimizers: Dict, out, step: int) -> None:
-        """Called after the optimiser step with the camera's
-        :class:`Visibility`; ``out.means2d.grad`` is populated.  With
-        ``train.batch_size`` B > 1, ``out`` is the list of the step's B
-        visibilities, and each gradient is that of its camera's loss over B."""
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
-
-
-@torch.no_grad()
 def update_params(
     model,
     optimizers: Dict[str, torch.optim.Optimizer],
@@ -86,43 +48,42 @@ def update_params(
     optim_fn: Callable[[str, torch.Tensor], torch.Tensor],
     names=None,
 ) -> None:
-    """Replace parameters and remap their Adam moments row-wise.
+    """Replace parameters and remap their Adam moments row-wise
+    (:meth:`splat.state.PrimitiveState.edit_params`).
 
     ``param_fn(name, p)`` returns the new data for parameter ``name``;
     ``optim_fn(key, v)`` returns the new value of a per-row optimiser state
-    tensor ``v`` (``exp_avg``/``exp_avg_sq``), e.g. ``v[keep]`` for pruning or
-    ``torch.cat([v, zeros])`` for growth.  Scalar state (Adam's ``step``) is
-    left as is.
+    tensor ``v`` (``exp_avg``/``exp_avg_sq``), e.g. ``v[keep]`` for pruning.
+    Scalar state (Adam's ``step``) is left as is.  Ids and statistics are
+    not edited: with a changed row count one process renumbers the rows,
+    several processes stop (:meth:`~splat.state.PrimitiveState.check_ids`);
+    use the table's row edits instead.
     """
-    names = list(model.params.keys()) if names is None else names
-    for name in names:
-        old = model.params[name]
-        new = nn.Parameter(param_fn(name, old.data).contiguous(), requires_grad=old.requires_grad)
-        opt = optimizers.get(name) if optimizers is not None else None
-        if opt is not None:
-            group = opt.param_groups[0]
-            assert len(group["params"]) == 1 and group["params"][0] is old, name
-            state = opt.state.pop(old, None)
-            if state is not None:
-                for key, v in list(state.items()):
-                    if key != "step" and torch.is_tensor(v) and v.dim() > 0:
-                        state[key] = optim_fn(key, v).contiguous()
-                opt.state[new] = state
-            group["params"][0] = new
-        model.params[name] = new
+    PrimitiveState(model, optimizers).edit_params(param_fn, optim_fn, names)
 
 
-def make_strategy(cfg: dict, scene_radius: float, seed: int = 0, group=None) -> Strategy:
-    """Build the strategy named by ``cfg["name"]`` (``default`` or ``none``);
+def strategy_config(cfg: Union[StrategyConfig, dict]) -> StrategyConfig:
+    """``cfg`` (the config's ``strategy`` section, a dict or already a
+    :class:`splat.config.StrategyConfig`) as a StrategyConfig; unset fields
+    take the declared defaults."""
+    if isinstance(cfg, StrategyConfig):
+        return cfg
+    known = {f.name for f in dataclasses.fields(StrategyConfig)}
+    unknown = sorted(set(cfg) - known)
+    if unknown:
+        raise ValueError(f"strategy.{unknown[0]}: unknown key (expected one of {', '.join(sorted(known))})")
+    return StrategyConfig(**cfg)
+
+
+def make_strategy(cfg: Union[StrategyConfig, dict], scene_radius: float, seed: int = 0, group=None) -> Strategy:
+    """Build the strategy named by ``cfg.name`` (``default`` or ``none``)
+    from the config's ``strategy`` section (:func:`strategy_config`);
     ``seed`` keys its randomness, ``group`` (a
     :class:`splat.distributed.Group`; default: one process) is the set of
-    processes whose surfels it densifies together."""
-    name = cfg.get("name", "default")
-    if name == "none":
+    processes whose primitives it densifies together."""
+    cfg = strategy_config(cfg)
+    if cfg.name == "none":
         return Strategy()
-    if name == "default":
-        from .default import DefaultStrategy
-
-        kwargs = {k: v for k, v in cfg.items() if k != "name"}
-        return DefaultStrategy(scene_radius=scene_radius, seed=seed, group=group, **kwargs)
-    raise ValueError(f"unknown strategy {name!r} (expected 'default' or 'none')")
+    if cfg.name == "default":
+        return DefaultStrategy(cfg, scene_radius=scene_radius, seed=seed, group=group)
+    raise ValueError(f"strategy.name={cfg.name!r}: unknown strategy (expected 'default' or 'none')")

@@ -25,7 +25,7 @@ from typing import Callable, Dict, Sequence
 import torch
 
 from ..distributed.group import Group
-from ..distributed.model import render_model
+from ..distributed.sharded_model import render_model
 from ..distributed.sharded_render import Camera
 from ..model import GaussianModel
 from ..model_render import render_frame

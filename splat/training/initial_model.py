@@ -8,7 +8,7 @@ from typing import Dict
 import torch
 
 from ..distributed.group import Group, on_main
-from ..distributed.model import shard_of
+from ..distributed.sharded_model import shard_of
 from ..model import GaussianModel, create_from_points
 
 

@@ -29,8 +29,8 @@ from typing import Dict
 import torch
 
 from ..distributed.group import Group
-from ..distributed.model import sum_replicated_gradients
-from ..distributed.shard import all_sum
+from ..distributed.sharded_model import sum_replicated_gradients
+from ..distributed.collectives import all_sum
 from ..losses import LOSS_TERMS, psnr, total_loss
 from ..optimizers import means_lr
 from .batch_rendering import camera_of

@@ -10,24 +10,7 @@ renderer of its own.
 
 from __future__ import annotations
 
-from types import ModuleType
-
-from ..errors import SplatInputError
-
-VISER_MISSING = 'viser is not installed: pip install -e ".[viewer]"'
-
-
-class ViewerUnavailable(SplatInputError):
-    """viser (the optional ``viewer`` extra) cannot be imported."""
-
-
-def require_viser() -> ModuleType:
-    """The ``viser`` module, or :class:`ViewerUnavailable` with the install command."""
-    try:
-        import viser
-    except ImportError as e:
-        raise ViewerUnavailable(f"{VISER_MISSING} ({e})") from None
-    return viser
+from .optional_viser import VISER_MISSING, ViewerUnavailable, require_viser  # noqa: F401 (public names)
 
 
 def __getattr__(name):  # lazy: splat.viewer.ViewerServer imports viser only when asked for

@@ -41,8 +41,8 @@ def model_extent(model: GaussianModel) -> Tuple[np.ndarray, float]:
 def load_model_file(path: Path) -> Tuple[GaussianModel, str]:
     """(model, source) of a PLY file or a training output folder: its
     ``point_cloud.ply``, else the newest readable checkpoint of its run."""
-    from ..checkpoint import read_run_file
-    from ..distributed.checkpoint import load_latest_checkpoint
+    from ..run_folder import read_run_file
+    from ..checkpoints import load_latest_checkpoint
     from ..model import GaussianModel, load_ply
 
     if path.is_file():

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from ..errors import SplatInputError
-from . import require_viser
+from .optional_viser import require_viser
 from .camera import Camera, StartView, camera_from_view, quat_to_matrix
 from .colormap import COLORMAPS, MODES, colorbar, describe_range, to_tensor_bg, visualize
 

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from . import require_viser
+from .optional_viser import require_viser
 from .camera import start_view_from_camera
 from .load import model_extent
 

@@ -1,5 +1,5 @@
-"""Run I/O: run identity, the output folder, atomic writes, checkpoints and
-the RNG state they carry.
+"""A run's output folder: its identity, the claim and lock on the folder,
+atomic writes, and the names of its checkpoint files.
 
 Output folder layout (see ``splat/trainer.py``)::
 
@@ -9,8 +9,8 @@ Output folder layout (see ``splat/trainer.py``)::
     OUT/checkpoints/ckpt_NNNNNNN_<run_id>.json / .shards/   the same from several processes
     OUT/.lock                                 held (flock) while a trainer owns OUT
 
-Finding, loading and pruning checkpoints (one file or one shard per
-process) is :mod:`splat.distributed.checkpoint`'s job.
+What a checkpoint holds, and saving, finding, loading and pruning them
+(one file, or one shard per process), is :mod:`splat.checkpoints`' job.
 
 A run's identity is a digest of its config (less :data:`RESUMABLE_KEYS`)
 and of the loaded training data.  A trainer refuses a folder holding another
@@ -28,10 +28,8 @@ import copy
 import hashlib
 import json
 import os
-import random
 import re
 import shutil
-import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -341,36 +339,3 @@ def _check_checkpoint(ckpt, path: Path, run_id: Optional[str]) -> None:
         raise ValueError(f"has no model parameters ({', '.join(need)})")
     if run_id is not None and ckpt.get("run_id") != run_id:
         raise ValueError(f"belongs to run {ckpt.get('run_id')!r}, not {run_id}")
-
-
-def rng_state() -> dict:
-    np_state = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "numpy": {
-            "key": torch.from_numpy(np_state[1].astype(np.int64)),
-            "pos": int(np_state[2]),
-            "has_gauss": int(np_state[3]),
-            "cached_gaussian": float(np_state[4]),
-        },
-        "python": random.getstate(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    n = state["numpy"]
-    np.random.set_state(
-        ("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
-    )
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    if state.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)

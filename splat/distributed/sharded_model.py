@@ -1,5 +1,5 @@
-"""A :class:`splat.model.GaussianModel` spread over ranks (issue 23): each
-rank's model holds its shard, rows tagged with their global ``ids``.
+"""A :class:`splat.model.GaussianModel` spread over ranks: each rank's
+model holds its shard, rows tagged with their global ``ids``.
 
 * :func:`shard_of` deals a whole model out (the initial model, built once);
 * :func:`render_model` renders a batch of cameras from every rank's shard;
@@ -17,7 +17,8 @@ import torch
 from ..model import GaussianModel
 from .group import Group
 from .sharded_render import Camera, ShardedRender, render_sharded
-from .shard import balanced_slice, gather_to_main
+from .collectives import gather_to_main
+from .shard import balanced_slice
 
 
 def shard_of(params: Dict[str, torch.Tensor], sh_degree: int, group: Group) -> GaussianModel:

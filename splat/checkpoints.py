@@ -1,18 +1,24 @@
-"""Checkpoints of a model spread over ranks (issue 23).
+"""Checkpoints of a run: what one holds, and saving, finding, loading and
+pruning them, on one process or several.
+
+Layout (:func:`checkpoint_state`): the step, the per-primitive table
+(:meth:`splat.state.PrimitiveState.state_dict`: ``params``, ``ids``,
+``next_id``, ``row_stats``), every optimiser's state dict (the Adam moments
+inside), the strategy's other state, the appearance corrections, the global
+RNGs' state, the training time, the config and the run id.
 
 One process writes one file, ``OUT/checkpoints/ckpt_<step>_<run>.pt``
-(:mod:`splat.checkpoint`).  N processes write, for the same step::
+(named by :mod:`splat.run_folder`).  N processes write, for the same step::
 
     OUT/checkpoints/ckpt_<step>_<run>.shards/rank<r>-of-<N>.pt   every rank its shard, atomically
     OUT/checkpoints/ckpt_<step>_<run>.json                       the manifest, by rank 0, last
 
-A shard holds what a one-process checkpoint holds, for that rank's surfels
-(parameters, their Adam moments and densification statistics, their
-``ids``) plus the run's shared state (step, RNG, appearance, config).  Rank
-0 writes the manifest only after every rank has written its shard (a
-barrier), so a checkpoint counts once its manifest exists and names files
-of the sizes it lists; a run killed half-way through leaves an incomplete
-one that is ignored and later deleted.
+A shard holds what a one-process checkpoint holds, for that rank's
+primitives, plus the run's shared state.  Rank 0 writes the manifest only
+after every rank has written its shard (a barrier), so a checkpoint counts
+once its manifest exists and names files of the sizes it lists; a run
+killed half-way through leaves an incomplete one that is ignored and later
+deleted.
 
 Resuming (:func:`load_latest_checkpoint`):
 
@@ -20,33 +26,32 @@ Resuming (:func:`load_latest_checkpoint`):
   run continues bitwise;
 * with another world size (one-process files included), every rank merges
   all shards into the whole model, rows sorted by id (the order one process
-  keeps), and takes its balanced slice
-  (:func:`splat.distributed.shard.balanced_slice`).
+  keeps), and takes its balanced slice (:meth:`splat.state.PrimitiveState.merge`,
+  :meth:`~splat.state.PrimitiveState.slice`): every registered per-row
+  statistic is re-split with its rows.
 
 Renderers and the viewer call it without a group and get the whole model.
 """
 from __future__ import annotations
 
 import json
+import random
 import re
 import shutil
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
+import numpy as np
 import torch
 
-from ..checkpoint import (CKPT_PREFIX, _check_checkpoint, atomic_write, atomic_write_bytes, checkpoint_path,
-                          list_checkpoints)
-from ..errors import RunStateError
-from ..model import PARAM_NAMES
-from .group import Group
-from .shard import balanced_slice
+from .distributed.group import Group
+from .errors import RunStateError
+from .run_folder import (CKPT_PREFIX, _check_checkpoint, atomic_write, atomic_write_bytes, checkpoint_path,
+                         list_checkpoints)
+from .state import PrimitiveState
 
 _MANIFEST_RE = re.compile(rf"^{CKPT_PREFIX}(\d+)_([0-9a-f]+)\.json$")
-#: Per-surfel entries of a checkpoint's strategy state (DefaultStrategy.ROW_KEYS).
-STRATEGY_ROW_KEYS = ("grad2d", "count", "radii")
-_MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 def shard_dir(out_dir: Path, step: int, run_id: str) -> Path:
@@ -59,6 +64,47 @@ def manifest_path(out_dir: Path, step: int, run_id: str) -> Path:
 
 def shard_name(rank: int, world: int) -> str:
     return f"rank{rank}-of-{world}.pt"
+
+
+# ------------------------------------------------------------------ layout
+def checkpoint_state(step: int, table: PrimitiveState, optimizers: Dict[str, torch.optim.Optimizer], strategy,
+                     appearance: Optional[torch.nn.Module], train_seconds: float, cfg: Dict, run_id: str,
+                     group: Group) -> dict:
+    """What a checkpoint of step ``step`` holds (see the module doc); on
+    several processes, this rank's part."""
+    state = {
+        "step": step,
+        "sh_degree": table.model.sh_degree,
+        "optimizers": {k: o.state_dict() for k, o in optimizers.items()},
+        "strategy": strategy.state_dict(),
+        "appearance": None if appearance is None else {
+            k: v.detach().cpu() for k, v in appearance.state_dict().items()},
+        "rng": rng_state(),
+        "train_seconds": train_seconds,
+        "config": cfg,
+        "run_id": run_id,
+        "rank": group.rank,
+        "world_size": group.world_size,
+    }
+    state.update(table.state_dict())
+    return state
+
+
+def save_checkpoint(out_dir: Path, state: dict, keep: int, group: Group) -> Path:
+    """Writes ``state`` (:func:`checkpoint_state`) as this step's checkpoint
+    (several processes: this rank's shard, and the manifest from rank 0 once
+    all are written) and deletes this run's checkpoints beyond the newest
+    ``keep``.  Returns the file's or manifest's path.  Collective."""
+    step, run_id = int(state["step"]), state["run_id"]
+    if group.distributed:
+        path = save_sharded(out_dir, state, group)
+        if group.is_main:
+            prune(out_dir, run_id, step, keep)
+        return path
+    path = checkpoint_path(out_dir, step, run_id)
+    atomic_write(path, lambda f: torch.save(state, f))
+    prune(out_dir, run_id, step, keep)
+    return path
 
 
 # ------------------------------------------------------------------ saving
@@ -193,9 +239,8 @@ def _load_for_rank(c: Optional[dict], run_id: Optional[str], group: Group, path:
         if len(shards) == group.world_size:
             ckpt = _load(shards[group.rank], run_id)
         else:
-            whole = merge_shards([_load(p, run_id) for p in shards])
-            start, stop = balanced_slice(len(whole["ids"]), group.world_size, group.rank)
-            ckpt = slice_rows(whole, start, stop)
+            whole = PrimitiveState.merge([_load(p, run_id) for p in shards])
+            ckpt = PrimitiveState.slice(whole, group.world_size, group.rank)
         error = None
     except Exception as e:
         ckpt, error = None, f"{type(e).__name__}: {e}"
@@ -213,64 +258,35 @@ def _load_for_rank(c: Optional[dict], run_id: Optional[str], group: Group, path:
     return ckpt
 
 
-def _ids(ckpt: dict) -> torch.Tensor:
-    """The surfel ids of a checkpoint (0 .. n-1 for files written before ids)."""
-    ids = ckpt.get("ids")
-    return ids if ids is not None else torch.arange(ckpt["params"]["means"].shape[0])
+# ------------------------------------------------------------- global RNGs
+def rng_state() -> dict:
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "key": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+        "python": random.getstate(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
 
 
-def _row_entries(ckpt: dict):
-    """(getter, setter) pairs of every per-surfel tensor of a checkpoint."""
-    entries = [(lambda c, k=k: c["params"][k], lambda c, v, k=k: c["params"].__setitem__(k, v))
-               for k in PARAM_NAMES]
-    for name in PARAM_NAMES:
-        state = ckpt.get("optimizers", {}).get(name, {}).get("state", {})
-        for key in _MOMENTS:
-            if 0 in state and key in state[0]:
-                entries.append((lambda c, n=name, k=key: c["optimizers"][n]["state"][0][k],
-                                lambda c, v, n=name, k=key: c["optimizers"][n]["state"][0].__setitem__(k, v)))
-    n = ckpt["params"]["means"].shape[0]
-    strategy = ckpt.get("strategy") or {}
-    for key in STRATEGY_ROW_KEYS:
-        v = strategy.get(key)
-        if torch.is_tensor(v) and v.dim() >= 1 and v.shape[0] == n:
-            entries.append((lambda c, k=key: c["strategy"][k], lambda c, v, k=key: c["strategy"].__setitem__(k, v)))
-        elif key in strategy:
-            strategy[key] = None  # stale statistics: the next step starts them afresh
-    entries.append((_ids, lambda c, v: c.__setitem__("ids", v)))
-    return entries
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state(
+        ("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def merge_shards(shards: List[dict]) -> dict:
-    """One checkpoint of the whole model from a run's shards (in rank order):
-    per-surfel tensors concatenated, then sorted by id; the shared state is
-    rank 0's."""
-    whole = _copy_without_rows(shards[0])
-    entries = _row_entries(whole)
-    for get, put in entries:
-        put(whole, torch.cat([get(s) for s in shards]))
-    if len(entries) != len(_row_entries(whole)):
-        raise ValueError("shards disagree on their optimiser or strategy state")
-    order = torch.argsort(_ids(whole))
-    for get, put in _row_entries(whole):
-        put(whole, get(whole)[order])
-    whole["next_id"] = max(int(s.get("next_id", len(_ids(s)))) for s in shards)
-    return whole
-
-
-def slice_rows(ckpt: dict, start: int, stop: int) -> dict:
-    """The checkpoint of rows [start, stop) of ``ckpt``'s model."""
-    part = _copy_without_rows(ckpt)
-    for get, put in _row_entries(part):
-        put(part, get(part)[start:stop].clone())
-    return part
-
-
-def _copy_without_rows(ckpt: dict) -> dict:
-    """A deep copy of ``ckpt`` whose per-surfel tensors are shared, not
-    copied: the callers replace every one of them, and a copy of the whole
-    model per call is what a resume on another world size cannot afford."""
-    import copy
-
-    rows = [get(ckpt) for get, _ in _row_entries(ckpt)]
-    return copy.deepcopy(ckpt, memo={id(t): t for t in rows})
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
