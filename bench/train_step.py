@@ -66,7 +66,9 @@ def _bench_model(trainer, cfg, scene_name, data, surfels):
     import torch
     from scipy.spatial import cKDTree
 
-    from splat.model import GaussianModel, logit, random_quats, random_points_in_frustums, rgb_to_sh
+    from splat.geometry import random_points_in_frustums
+    from splat.model import GaussianModel, logit, random_quats
+    from splat.sh import rgb_to_sh
 
     m = cfg["model"]
     key = hashlib.sha1(f"{os.path.abspath(data)}|{scene_name}|{surfels}|{m}".encode()).hexdigest()[:16]

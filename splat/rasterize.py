@@ -16,7 +16,8 @@ from . import _backend
 from . import conventions as cv
 from ._backend import has_cuda_kernels, has_extension, load_extension
 from .outputs import RasterOutput, compose
-from .reference import camera_center, facing_normals, quat_to_rotmat, rasterize_reference
+from .geometry import quat_to_rotmat
+from .reference import camera_center, facing_normals, rasterize_reference
 from .sh import eval_sh, num_sh_bases
 
 BACKENDS = ("auto", "cuda", "cpu", "torch")

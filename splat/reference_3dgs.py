@@ -53,7 +53,8 @@ from __future__ import annotations
 import torch
 
 from . import conventions as cv
-from .reference import composite_image, quat_to_rotmat
+from .geometry import quat_to_rotmat
+from .reference import composite_image
 
 __all__ = ["project_gaussians", "sample_depth_and_normal", "rasterize_reference_3dgs"]
 

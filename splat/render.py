@@ -113,7 +113,8 @@ def load_run(model_dir, data: Optional[str] = None, overrides=()):
     a SplatInputError naming its file.
     """
     from .data import load_scene_from_config
-    from .model import GaussianModel, load_ply
+    from .model import GaussianModel
+    from .ply import load_ply
     from .checkpoint import read_run_file
     from .distributed.checkpoint import load_latest_checkpoint
     from .config import load_config

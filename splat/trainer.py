@@ -13,7 +13,7 @@ Output folder layout::
 
     OUT/config.yaml            resolved config (every field)
     OUT/checkpoints/ckpt_NNNNNNN.pt  atomic checkpoints (the newest ``checkpoint.keep``)
-    OUT/point_cloud.ply        final model, INRIA attribute names (splat.model.save_ply)
+    OUT/point_cloud.ply        final model, INRIA attribute names (splat.ply.save_ply)
     OUT/metrics.json           test metrics, n_gaussians, iterations, train_seconds, peak_memory_mb
                                (test.psnr_masked / test.ssim_masked inside the object masks: eval.masked)
 
@@ -72,7 +72,8 @@ from .evaluation import check_eval_masks, evaluate_frames, evaluate_frames_batch
 from .errors import ConfigError, RankLostError, RunStateError, SplatInputError
 from .keyed_random import BACKGROUND_STREAM, keyed_uniform
 from .losses import LOSS_TERMS, psnr, total_loss
-from .model import GaussianModel, create_from_points, save_ply
+from .model import GaussianModel, create_from_points
+from .ply import save_ply
 from .optimizers import make_optimizers, means_lr  # noqa: F401 (make_optimizers re-exported)
 from .progress import LogLines, format_duration, use_progress_bar  # noqa: F401 (re-exported)
 from .devices import peak_memory_mb, resolve_device  # noqa: F401 (re-exported)

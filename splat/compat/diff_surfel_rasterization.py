@@ -122,7 +122,7 @@ from ..rasterize import (
     depth_in_range,
     rasterize,
 )
-from ..reference import quat_to_rotmat
+from ..geometry import quat_to_rotmat
 from ..sh import MAX_SH_DEGREE, eval_sh, num_sh_bases
 
 #: 2DGS's kernel constants near_n and far_n: its near culling and per-sample

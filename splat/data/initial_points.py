@@ -57,7 +57,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, SplatInputError
-from ..model import in_image, project_points
+from ..geometry import in_image, project_points
 
 __all__ = ["InitialPoints", "initial_points", "coverage", "uncovered_filter", "pixel_footprint",
            "hole_cells", "thin_to_cells", "COVERAGE_CELLS", "FILL_SPACING_CELLS", "FILL_BELOW", "MAX_INIT_SCALE_PX",

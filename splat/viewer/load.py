@@ -40,7 +40,8 @@ def load_model_file(path: Path):
     ``point_cloud.ply``, else the newest readable checkpoint of its run."""
     from ..checkpoint import read_run_file
     from ..distributed.checkpoint import load_latest_checkpoint
-    from ..model import GaussianModel, load_ply
+    from ..model import GaussianModel
+    from ..ply import load_ply
 
     if path.is_file():
         if path.suffix.lower() != ".ply":
