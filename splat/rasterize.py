@@ -171,7 +171,7 @@ def _magnitude_limits(dtype):
 def _project_cpu(means, quats, scales, opacities, colors, viewmat, K, width, height, near, far, sh_degree,
                  grad_enabled):
     """_project and _surfel_colors fused into one C++ op with an exact backward
-    (splat/cuda_rasterizer/cpu/project_cpu.cpp), for CPU tensors when viewmat
+    (splat/kernels/cpu/project_cpu.cpp), for CPU tensors when viewmat
     and K need no gradient.  Same outputs as the torch path up to float
     rounding (tests/test_projection.py).  means2d is folded in by the op's
     backward: its gradient is dL/d(screen translation), as in rasterize().

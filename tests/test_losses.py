@@ -132,7 +132,7 @@ def test_ssim_separable_equals_2d_window():
     assert torch.allclose(ssim(a, b, reduce=False), ref, atol=1e-12)
 
 
-# ---- the fused CPU SSIM (splat/cuda_rasterizer/cpu/ssim_cpu.h) against ssim_torch --------
+# ---- the fused CPU SSIM (splat/kernels/cpu/ssim_cpu.h) against ssim_torch --------
 def _ssim_pair(h, w, c, dtype, seed=0):
     g = torch.Generator().manual_seed(seed)
     a = torch.rand(h, w, c, generator=g, dtype=torch.float64).to(dtype).requires_grad_(True)
