@@ -39,54 +39,20 @@ struct CudaDevice {
 
 }  // namespace
 
-std::vector<torch::Tensor> forward_cuda(const torch::Tensor& Tuvw, const torch::Tensor& center,
-                                        const torch::Tensor& normal, const torch::Tensor& color,
-                                        const torch::Tensor& opacity, const torch::Tensor& depth,
-                                        const torch::Tensor& pixel_rect, int64_t width,
-                                        int64_t height, double near, double far) {
-  return host_sequence::forward<CudaDevice>(Tuvw, center, normal, color, opacity, depth,
-                                            pixel_rect, width, height, near, far);
+std::vector<torch::Tensor> forward_cuda(SPLAT_SURFEL_PARAMS) {
+  return host_sequence::forward<CudaDevice>(SPLAT_SURFEL_NAMES);
 }
 
-torch::Tensor backward_cuda(const torch::Tensor& Tuvw, const torch::Tensor& center,
-                            const torch::Tensor& normal, const torch::Tensor& color,
-                            const torch::Tensor& opacity, const torch::Tensor& depth,
-                            const torch::Tensor& pixel_rect, int64_t width, int64_t height,
-                            double near, double far, const torch::Tensor& tile_offsets,
-                            const torch::Tensor& point_list, const torch::Tensor& end,
-                            const torch::Tensor& median_index,
-                            const torch::Tensor& transmittance, const torch::Tensor& totals,
-                            const torch::Tensor& v_color_sum,
-                            const torch::Tensor& v_transmittance,
-                            const torch::Tensor& v_depth_sum, const torch::Tensor& v_normal_sum,
-                            const torch::Tensor& v_distortion,
-                            const torch::Tensor& v_median_depth) {
-  return host_sequence::backward<CudaDevice>(
-      Tuvw, center, normal, color, opacity, depth, pixel_rect, width, height, near, far,
-      tile_offsets, point_list, end, median_index, transmittance, totals, v_color_sum,
-      v_transmittance, v_depth_sum, v_normal_sum, v_distortion, v_median_depth);
+torch::Tensor backward_cuda(SPLAT_SURFEL_PARAMS, SPLAT_BACKWARD_STATE_PARAMS) {
+  return host_sequence::backward<CudaDevice>(SPLAT_SURFEL_NAMES, SPLAT_BACKWARD_STATE_NAMES);
 }
 
-std::vector<torch::Tensor> forward_gaussians_cuda(const torch::Tensor& params, const torch::Tensor& color,
-                                                  const torch::Tensor& depth, const torch::Tensor& pixel_rect,
-                                                  int64_t width, int64_t height, double near, double far) {
-  return host_sequence::forward_gaussians<CudaDevice>(params, color, depth, pixel_rect, width, height, near,
-                                                      far);
+std::vector<torch::Tensor> forward_gaussians_cuda(SPLAT_GAUSSIAN_PARAMS) {
+  return host_sequence::forward_gaussians<CudaDevice>(SPLAT_GAUSSIAN_NAMES);
 }
 
-torch::Tensor backward_gaussians_cuda(const torch::Tensor& params, const torch::Tensor& color,
-                                      const torch::Tensor& depth, const torch::Tensor& pixel_rect,
-                                      int64_t width, int64_t height, double near, double far,
-                                      const torch::Tensor& tile_offsets, const torch::Tensor& point_list,
-                                      const torch::Tensor& end, const torch::Tensor& median_index,
-                                      const torch::Tensor& transmittance, const torch::Tensor& totals,
-                                      const torch::Tensor& v_color_sum, const torch::Tensor& v_transmittance,
-                                      const torch::Tensor& v_depth_sum, const torch::Tensor& v_normal_sum,
-                                      const torch::Tensor& v_distortion, const torch::Tensor& v_median_depth) {
-  return host_sequence::backward_gaussians<CudaDevice>(
-      params, color, depth, pixel_rect, width, height, near, far, tile_offsets, point_list, end,
-      median_index, transmittance, totals, v_color_sum, v_transmittance, v_depth_sum, v_normal_sum,
-      v_distortion, v_median_depth);
+torch::Tensor backward_gaussians_cuda(SPLAT_GAUSSIAN_PARAMS, SPLAT_BACKWARD_STATE_PARAMS) {
+  return host_sequence::backward_gaussians<CudaDevice>(SPLAT_GAUSSIAN_NAMES, SPLAT_BACKWARD_STATE_NAMES);
 }
 
 }  // namespace splat

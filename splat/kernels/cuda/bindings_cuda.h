@@ -10,48 +10,24 @@
 #include <cstdint>
 #include <vector>
 
+#include "../op_signatures.h"
+
 namespace splat {
 
 // Returns {color_sum [H,W,3], transmittance [H,W], depth_sum [H,W],
 // normal_sum [H,W,3], distortion [H,W], median_depth [H,W], end int32 [H,W],
 // median_index int32 [H,W], totals [H,W,kTotalsSize], tile_offsets int64 [num_tiles+1],
 // point_list int32 [P]}, all on the input's CUDA device.
-std::vector<torch::Tensor> forward_cuda(const torch::Tensor& Tuvw, const torch::Tensor& center,
-                                        const torch::Tensor& normal, const torch::Tensor& color,
-                                        const torch::Tensor& opacity, const torch::Tensor& depth,
-                                        const torch::Tensor& pixel_rect, int64_t width,
-                                        int64_t height, double near, double far);
+std::vector<torch::Tensor> forward_cuda(SPLAT_SURFEL_PARAMS);
 
 // Returns v_surfels [N, kGradSize] (see core.h for the record layout).
-torch::Tensor backward_cuda(const torch::Tensor& Tuvw, const torch::Tensor& center,
-                            const torch::Tensor& normal, const torch::Tensor& color,
-                            const torch::Tensor& opacity, const torch::Tensor& depth,
-                            const torch::Tensor& pixel_rect, int64_t width, int64_t height,
-                            double near, double far, const torch::Tensor& tile_offsets,
-                            const torch::Tensor& point_list, const torch::Tensor& end,
-                            const torch::Tensor& median_index,
-                            const torch::Tensor& transmittance, const torch::Tensor& totals,
-                            const torch::Tensor& v_color_sum,
-                            const torch::Tensor& v_transmittance,
-                            const torch::Tensor& v_depth_sum, const torch::Tensor& v_normal_sum,
-                            const torch::Tensor& v_distortion,
-                            const torch::Tensor& v_median_depth);
+torch::Tensor backward_cuda(SPLAT_SURFEL_PARAMS, SPLAT_BACKWARD_STATE_PARAMS);
 
 // 3D Gaussians (core.h "3D Gaussians"): params [N, kGaussParams], color
 // [N, 3], depth [N], pixel_rect int32 [N, 4].  Returns what forward_cuda does.
-std::vector<torch::Tensor> forward_gaussians_cuda(const torch::Tensor& params, const torch::Tensor& color,
-                                                  const torch::Tensor& depth, const torch::Tensor& pixel_rect,
-                                                  int64_t width, int64_t height, double near, double far);
+std::vector<torch::Tensor> forward_gaussians_cuda(SPLAT_GAUSSIAN_PARAMS);
 
 // Returns v_gaussians [N, kGaussGradSize].
-torch::Tensor backward_gaussians_cuda(const torch::Tensor& params, const torch::Tensor& color,
-                                      const torch::Tensor& depth, const torch::Tensor& pixel_rect,
-                                      int64_t width, int64_t height, double near, double far,
-                                      const torch::Tensor& tile_offsets, const torch::Tensor& point_list,
-                                      const torch::Tensor& end, const torch::Tensor& median_index,
-                                      const torch::Tensor& transmittance, const torch::Tensor& totals,
-                                      const torch::Tensor& v_color_sum, const torch::Tensor& v_transmittance,
-                                      const torch::Tensor& v_depth_sum, const torch::Tensor& v_normal_sum,
-                                      const torch::Tensor& v_distortion, const torch::Tensor& v_median_depth);
+torch::Tensor backward_gaussians_cuda(SPLAT_GAUSSIAN_PARAMS, SPLAT_BACKWARD_STATE_PARAMS);
 
 }  // namespace splat
