@@ -25,7 +25,8 @@ import torch
 from . import conventions as cv
 from ._backend import load_extension
 from .outputs import RasterOutput, compose
-from .rasterize import _connect, _empty_sums, _surfel_colors, _validate, depth_in_range, upstream_grads
+from .rasterize import (_connect, _empty_sums, _surfel_colors, _validate, depth_in_range, raster_backward,
+                        raster_forward, saved_inputs)
 from .rasterize import _resolve_backend as resolve_backend
 from .reference_3dgs import project_gaussians, rasterize_reference_3dgs
 
@@ -204,24 +205,15 @@ class _RasterizeGaussians(torch.autograd.Function):
     @staticmethod
     def forward(ctx, params, color, depth, pixel_rect, width, height, near, far):
         ext = load_extension()
-        args = [t.contiguous() for t in (params, color, depth, pixel_rect)]
-        forward = ext.forward_gaussians_cuda if params.is_cuda else ext.forward_gaussians_cpu
-        outs = forward(*args, width, height, near, far)
-        (color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth,
-         end, median_index, totals, tile_offsets, point_list) = outs
-        ctx.save_for_backward(*args, tile_offsets, point_list, end, median_index, transmittance, totals)
-        ctx.image = (width, height, near, far)
-        return color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth
+        kernel = ext.forward_gaussians_cuda if params.is_cuda else ext.forward_gaussians_cpu
+        return raster_forward(ctx, kernel, (params, color, depth, pixel_rect), width, height, near, far)
 
     @staticmethod
-    def backward(ctx, v_color_sum, v_transmittance, v_depth_sum, v_normal_sum, v_distortion, v_median):
+    def backward(ctx, *v_sums):
         ext = load_extension()
-        saved = ctx.saved_tensors
-        params = saved[0]
-        width, height = ctx.image[0], ctx.image[1]
-        upstream = upstream_grads(params, height, width, v_color_sum, v_transmittance, v_depth_sum, v_normal_sum,
-                                  v_distortion, v_median)
-        backward = ext.backward_gaussians_cuda if params.is_cuda else ext.backward_gaussians_cpu
-        v = backward(*saved[:4], *ctx.image, *saved[4:], *upstream)  # [M, 30]
+        params = saved_inputs(ctx)[0]
+        kernel = ext.backward_gaussians_cuda if params.is_cuda else ext.backward_gaussians_cpu
+        v = raster_backward(ctx, kernel, v_sums)  # [M, 30]: core.h's Gaussian gradient record
         p = params.shape[1]
-        return v[:, :p], v[:, p:], None, None, None, None, None, None
+        v_params, v_color = v[:, :p], v[:, p:]
+        return v_params, v_color, None, None, None, None, None, None
