@@ -85,7 +85,7 @@ MUTANTS = {
     # this breaks how binning.cu applies it (negative depths sort by magnitude).
     "bin_depth_key_ignores_sign": ("binning.cu", "broken depth key",
                                    "keys[i] = depth_sort_key(depth[i]);", "keys[i] = depth_sort_key(fabs(depth[i]));"),
-    # 3D Gaussians (issue 22): the shared kernels' Gaussian-only paths.
+    # 3D Gaussians: the shared kernels' Gaussian-only paths.
     "fwd_every_thread_loads": ("forward.cu", "write past a shared array (float64 Gaussian batch of 128)",
                                "if (tid < P::kBatch && k_load < count)", "if (k_load < count)"),
     "bwd_surfel_record_size": ("backward.cu", "gradient record cut to the surfels' size",

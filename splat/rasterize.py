@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -26,8 +26,10 @@ BACKENDS = ("auto", "cuda", "cpu", "torch")
 MAX_IMAGE_SIDE = 1 << 16
 
 
-def rasterize(means, quats, scales, opacities, colors, viewmat, K, width, height,
-              near=0.2, far=100.0, background=None, sh_degree=None, backend="auto") -> RasterOutput:
+def rasterize(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor, opacities: torch.Tensor,
+              colors: torch.Tensor, viewmat: torch.Tensor, K: torch.Tensor, width: int, height: int,
+              near: float = 0.2, far: float = 100.0, background: Optional[torch.Tensor] = None,
+              sh_degree: Optional[int] = None, backend: str = "auto") -> RasterOutput:
     """Renders N 2D Gaussian surfels into a W x H image.
 
     Args:

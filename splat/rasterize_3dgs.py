@@ -1,4 +1,4 @@
-"""``splat.rasterize_3dgs``: 3D Gaussians through the surfels' tile pipeline (issue 22).
+"""``splat.rasterize_3dgs``: 3D Gaussians through the surfels' tile pipeline.
 
 The same binning, depth sort, front-to-back blending, back-to-front walk
 with ``last_dL_dT``, outputs (rgb, alpha, expected and median depth,
@@ -20,6 +20,8 @@ the compiled kernel does the per-pixel work and its exact backward.
 """
 from __future__ import annotations
 
+from typing import Optional, Tuple
+
 import torch
 
 from . import conventions as cv
@@ -36,9 +38,10 @@ __all__ = ["rasterize_3dgs", "gaussian_kernel_inputs"]
 _SYM3 = ([0, 0, 0, 1, 1, 2], [0, 1, 2, 1, 2, 2])
 
 
-def rasterize_3dgs(means, quats, scales, opacities, colors, viewmat, K, width, height,
-                   near=0.2, far=100.0, background=None, sh_degree=None, backend="auto",
-                   antialiased=False) -> RasterOutput:
+def rasterize_3dgs(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor, opacities: torch.Tensor,
+                   colors: torch.Tensor, viewmat: torch.Tensor, K: torch.Tensor, width: int, height: int,
+                   near: float = 0.2, far: float = 100.0, background: Optional[torch.Tensor] = None,
+                   sh_degree: Optional[int] = None, backend: str = "auto", antialiased: bool = False) -> RasterOutput:
     """Renders N 3D Gaussians into a W x H image.
 
     Args:
@@ -76,8 +79,11 @@ def rasterize_3dgs(means, quats, scales, opacities, colors, viewmat, K, width, h
                                      far, background, sh_degree, backend, antialiased)[0]
 
 
-def rasterize_3dgs_and_inputs(means, quats, scales, opacities, colors, viewmat, K, width, height, near=0.2,
-                              far=100.0, background=None, sh_degree=None, backend="auto", antialiased=False):
+def rasterize_3dgs_and_inputs(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor,
+                              opacities: torch.Tensor, colors: torch.Tensor, viewmat: torch.Tensor, K: torch.Tensor,
+                              width: int, height: int, near: float = 0.2, far: float = 100.0,
+                              background: Optional[torch.Tensor] = None, sh_degree: Optional[int] = None,
+                              backend: str = "auto", antialiased: bool = False) -> Tuple[RasterOutput, dict]:
     """:func:`rasterize_3dgs`, and the :func:`gaussian_kernel_inputs` it
     rendered from (the drop-ins read conics and radii there instead of
     projecting again)."""
@@ -122,8 +128,9 @@ def rasterize_3dgs_and_inputs(means, quats, scales, opacities, colors, viewmat, 
     return compose(*sums, background=background, radii=radii, means2d=means2d), kin
 
 
-def gaussian_kernel_inputs(means, quats, scales, opacities, viewmat, K, width, height, near, far,
-                           antialiased=False) -> dict:
+def gaussian_kernel_inputs(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor, opacities: torch.Tensor,
+                           viewmat: torch.Tensor, K: torch.Tensor, width: int, height: int, near: float, far: float,
+                           antialiased: bool = False) -> dict:
     """The per-Gaussian rows the kernels read (core.h "3D Gaussians"), for the
     Gaussians that are not culled.
 

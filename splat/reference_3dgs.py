@@ -1,4 +1,4 @@
-"""The plain-PyTorch reference for **3D Gaussians** (issue 22): the oracle for
+"""The plain-PyTorch reference for **3D Gaussians**: the oracle for
 the 3DGS kernels, as :mod:`splat.reference` is for surfels.
 
 Slow and direct; every sample is computed for every pixel, and the blending,
