@@ -18,7 +18,7 @@ import shutil
 from setuptools import find_packages, setup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-KERNELS = os.path.join("splat", "cuda_rasterizer")
+KERNELS = os.path.join("splat", "kernels")
 
 
 def _want_cuda() -> bool:
@@ -95,7 +95,7 @@ setup(
     version="0.1.0",
     description="Differentiable 2D Gaussian surfel rasterizer with exact depth-distortion gradients",
     packages=find_packages(include=["splat", "splat.*"]),
-    package_data={"splat": ["cuda_rasterizer/*.h", "cuda_rasterizer/*.cpp", "cuda_rasterizer/cpu/*", "cuda_rasterizer/cuda/*"]},
+    package_data={"splat": ["kernels/*.h", "kernels/*.cpp", "kernels/cpu/*", "kernels/cuda/*"]},
     python_requires=">=3.10",
     # torch is deliberately not listed: any torch requirement lets pip replace the
     # installed build with the newest one.  Install torch first (see README).

@@ -33,9 +33,7 @@ one after the other, with ``--threads`` torch threads each.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from report import commit, emit, machine  # noqa: E402
+from report import add_child_flag, child_case, commit, emit, machine, print_child_result, run_child  # noqa: E402
 
 RUNS = ("2dgs_loop", "splat", "2dgs_loop_no_white_reset")
 
@@ -140,30 +138,30 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads of each run (1: on a busy 2-core machine two threads run slower)")
     ap.add_argument("--out", help="write the report here too")
-    ap.add_argument("--child", choices=RUNS, help=argparse.SUPPRESS)
+    add_child_flag(ap)
     args = ap.parse_args(argv)
     shared = Path(args.shared).resolve()
-    if args.child:
+    case = child_case(args)
+    if case is not None:
         import torch
 
         torch.set_num_threads(args.threads)
-        if args.child == "splat":
+        if case["run"] == "splat":
             rec = run_splat(shared, args.steps)
         else:
-            rec = run_2dgs_loop(shared, args.steps, white_reset=args.child == "2dgs_loop")
-        print("RESULT " + json.dumps(rec), flush=True)
+            rec = run_2dgs_loop(shared, args.steps, white_reset=case["run"] == "2dgs_loop")
+        print_child_result(rec)
         return 0
     runs = {}
     for name in args.runs:
         t0 = time.perf_counter()
-        done = subprocess.run([sys.executable, __file__, "--shared", str(shared), "--steps", str(args.steps),
-                               "--threads", str(args.threads), "--child", name], capture_output=True, text=True, check=False)
+        rec, done = run_child(__file__, dict(run=name),
+                              ["--shared", shared, "--steps", args.steps, "--threads", args.threads])
         sys.stderr.write(done.stderr[-2000:])
-        lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-        if done.returncode or not lines:
+        if rec is None:
             runs[name] = {"error": (done.stderr or done.stdout).strip().splitlines()[-1:]}
             continue
-        runs[name] = dict(json.loads(lines[-1][7:]), wall_seconds=round(time.perf_counter() - t0, 1),
+        runs[name] = dict(rec, wall_seconds=round(time.perf_counter() - t0, 1),
                           load_average_at_end=list(os.getloadavg()))
     report = {"what": "2DGS's train.py loop through the diff_surfel_rasterization shim vs splat's trainer",
               "scene": "still_life (NeRF layout, 60 train / 15 test views, 256x256, white background)",

@@ -87,7 +87,7 @@ def memory_rank(group, surfels):
 
     from splat.config import DEFAULT_CONFIG
     from splat.distributed.sharded_model import shard_of
-    from splat.model import num_sh_bases
+    from splat.sh import num_sh_bases
     from splat.state import PrimitiveState
     from splat.strategy import make_strategy
     from splat.trainer import make_optimizers
@@ -139,7 +139,7 @@ def exchange_rank(group, ply, data, downscale, batch, steps, deal):
 
     from splat.data import load_scene
     from splat.distributed import Camera, render_sharded
-    from splat.model import load_ply
+    from splat.ply import load_ply
 
     model = load_ply(ply)
     scene = load_scene(data, downscale=downscale)

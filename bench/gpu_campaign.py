@@ -74,7 +74,7 @@ RESERVE_S = 25  # kept back from the budget for the logs archive and the summary
 # Seconds kept for a stage while earlier stages of the same call run, so that
 # a slow sanitizer cannot eat the side-by-side measurement's time.
 STAGE_RESERVE_S = {"speed": 150, "profile": 120}
-# splat's kernels (splat/cuda_rasterizer/cuda/*.cu), for Nsight Compute's filter.
+# splat's kernels (splat/kernels/cuda/*.cu), for Nsight Compute's filter.
 KERNELS = r"regex:(depth_keys|count_tiles|duplicate|tile_offsets|forward|backward)_kernel"
 SCENE_RUNS = (  # (name, scene folder, overrides): the default config as it is, and the CPU run's dtu size
     ("still_life", "still_life", ()),

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from report import commit, emit, machine  # noqa: E402
+from report import add_child_flag, child_case, commit, emit, machine, print_child_result, run_child  # noqa: E402
 
 SCENES = {
     "still_life": dict(layout="nerf", points_from="sparse/0"),
@@ -175,16 +174,14 @@ def main(argv=None) -> int:
     ap.add_argument("--curve", type=int, default=0, metavar="N",
                     help="also evaluate the test views every N steps and record the quality over time")
     ap.add_argument("overrides", nargs="*", help="config overrides key=value applied to every run")
-    ap.add_argument("--child", nargs=5, metavar=("SCENE_DIR", "LAYOUT", "POINTS_FROM", "CONFIG", "INIT"),
-                    help=argparse.SUPPRESS)
-    ap.add_argument("--child-out", help=argparse.SUPPRESS)
+    add_child_flag(ap)
     args = ap.parse_args(argv)
 
-    if args.child:
-        scene_dir, layout, points_from, config, init = args.child
-        rec = run_one(Path(scene_dir), layout, None if points_from == "-" else points_from, config, init,
-                      Path(args.child_out), args.overrides, args.curve)
-        print("RESULT " + json.dumps(rec), flush=True)
+    case = child_case(args)
+    if case is not None:
+        rec = run_one(Path(case["scene_dir"]), case["layout"], case["points_from"], case["config"], case["init"],
+                      Path(case["out"]), args.overrides, args.curve)
+        print_child_result(rec)
         return 0
 
     shared = Path(args.shared)
@@ -205,18 +202,16 @@ def main(argv=None) -> int:
                     runs.append(rec)
                     continue
                 out = work / f"{scene}_{config}_{init}"
-                cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(scene_dir), spec["layout"],
-                       spec["points_from"] or "-", CONFIGS[config], init, "--child-out", str(out),
-                       "--curve", str(args.curve), *args.overrides]
+                case = dict(scene_dir=str(scene_dir), layout=spec["layout"], points_from=spec["points_from"],
+                            config=CONFIGS[config], init=init, out=str(out))
                 print(f"== {scene} {config} init={init}", file=sys.stderr, flush=True)
-                proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+                result, proc = run_child(__file__, case, ["--curve", args.curve, *args.overrides], cwd=ROOT)
                 init_lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("init: ")]
                 rec["init_line"] = init_lines[-1] if init_lines else None
-                result = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-                if proc.returncode != 0 or not result:
+                if result is None:
                     rec["error"] = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
                 else:
-                    rec.update(json.loads(result[-1][len("RESULT "):]))
+                    rec.update(result)
                 print(f"   {json.dumps(rec)}", file=sys.stderr, flush=True)
                 runs.append(rec)
 

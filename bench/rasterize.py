@@ -19,11 +19,10 @@ import argparse
 import json
 import resource
 import statistics
-import subprocess
 import sys
 import time
 
-from report import emit, machine
+from report import add_child_flag, child_case, emit, machine, print_child_result, run_child
 
 CASES = [
     # (surfels, width, height, backends, repetitions, primitive)
@@ -113,12 +112,12 @@ def run_case(n, width, height, backend, reps, primitive="2dgs"):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="also write the JSON here")
-    ap.add_argument("--case", help=argparse.SUPPRESS)  # internal: n,width,height,backend,reps
+    add_child_flag(ap)
     ap.add_argument("--quick", action="store_true", help="only the 20k/256 case")
     args = ap.parse_args()
-    if args.case:
-        n, w, h, backend, reps, primitive = args.case.split(",")
-        print(json.dumps(run_case(int(n), int(w), int(h), backend, int(reps), primitive)))
+    case = child_case(args)
+    if case is not None:
+        print_child_result(run_case(**case))
         return
     import torch
 
@@ -130,13 +129,13 @@ def main():
             if backend == "cuda" and not (torch.cuda.is_available() and has_cuda_kernels()):
                 continue
             r = 1 if backend == "torch" else reps
-            proc = subprocess.run([sys.executable, __file__, "--case", f"{n},{w},{h},{backend},{r},{primitive}"],
-                                  capture_output=True, text=True)
-            if proc.returncode:
+            result, proc = run_child(__file__, dict(n=n, width=w, height=h, backend=backend, reps=r,
+                                                    primitive=primitive))
+            if result is None:
                 results.append(dict(backend=backend, primitive=primitive, surfels=n, width=w, height=h,
                                     error=proc.stderr[-2000:]))
             else:
-                results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+                results.append(result)
             print(json.dumps(results[-1]), file=sys.stderr)
     ratios = {}
     by_key = {(r["backend"], r.get("primitive", "2dgs"), r["surfels"], r["width"]): r

@@ -25,15 +25,13 @@ Every root renders the very same inputs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 
-from report import commit, emit, machine
+from report import add_child_flag, child_case, commit, emit, machine, print_child_result, run_child
 
 CASES = {
     "surfaces_100k_512": (100_000, 512, 512),
@@ -100,10 +98,11 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--mem-limit-gib", type=float, default=14.0)
     ap.add_argument("--out", help="also write the JSON here")
-    ap.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # internal: case inner
+    add_child_flag(ap)
     args = ap.parse_args()
-    if args.one:
-        print(json.dumps(run_one(args.one[0], int(args.one[1]))))
+    case = child_case(args)
+    if case is not None:
+        print_child_result(run_one(**case))
         return
 
     limit = int(args.mem_limit_gib * 2**30)
@@ -120,14 +119,12 @@ def main():
                 if (case, root) in errors:
                     continue
                 env = dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS=str(args.threads))
-                proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", case, str(args.inner)],
-                                      env=env, capture_output=True, text=True, preexec_fn=cap, cwd=root)
-                if proc.returncode:
+                r, proc = run_child(__file__, dict(case=case, inner=args.inner), env=env, preexec_fn=cap, cwd=root)
+                if r is None:
                     last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
                     errors[(case, root)] = f"exit {proc.returncode}: {last[-300:]}"
                     print(f"{case} {root}: {errors[(case, root)]}", file=sys.stderr)
                     continue
-                r = json.loads(proc.stdout.strip().splitlines()[-1])
                 runs[(case, root)].append(r)
                 print(f"{case} {root}: {r}", file=sys.stderr, flush=True)
 

@@ -32,12 +32,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-from report import commit, emit, machine
+from report import add_child_flag, child_case, commit, emit, machine, print_child_result, run_child
 
 DTU = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "scenes", "dtu_scan24")
 PHASES = ("projection", "rasterizer_forward", "loss", "rasterizer_backward", "autograd_other", "optimiser",
@@ -66,7 +65,9 @@ def _bench_model(trainer, cfg, scene_name, data, surfels):
     import torch
     from scipy.spatial import cKDTree
 
-    from splat.model import GaussianModel, logit, random_quats, random_points_in_frustums, rgb_to_sh
+    from splat.geometry import random_points_in_frustums
+    from splat.model import GaussianModel, logit, random_quats
+    from splat.sh import rgb_to_sh
 
     m = cfg["model"]
     key = hashlib.sha1(f"{os.path.abspath(data)}|{scene_name}|{surfels}|{m}".encode()).hexdigest()[:16]
@@ -185,11 +186,11 @@ def main():
     ap.add_argument("--reps", type=int, default=2, help="alternating repetitions per root")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out")
-    ap.add_argument("--case", help=argparse.SUPPRESS)
+    add_child_flag(ap)
     args = ap.parse_args()
-    if args.case:
-        scene, surfels = args.case.split(",")
-        print(json.dumps(run_case(scene, args.data, int(surfels), args.steps, args.threads)))
+    case = child_case(args)
+    if case is not None:
+        print_child_result(run_case(case["scene"], args.data, case["surfels"], args.steps, args.threads))
         return
     roots = [os.path.abspath(r) for r in args.roots]
     results = {}
@@ -197,13 +198,12 @@ def main():
         for rep in range(args.reps):
             for root in roots:
                 env = dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS=str(args.threads))
-                cmd = [sys.executable, os.path.abspath(__file__), "--case", f"{scene},{args.surfels}",
-                       "--data", args.data, "--steps", str(args.steps), "--threads", str(args.threads)]
-                proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root)
-                if proc.returncode:
+                r, proc = run_child(__file__, dict(scene=scene, surfels=args.surfels),
+                                    ["--data", args.data, "--steps", args.steps, "--threads", args.threads],
+                                    env=env, cwd=root)
+                if r is None:
                     print(proc.stderr[-3000:], file=sys.stderr)
                     raise SystemExit(f"{scene} on {root} failed")
-                r = json.loads(proc.stdout.strip().splitlines()[-1])
                 print(json.dumps(r), file=sys.stderr)
                 results.setdefault((scene, root), []).append(r)
     table = []

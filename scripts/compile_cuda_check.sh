@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compile check of the CUDA backend without a GPU and without a CUDA build of
-# torch: every splat/cuda_rasterizer/cuda/*.cu is compiled with `nvcc -c` for
+# torch: every splat/kernels/cuda/*.cu is compiled with `nvcc -c` for
 # sm_80 and sm_90 (the .cu files include no torch header, so this works on any
 # machine with nvcc).  Exits non-zero on the first failure.
 #
@@ -30,11 +30,11 @@ trap 'rm -rf "$OUT"' EXIT
 NVCC_FLAGS=(-c -std=c++17 -O3 --fmad=false -ftz=false -prec-div=true -prec-sqrt=true
             -gencode arch=compute_80,code=sm_80
             -gencode arch=compute_90,code=sm_90
-            -I splat/cuda_rasterizer)
+            -I splat/kernels)
 
 status=0
 shopt -s nullglob
-sources=(splat/cuda_rasterizer/cuda/*.cu)
+sources=(splat/kernels/cuda/*.cu)
 if [ ${#sources[@]} -eq 0 ]; then
   echo "compile_cuda_check: no .cu files found" >&2
   exit 1
@@ -49,7 +49,7 @@ for src in "${sources[@]}"; do
 done
 
 # Optional syntax check of the torch glue against the installed torch headers.
-glue=splat/cuda_rasterizer/cuda/bindings_cuda.cpp
+glue=splat/kernels/cuda/bindings_cuda.cpp
 CXX="${CXX:-g++}"
 torch_inc="$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "include"))' 2>/dev/null || true)"
 # CUDA headers: $CUDA_HOME, else where nvcc itself says it lives (nvcc may be a
@@ -67,7 +67,7 @@ if [ -f "$glue" ] && [ -n "$torch_inc" ] && [ -f "$torch_inc/c10/cuda/CUDAGuard.
   echo "$CXX -fsyntax-only $glue"
   if ! "$CXX" -fsyntax-only -std=c++17 -DSPLAT_WITH_CUDA \
        -isystem "$torch_inc" -isystem "$torch_inc/torch/csrc/api/include" \
-       -isystem "$stub" -isystem "$cuda_inc" -I splat/cuda_rasterizer "$glue"; then
+       -isystem "$stub" -isystem "$cuda_inc" -I splat/kernels "$glue"; then
     echo "compile_cuda_check: FAILED $glue" >&2
     status=1
   fi

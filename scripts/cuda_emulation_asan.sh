@@ -29,7 +29,7 @@ echo "clean kernels under ASan+UBSan: rc=$clean_rc, $clean_summary, sanitizer re
 
 # A read one past the end of the point list must be reported by ASan.
 mutant=$(mktemp -d)
-cp splat/cuda_rasterizer/cuda/{binning,forward,backward}.cu splat/cuda_rasterizer/cuda/*.cuh "$mutant/"
+cp splat/kernels/cuda/{binning,forward,backward}.cu splat/kernels/cuda/*.cuh "$mutant/"
 python - "$mutant/forward.cu" <<'PY'
 import sys
 p = sys.argv[1]; s = open(p).read()

@@ -3,7 +3,7 @@ into copies of the kernels and shows that the emulated-CUDA tests catch each.
 
     python scripts/cuda_mutants.py [--out bench/results/cuda_emulation_mutants.json] [--only NAME ...]
 
-For every mutant, a copy of the kernel files (``splat/cuda_rasterizer/cuda/``
+For every mutant, a copy of the kernel files (``splat/kernels/cuda/``
 binning.cu, forward.cu, backward.cu and the primitives' batch headers
 surfel_batch.cuh, gaussian_batch.cuh) gets exactly one edit (the script refuses an edit that does not
 match exactly once, so a kernel change cannot silently turn a mutant into the

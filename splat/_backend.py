@@ -8,7 +8,7 @@ from pathlib import Path
 
 from splat._compile_flags import CXX_FLAGS, LINK_FLAGS
 
-_KERNELS = Path(__file__).resolve().parent / "cuda_rasterizer"
+_KERNELS = Path(__file__).resolve().parent / "kernels"
 
 
 @lru_cache(maxsize=None)

@@ -82,19 +82,19 @@ class ModelConfig:
 class LrConfig:
     means: float = _f(1.6e-4, "x scene_radius, decays exponentially to means_final", gt=0.0)
     means_final: float = _f(1.6e-6, "x scene_radius", gt=0.0)
-    sh0: float = _f(2.5e-3, ge=0.0)
+    sh0: float = _f(2.5e-3, "degree-0 SH (base colour)", ge=0.0)
     shN: float = _f(1.25e-4, "sh0 / 20", ge=0.0)
-    opacities: float = _f(5e-2, ge=0.0)
-    scales: float = _f(5e-3, ge=0.0)
-    quats: float = _f(1e-3, ge=0.0)
+    opacities: float = _f(5e-2, "opacity logits", ge=0.0)
+    scales: float = _f(5e-3, "log scales", ge=0.0)
+    quats: float = _f(1e-3, "rotation quaternions (unnormalised)", ge=0.0)
 
 
 @dataclass
 class TrainConfig:
-    iterations: int = _f(30000, "total optimisation steps", ge=0)
+    iterations: int = _f(4000, "total optimisation steps", ge=0)
     batch_size: int = _f(1, "training cameras per step; the loss is their mean, and each step takes the next "
                          "batch_size views of the seeded view order", ge=1)
-    sh_increase_every: int = _f(1000, "one more SH degree every n steps", ge=0)
+    sh_increase_every: int = _f(500, "one more SH degree every n steps", ge=0)
     appearance: Literal["none", "affine"] = _f(
         "none", "affine: a learned per-train-image colour correction A rgb + b (exposure, white balance) "
         "applied to the render before the loss (splat/appearance.py)")
@@ -105,37 +105,50 @@ class TrainConfig:
 @dataclass
 class LossConfig:
     ssim_lambda: float = _f(0.2, "weight of D-SSIM against L1", ge=0.0, le=1.0)
-    dist_lambda: float = _f(100.0, "2DGS depth distortion weight", ge=0.0)
-    dist_from: int = _f(3000, "step where the distortion loss starts", ge=0)
+    dist_lambda: float = _f(1000.0, "2DGS depth distortion weight (on m(z), see docs/conventions.md)", ge=0.0)
+    dist_from: int = _f(1000, "step where the distortion loss starts", ge=0)
     normal_lambda: float = _f(0.05, "2DGS normal consistency weight", ge=0.0)
-    normal_from: int = _f(7000, "step where the normal loss starts", ge=0)
-    depth_for_normal: Literal["expected", "median"] = _f("expected")
+    normal_from: int = _f(1500, "step where the normal loss starts", ge=0)
+    depth_for_normal: Literal["expected", "median"] = _f(
+        "expected", "rendered depth whose screen-space derivatives give the normal consistency's target normals")
 
 
 @dataclass
 class StrategyConfig:
+    """Adaptive density control (splat/strategy/default.py: gsplat's default
+    strategy). Gradients are in normalised-device units, screen sizes are
+    fractions of max(width, height), world sizes multiples of the scene radius."""
+
     name: Literal["default", "none"] = _f("default", "3DGS clone/split/prune, or a fixed set")
-    prune_opa: float = _f(0.005, ge=0.0, le=1.0)
-    grow_grad2d: float = _f(0.0002, ge=0.0)
-    grow_scale3d: float = _f(0.01, ge=0.0)
-    grow_scale2d: float = _f(0.05, ge=0.0)
-    prune_scale3d: float = _f(0.1, ge=0.0)
-    prune_scale2d: float = _f(0.15, ge=0.0)
-    refine_scale2d_stop: int = _f(0, ge=0)
-    refine_start: int = _f(500, ge=0)
-    refine_stop: int = _f(15000, ge=0)
-    refine_every: int = _f(100, ge=1)
-    reset_every: int = _f(3000, "0: never", ge=0)
-    pause_refine_after_reset: int = _f(0, ge=0)
-    max_gaussians: int = _f(0, "0: no cap", ge=0)
-    verbose: bool = _f(False)
+    prune_opa: float = _f(0.005, "prune primitives whose opacity is below this", ge=0.0, le=1.0)
+    grow_grad2d: float = _f(0.0002, "grow (clone or split) primitives whose mean screen-space position gradient "
+                            "exceeds this", ge=0.0)
+    grow_scale3d: float = _f(0.01, "growing primitives with largest scale <= this x scene radius are cloned, "
+                             "larger ones split", ge=0.0)
+    grow_scale2d: float = _f(0.05, "before refine_scale2d_stop, also split primitives larger than this on screen",
+                             ge=0.0)
+    prune_scale3d: float = _f(0.1, "after the first opacity reset, prune primitives larger than this x scene radius",
+                              ge=0.0)
+    prune_scale2d: float = _f(0.15, "after the first opacity reset and before refine_scale2d_stop, prune "
+                              "primitives larger than this on screen", ge=0.0)
+    refine_scale2d_stop: int = _f(0, "step until which the screen-size rules (grow_scale2d, prune_scale2d) apply; "
+                                  "0: never", ge=0)
+    refine_start: int = _f(500, "first step that refines (grows and prunes)", ge=0)
+    refine_stop: int = _f(2500, "refining and gradient statistics stop at this step", ge=0)
+    refine_every: int = _f(100, "refine every n steps in [refine_start, refine_stop)", ge=1)
+    reset_every: int = _f(1000, "clamp opacities to 2 x prune_opa every n steps (0: never)", ge=0)
+    pause_refine_after_reset: int = _f(0, "no refining for this many steps after each opacity reset", ge=0)
+    max_gaussians: int = _f(0, "cap on the number of primitives; when growth would exceed it, only those with the "
+                            "largest gradients grow (0: no cap)", ge=0)
+    verbose: bool = _f(False, "print the counts cloned, split and pruned at each refinement")
 
 
 @dataclass
 class RenderConfig:
     backend: Literal["auto", "cpu", "cuda", "torch"] = _f("auto", "passed to splat.rasterize")
     near: float = _f(0.2, "0 < near < far", gt=0.0)
-    far: float = _f(100.0, gt=0.0)
+    far: float = _f(100.0, "far plane: primitives whose centre is beyond it are culled; the distortion loss "
+                    "works on m(z), 0 at near and 1 at far", gt=0.0)
     depth: Literal["expected", "median"] = _f("expected", "depth written by render.py and used for metrics/mesh")
 
 

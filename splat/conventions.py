@@ -11,7 +11,7 @@ Depth
     Camera-space z.  The depth-distortion loss uses the normalised depth
     ``m(z) = far / (far - near) * (1 - near / z)``.
 
-The same numbers appear in ``cuda_rasterizer/core.h`` (the kernels cannot
+The same numbers appear in ``kernels/core.h`` (the kernels cannot
 import Python).  ``tests/test_conventions.py`` parses that header and checks
 that both agree, so they cannot drift apart.
 """

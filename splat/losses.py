@@ -65,7 +65,7 @@ def ssim(
 
     Speed (it runs every step): on the CPU, for [H, W, C] images where only
     ``img1`` needs a gradient and ``reduce=True`` (the training loss), a fused
-    C++ op computes the mean and its exact gradient (splat/cuda_rasterizer/
+    C++ op computes the mean and its exact gradient (splat/kernels/
     cpu/ssim_cpu.h, which writes out the maths); :func:`ssim_torch` is the same
     function in plain PyTorch, used everywhere else and as its test oracle.
     """
@@ -281,7 +281,7 @@ def depth_normal_consistency_loss(
 
     On the CPU, when K and viewmat need no gradient, one fused C++ op computes
     it and its exact gradient for depth and rendered_normal
-    (splat/cuda_rasterizer/cpu/normal_loss_cpu.h, which writes out the maths)
+    (splat/kernels/cpu/normal_loss_cpu.h, which writes out the maths)
     instead of ~30 whole-image torch ops; elsewhere the two functions above.
     """
     if K.requires_grad or viewmat.requires_grad or not _cpu_kernels_take(depth, rendered_normal):

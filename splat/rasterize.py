@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -16,7 +17,8 @@ from . import _backend
 from . import conventions as cv
 from ._backend import has_cuda_kernels, has_extension, load_extension
 from .outputs import RasterOutput, compose
-from .reference import camera_center, facing_normals, quat_to_rotmat, rasterize_reference
+from .geometry import quat_to_rotmat
+from .reference import camera_center, facing_normals, rasterize_reference
 from .sh import eval_sh, num_sh_bases
 
 BACKENDS = ("auto", "cuda", "cpu", "torch")
@@ -24,8 +26,10 @@ BACKENDS = ("auto", "cuda", "cpu", "torch")
 MAX_IMAGE_SIDE = 1 << 16
 
 
-def rasterize(means, quats, scales, opacities, colors, viewmat, K, width, height,
-              near=0.2, far=100.0, background=None, sh_degree=None, backend="auto") -> RasterOutput:
+def rasterize(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor, opacities: torch.Tensor,
+              colors: torch.Tensor, viewmat: torch.Tensor, K: torch.Tensor, width: int, height: int,
+              near: float = 0.2, far: float = 100.0, background: Optional[torch.Tensor] = None,
+              sh_degree: Optional[int] = None, backend: str = "auto") -> RasterOutput:
     """Renders N 2D Gaussian surfels into a W x H image.
 
     Args:
@@ -170,7 +174,7 @@ def _magnitude_limits(dtype):
 def _project_cpu(means, quats, scales, opacities, colors, viewmat, K, width, height, near, far, sh_degree,
                  grad_enabled):
     """_project and _surfel_colors fused into one C++ op with an exact backward
-    (splat/cuda_rasterizer/cpu/project_cpu.cpp), for CPU tensors when viewmat
+    (splat/kernels/cpu/project_cpu.cpp), for CPU tensors when viewmat
     and K need no gradient.  Same outputs as the torch path up to float
     rounding (tests/test_projection.py).  means2d is folded in by the op's
     backward: its gradient is dL/d(screen translation), as in rasterize().
@@ -318,40 +322,75 @@ def _screen_bounds(M, center, opacities, in_range, width, height):
 # ---------------------------------------------------------------------------
 # The autograd bridge to the compiled kernels
 # ---------------------------------------------------------------------------
+class RasterState(NamedTuple):
+    """What a raster kernel's forward keeps for its backward, in the order the
+    backward takes it (kernels/op_signatures.h SPLAT_BACKWARD_STATE_PARAMS)."""
+
+    tile_offsets: torch.Tensor  # int64 [tiles + 1]
+    point_list: torch.Tensor  # int32 [P] primitive ids, tile by tile, front to back
+    end: torch.Tensor  # int32 [H, W]
+    median_index: torch.Tensor  # int32 [H, W]
+    transmittance: torch.Tensor  # [H, W]
+    totals: torch.Tensor  # [H, W, kTotalsSize]
+
+
+#: The kernels' forward results: the six raw sums of compose(), then these, then
+#: any backend state (the CPU surfel kernels' packed records) for the backward.
+_SUM_NAMES = ("color_sum", "transmittance", "depth_sum", "normal_sum", "distortion", "median_depth")
+_BINNING_NAMES = ("end", "median_index", "totals", "tile_offsets", "point_list")
+
+
+def raster_forward(ctx, kernel, inputs, width, height, near, far):
+    """Runs a raster kernel's forward (``kernel(*inputs, width, height, near,
+    far)``), saves its inputs and :class:`RasterState` (and any backend state)
+    on ``ctx`` for :func:`raster_backward`, and returns the six raw sums."""
+    inputs = [t.contiguous() for t in inputs]
+    outs = kernel(*inputs, width, height, near, far)
+    named = dict(zip(_SUM_NAMES + _BINNING_NAMES, outs))
+    state = RasterState(**{k: named[k] for k in RasterState._fields})
+    backend_state = outs[len(_SUM_NAMES) + len(_BINNING_NAMES):]
+    ctx.save_for_backward(*inputs, *state, *backend_state)
+    ctx.num_inputs = len(inputs)
+    ctx.image = (width, height, near, far)
+    return tuple(named[k] for k in _SUM_NAMES)
+
+
+def saved_inputs(ctx):
+    """The kernel inputs :func:`raster_forward` saved (contiguous)."""
+    return ctx.saved_tensors[:ctx.num_inputs]
+
+
+def raster_backward(ctx, kernel, v_sums):
+    """Runs a raster kernel's backward (``kernel(*inputs, width, height, near,
+    far, *RasterState, *upstream, *backend state)``) on what
+    :func:`raster_forward` saved and the six upstream gradients ``v_sums``;
+    returns its per-primitive gradient records [N, record size]."""
+    saved = ctx.saved_tensors
+    inputs = saved[:ctx.num_inputs]
+    state = RasterState(*saved[ctx.num_inputs:ctx.num_inputs + len(RasterState._fields)])
+    backend_state = saved[ctx.num_inputs + len(RasterState._fields):]
+    width, height = ctx.image[:2]
+    upstream = upstream_grads(inputs[0], height, width, *v_sums)
+    return kernel(*inputs, *ctx.image, *state, *upstream, *backend_state)
+
+
 class _RasterizeSurfels(torch.autograd.Function):
-    """Per-pixel rasterization by splat._C.  Returns the raw sums of compose()."""
+    """Per-pixel rasterization of surfels by splat._C.  Returns the raw sums of compose()."""
 
     @staticmethod
     def forward(ctx, Tuvw, center, normal, color, opacity, depth, pixel_rect, width, height, near, far):
         ext = load_extension()
-        on_gpu = Tuvw.is_cuda
-        args = [t.contiguous() for t in (Tuvw, center, normal, color, opacity, depth, pixel_rect)]
-        fwd = ext.forward_cuda if on_gpu else ext.forward_cpu
-        outs = fwd(*args, width, height, near, far)
-        (color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth,
-         end, median_index, totals, tile_offsets, point_list) = outs[:11]
-        # Anything after is backend state for the backward pass (the CPU
-        # kernels' packed surfel records), passed back as the last argument.
-        ctx.save_for_backward(*args, tile_offsets, point_list, end, median_index, transmittance, totals,
-                              *outs[11:])
-        ctx.image = (width, height, near, far)
-        return color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth
+        kernel = ext.forward_cuda if Tuvw.is_cuda else ext.forward_cpu
+        return raster_forward(ctx, kernel, (Tuvw, center, normal, color, opacity, depth, pixel_rect),
+                              width, height, near, far)
 
     @staticmethod
-    def backward(ctx, v_color_sum, v_transmittance, v_depth_sum, v_normal_sum, v_distortion, v_median):
+    def backward(ctx, *v_sums):
         ext = load_extension()
-        saved = ctx.saved_tensors
-        inputs, binning_and_state = saved[:7], saved[7:13]
-        extra = saved[13:]
-        Tuvw = inputs[0]
-        H, W = ctx.image[1], ctx.image[0]
-
-        upstream = upstream_grads(Tuvw, H, W, v_color_sum, v_transmittance, v_depth_sum, v_normal_sum,
-                                  v_distortion, v_median)
-        bwd = ext.backward_cuda if Tuvw.is_cuda else ext.backward_cpu
-        v = bwd(*inputs, *ctx.image, *binning_and_state, *upstream, *extra)  # [N, 18]
-        return (v[:, 0:9], v[:, 9:11], v[:, 11:14], v[:, 14:17], v[:, 17],
-                None, None, None, None, None, None)
+        kernel = ext.backward_cuda if saved_inputs(ctx)[0].is_cuda else ext.backward_cpu
+        v = raster_backward(ctx, kernel, v_sums)  # [N, 18]: core.h's surfel gradient record
+        v_Tuvw, v_center, v_normal, v_color, v_opacity = v[:, 0:9], v[:, 9:11], v[:, 11:14], v[:, 14:17], v[:, 17]
+        return v_Tuvw, v_center, v_normal, v_color, v_opacity, None, None, None, None, None, None
 
 
 def upstream_grads(like, H, W, v_color_sum, v_transmittance, v_depth_sum, v_normal_sum, v_distortion, v_median):

@@ -1,4 +1,4 @@
-"""``splat.rasterize_3dgs``: 3D Gaussians through the surfels' tile pipeline (issue 22).
+"""``splat.rasterize_3dgs``: 3D Gaussians through the surfels' tile pipeline.
 
 The same binning, depth sort, front-to-back blending, back-to-front walk
 with ``last_dL_dT``, outputs (rgb, alpha, expected and median depth,
@@ -20,12 +20,15 @@ the compiled kernel does the per-pixel work and its exact backward.
 """
 from __future__ import annotations
 
+from typing import Optional, Tuple
+
 import torch
 
 from . import conventions as cv
 from ._backend import load_extension
 from .outputs import RasterOutput, compose
-from .rasterize import _connect, _empty_sums, _surfel_colors, _validate, depth_in_range, upstream_grads
+from .rasterize import (_connect, _empty_sums, _surfel_colors, _validate, depth_in_range, raster_backward,
+                        raster_forward, saved_inputs)
 from .rasterize import _resolve_backend as resolve_backend
 from .reference_3dgs import project_gaussians, rasterize_reference_3dgs
 
@@ -35,9 +38,10 @@ __all__ = ["rasterize_3dgs", "gaussian_kernel_inputs"]
 _SYM3 = ([0, 0, 0, 1, 1, 2], [0, 1, 2, 1, 2, 2])
 
 
-def rasterize_3dgs(means, quats, scales, opacities, colors, viewmat, K, width, height,
-                   near=0.2, far=100.0, background=None, sh_degree=None, backend="auto",
-                   antialiased=False) -> RasterOutput:
+def rasterize_3dgs(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor, opacities: torch.Tensor,
+                   colors: torch.Tensor, viewmat: torch.Tensor, K: torch.Tensor, width: int, height: int,
+                   near: float = 0.2, far: float = 100.0, background: Optional[torch.Tensor] = None,
+                   sh_degree: Optional[int] = None, backend: str = "auto", antialiased: bool = False) -> RasterOutput:
     """Renders N 3D Gaussians into a W x H image.
 
     Args:
@@ -75,8 +79,11 @@ def rasterize_3dgs(means, quats, scales, opacities, colors, viewmat, K, width, h
                                      far, background, sh_degree, backend, antialiased)[0]
 
 
-def rasterize_3dgs_and_inputs(means, quats, scales, opacities, colors, viewmat, K, width, height, near=0.2,
-                              far=100.0, background=None, sh_degree=None, backend="auto", antialiased=False):
+def rasterize_3dgs_and_inputs(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor,
+                              opacities: torch.Tensor, colors: torch.Tensor, viewmat: torch.Tensor, K: torch.Tensor,
+                              width: int, height: int, near: float = 0.2, far: float = 100.0,
+                              background: Optional[torch.Tensor] = None, sh_degree: Optional[int] = None,
+                              backend: str = "auto", antialiased: bool = False) -> Tuple[RasterOutput, dict]:
     """:func:`rasterize_3dgs`, and the :func:`gaussian_kernel_inputs` it
     rendered from (the drop-ins read conics and radii there instead of
     projecting again)."""
@@ -121,8 +128,9 @@ def rasterize_3dgs_and_inputs(means, quats, scales, opacities, colors, viewmat, 
     return compose(*sums, background=background, radii=radii, means2d=means2d), kin
 
 
-def gaussian_kernel_inputs(means, quats, scales, opacities, viewmat, K, width, height, near, far,
-                           antialiased=False) -> dict:
+def gaussian_kernel_inputs(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor, opacities: torch.Tensor,
+                           viewmat: torch.Tensor, K: torch.Tensor, width: int, height: int, near: float, far: float,
+                           antialiased: bool = False) -> dict:
     """The per-Gaussian rows the kernels read (core.h "3D Gaussians"), for the
     Gaussians that are not culled.
 
@@ -204,24 +212,15 @@ class _RasterizeGaussians(torch.autograd.Function):
     @staticmethod
     def forward(ctx, params, color, depth, pixel_rect, width, height, near, far):
         ext = load_extension()
-        args = [t.contiguous() for t in (params, color, depth, pixel_rect)]
-        forward = ext.forward_gaussians_cuda if params.is_cuda else ext.forward_gaussians_cpu
-        outs = forward(*args, width, height, near, far)
-        (color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth,
-         end, median_index, totals, tile_offsets, point_list) = outs
-        ctx.save_for_backward(*args, tile_offsets, point_list, end, median_index, transmittance, totals)
-        ctx.image = (width, height, near, far)
-        return color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth
+        kernel = ext.forward_gaussians_cuda if params.is_cuda else ext.forward_gaussians_cpu
+        return raster_forward(ctx, kernel, (params, color, depth, pixel_rect), width, height, near, far)
 
     @staticmethod
-    def backward(ctx, v_color_sum, v_transmittance, v_depth_sum, v_normal_sum, v_distortion, v_median):
+    def backward(ctx, *v_sums):
         ext = load_extension()
-        saved = ctx.saved_tensors
-        params = saved[0]
-        width, height = ctx.image[0], ctx.image[1]
-        upstream = upstream_grads(params, height, width, v_color_sum, v_transmittance, v_depth_sum, v_normal_sum,
-                                  v_distortion, v_median)
-        backward = ext.backward_gaussians_cuda if params.is_cuda else ext.backward_gaussians_cpu
-        v = backward(*saved[:4], *ctx.image, *saved[4:], *upstream)  # [M, 30]
+        params = saved_inputs(ctx)[0]
+        kernel = ext.backward_gaussians_cuda if params.is_cuda else ext.backward_gaussians_cpu
+        v = raster_backward(ctx, kernel, v_sums)  # [M, 30]: core.h's Gaussian gradient record
         p = params.shape[1]
-        return v[:, :p], v[:, p:], None, None, None, None, None, None
+        v_params, v_color = v[:, :p], v[:, p:]
+        return v_params, v_color, None, None, None, None, None, None

@@ -19,24 +19,7 @@ from __future__ import annotations
 import torch
 
 from . import conventions as cv
-
-
-def quat_to_rotmat(quats: torch.Tensor) -> torch.Tensor:
-    """Rotation matrices [N, 3, 3] from quaternions [N, 4] (w, x, y, z), normalised here."""
-    # Dividing by the largest component first keeps |q|^2 finite for any
-    # finite q (a float32 |q| >= 2e19 would overflow to inf, a tiny one
-    # underflow to 0).  The factor is held constant (detached): q / |q| does
-    # not depend on it, so the gradient is exactly that of q / |q|.
-    q = quats / quats.detach().abs().amax(dim=-1, keepdim=True)
-    w, x, y, z = (q / q.norm(dim=-1, keepdim=True)).unbind(-1)
-    return torch.stack(
-        [
-            1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
-            2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
-            2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
-        ],
-        dim=-1,
-    ).reshape(-1, 3, 3)
+from .geometry import quat_to_rotmat
 
 
 def camera_center(viewmat: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The plain-PyTorch reference for **3D Gaussians** (issue 22): the oracle for
+"""The plain-PyTorch reference for **3D Gaussians**: the oracle for
 the 3DGS kernels, as :mod:`splat.reference` is for surfels.
 
 Slow and direct; every sample is computed for every pixel, and the blending,
@@ -53,7 +53,8 @@ from __future__ import annotations
 import torch
 
 from . import conventions as cv
-from .reference import composite_image, quat_to_rotmat
+from .geometry import quat_to_rotmat
+from .reference import composite_image
 
 __all__ = ["project_gaussians", "sample_depth_and_normal", "rasterize_reference_3dgs"]
 

@@ -1,8 +1,13 @@
-"""Real spherical harmonics up to degree 3 (the 3DGS basis and ordering)."""
+"""Real spherical harmonics up to degree 3 (the 3DGS basis and ordering).
+
+Colour follows the 3DGS convention: ``rgb = max(SH(dir) + 0.5, 0)``, so the
+degree-0 term alone is ``C0 * sh0 + 0.5`` (:func:`sh_to_rgb`).
+"""
 from __future__ import annotations
 
 import torch
 
+#: Real spherical-harmonic constant of degree 0: Y_0^0 = 1 / (2 sqrt(pi)).
 C0 = 0.28209479177387814
 C1 = 0.4886025119029199
 C2 = (1.0925484305920792, -1.0925484305920792, 0.31539156525252005, -1.0925484305920792, 0.5462742152960396)
@@ -19,6 +24,7 @@ MAX_SH_DEGREE = 3
 
 
 def num_sh_bases(degree: int) -> int:
+    """Number of SH coefficients per colour channel for ``degree``: (d+1)^2."""
     return (degree + 1) ** 2
 
 
@@ -56,6 +62,11 @@ def eval_sh(degree: int, coeffs: torch.Tensor, dirs: torch.Tensor) -> torch.Tens
     return (basis.unsqueeze(-1) * coeffs[:, : basis.shape[-1]]).sum(dim=1)
 
 
-def rgb_to_sh_dc(rgb: torch.Tensor) -> torch.Tensor:
-    """The degree-0 coefficient that renders as ``rgb`` (inverse of the 0.5 offset)."""
+def rgb_to_sh(rgb: torch.Tensor) -> torch.Tensor:
+    """The degree-0 coefficient that renders as ``rgb`` (inverse of :func:`sh_to_rgb`)."""
     return (rgb - 0.5) / C0
+
+
+def sh_to_rgb(sh: torch.Tensor) -> torch.Tensor:
+    """Colour of a degree-0 coefficient: ``C0 * sh + 0.5``."""
+    return sh * C0 + 0.5

@@ -15,7 +15,7 @@ Output folder layout::
 
     OUT/config.yaml            resolved config (every field)
     OUT/checkpoints/ckpt_NNNNNNN.pt  atomic checkpoints (the newest ``checkpoint.keep``)
-    OUT/point_cloud.ply        final model, INRIA attribute names (splat.model.save_ply)
+    OUT/point_cloud.ply        final model, INRIA attribute names (splat.ply.save_ply)
     OUT/metrics.json           test metrics, n_gaussians, iterations, train_seconds, peak_memory_mb
                                (test.psnr_masked / test.ssim_masked inside the object masks: eval.masked)
 
@@ -64,7 +64,8 @@ from .distributed.sharded_model import whole_model
 from .distributed.shard import rebalance
 from .evaluation import check_eval_masks, evaluate_frames
 from .errors import RunStateError, SplatInputError
-from .model import GaussianModel, save_ply
+from .model import GaussianModel
+from .ply import save_ply
 from .optimizers import make_optimizers  # noqa: F401 (re-exported)
 from .progress import LogLines, format_duration, summary_line, use_progress_bar  # noqa: F401 (re-exported)
 from .devices import peak_memory_mb, resolve_device  # noqa: F401 (re-exported)

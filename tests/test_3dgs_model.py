@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from splat.errors import SplatInputError
-from splat.model import PLY_THIN_FACTOR, create_from_points, load_ply, ply_attribute_names, quat_to_rotmat, save_ply
+from splat.geometry import quat_to_rotmat
+from splat.model import create_from_points
+from splat.ply import PLY_THIN_FACTOR, load_ply, ply_attribute_names, save_ply
 from splat.model_render import render_frame
 from splat.trainer import Trainer
 

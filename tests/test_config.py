@@ -96,3 +96,37 @@ def test_empty_yaml_gives_defaults(tmp_path):
     p = tmp_path / "empty.yaml"
     p.write_text("# nothing\n")
     assert load_config(str(p)) == check_config(DEFAULT_CONFIG)
+
+
+def test_default_yaml_is_the_declared_defaults():
+    """One set of defaults: configs/default.yaml sets every field to its
+    declared default, so load_config() and `python train.py` train the same."""
+    from_file = load_config(str(ROOT / "configs" / "default.yaml"))
+    declared = check_config(DEFAULT_CONFIG)
+
+    def differ(a, b, prefix=""):
+        for k in a:
+            if isinstance(a[k], dict):
+                yield from differ(a[k], b[k], prefix + k + ".")
+            elif a[k] != b[k] or type(a[k]) is not type(b[k]):
+                yield f"{prefix}{k}: default.yaml {a[k]!r}, splat/config.py {b[k]!r}"
+
+    assert not list(differ(from_file, declared))
+
+
+def test_every_field_is_documented():
+    """The generated config reference has a meaning for every field."""
+    import dataclasses
+    import typing
+
+    from splat.config import SplatConfig
+
+    def undocumented(cls, prefix=""):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[f.name]):
+                yield from undocumented(hints[f.name], prefix + f.name + ".")
+            elif not f.metadata.get("doc"):
+                yield prefix + f.name
+
+    assert not list(undocumented(SplatConfig))

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from splat import conventions as cv
 
-CORE = Path(__file__).resolve().parents[1] / "splat" / "cuda_rasterizer" / "core.h"
+CORE = Path(__file__).resolve().parents[1] / "splat" / "kernels" / "core.h"
 
 
 def _header_constants():

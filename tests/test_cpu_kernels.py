@@ -1,6 +1,6 @@
 """The CPU kernel modes against each other, and core.h's float32 exp.
 
-The CPU backend has three modes (splat/cuda_rasterizer/cpu/rasterize_cpu.cpp):
+The CPU backend has three modes (splat/kernels/cpu/rasterize_cpu.cpp):
 0 = one pixel at a time over each surfel's whole pixel rectangle (the plain
 loop), 1 = one pixel at a time over exact per-row spans of the footprint,
 2 = 8 float32 pixels at a time: two 4-pixel windows over each surfel's

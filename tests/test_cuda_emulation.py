@@ -1,6 +1,6 @@
 """The CUDA kernels, executed on the CPU under emulation, against the CPU backend.
 
-The UNCHANGED ``splat/cuda_rasterizer/cuda/*.cu`` are compiled with the host
+The UNCHANGED ``splat/kernels/cuda/*.cu`` are compiled with the host
 C++ compiler against the cudaemu shim (tests/cuda_emulation/, built just in
 time and cached like splat's JIT extension) and driven by the very host call
 sequence of the CUDA bindings (cuda/host_sequence.h).  Each block's threads

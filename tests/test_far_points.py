@@ -11,7 +11,7 @@ from splat.data.far_points import FAR_SPHERE_RADII, far_points
 from splat.data.initial_points import COVERAGE_CELLS, coverage
 from splat.data.random_points import look_region
 from splat.data.types import Frame
-from splat.model import pixel_rays
+from splat.geometry import pixel_rays
 from splat.testing import intrinsics, look_at_viewmat
 
 W, H = 64, 48
@@ -73,7 +73,7 @@ def test_only_the_holes_cast_rays():
     V = torch.stack([f.viewmat for f in frames])
     # Each point comes from a left-half cell of some view; merging keeps one
     # candidate per patch of sky, so some view must see it in its left half.
-    from splat.model import project_points
+    from splat.geometry import project_points
     uv, z = project_points(pts, V, torch.stack([f.K for f in frames]))
     left = ((z > 0) & (uv[..., 0] >= 0) & (uv[..., 0] < W / 2 + W / COVERAGE_CELLS)
             & (uv[..., 1] >= 0) & (uv[..., 1] < H)).any(0)

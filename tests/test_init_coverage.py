@@ -21,7 +21,7 @@ from splat.data.initial_points import (COVERAGE_CELLS, MAX_INIT_SCALE_PX, covera
                                        pixel_footprint, thin_to_cells, uncovered_filter)
 from splat.data.types import Frame, SceneData
 from splat.errors import SplatInputError
-from splat.model import knn_mean_distance
+from splat.geometry import knn_mean_distance
 from splat.testing import intrinsics, look_at_viewmat, surface_scene
 from splat.trainer import Trainer
 from splat.training.initial_model import initial_model

@@ -23,7 +23,7 @@ from splat.data.random_points import look_region, photo_consistent_points
 from splat.data.stereo_points import stereo_points
 from splat.data.triangulate import triangulate_scene
 from splat.data.types import Frame, SceneData
-from splat.model import random_points_in_frustums
+from splat.geometry import random_points_in_frustums
 from splat.testing import intrinsics, look_at_viewmat, surface_scene
 from splat.trainer import LogLines, Trainer, format_duration
 

@@ -132,7 +132,7 @@ def test_ssim_separable_equals_2d_window():
     assert torch.allclose(ssim(a, b, reduce=False), ref, atol=1e-12)
 
 
-# ---- the fused CPU SSIM (splat/cuda_rasterizer/cpu/ssim_cpu.h) against ssim_torch --------
+# ---- the fused CPU SSIM (splat/kernels/cpu/ssim_cpu.h) against ssim_torch --------
 def _ssim_pair(h, w, c, dtype, seed=0):
     g = torch.Generator().manual_seed(seed)
     a = torch.rand(h, w, c, generator=g, dtype=torch.float64).to(dtype).requires_grad_(True)
@@ -204,7 +204,7 @@ def test_ssim_falls_back_to_torch_where_the_fused_op_does_not_apply():
 def _normal_loss_case(h, w, dtype, seed=0, hole=0.0):
     """Depth with an invalid pixel (z = hole) and an invalid row (z = -1),
     random normals and alpha, an off-centre camera with a rotation."""
-    from splat.reference import quat_to_rotmat
+    from splat.geometry import quat_to_rotmat
 
     g = torch.Generator().manual_seed(seed)
     depth = 2.0 + torch.rand(h, w, generator=g, dtype=torch.float64)

@@ -18,7 +18,7 @@ import torch
 import splat
 from splat.mesh.open3d_import import explain_import_error, missing_library
 from splat.mesh.views import FusionView, fused_depth
-from splat.model import pixel_rays
+from splat.geometry import pixel_rays
 from splat.testing import look_at_viewmat, quats_from_normals
 
 SIZE = 96

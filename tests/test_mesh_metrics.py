@@ -34,7 +34,7 @@ o3d = pytest.importorskip("open3d")
 
 from splat.mesh.metrics import (CAP_FRACTION, THRESHOLD_FRACTION, depth_points, distance_scores,  # noqa: E402
                                 evaluate_mesh, in_box, padded_box, sample_surface, triangle_areas)
-from splat.model import project_points  # noqa: E402
+from splat.geometry import project_points  # noqa: E402
 from splat.testing import intrinsics, look_at_viewmat  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

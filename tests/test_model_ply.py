@@ -8,21 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from splat.model import (
-    PLY_THIN_FACTOR,
-    GaussianModel,
-    create_from_points,
-    knn_mean_distance,
-    load_ply,
-    ply_attribute_names,
-    quat_to_rotmat,
-    project_points,
-    random_points_in_frustums,
-    rgb_to_sh,
-    save_ply,
-    seen_by,
-    sh_to_rgb,
-)
+from splat.geometry import knn_mean_distance, project_points, quat_to_rotmat, random_points_in_frustums, seen_by
+from splat.model import GaussianModel, create_from_points
+from splat.ply import PLY_THIN_FACTOR, load_ply, ply_attribute_names, save_ply
+from splat.sh import rgb_to_sh, sh_to_rgb
 
 
 def random_model(n: int = 50, degree: int = 3, seed: int = 0) -> GaussianModel:

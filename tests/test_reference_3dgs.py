@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from splat import conventions as cv
-from splat.reference import quat_to_rotmat
+from splat.geometry import quat_to_rotmat
 from splat.reference_3dgs import project_gaussians, rasterize_reference_3dgs, sample_depth_and_normal
 
 W, H = 20, 16

@@ -23,7 +23,9 @@ import numpy as np
 import pytest
 import torch
 
-from splat.model import GaussianModel, quat_to_rotmat, rgb_to_sh
+from splat.geometry import quat_to_rotmat
+from splat.model import GaussianModel
+from splat.sh import rgb_to_sh
 from splat.config import StrategyConfig
 from splat.strategy import update_params
 from splat.state import PrimitiveState

@@ -22,7 +22,7 @@ from splat.compat.diff_surfel_rasterization import (
     GaussianRasterizer,
 )
 from splat.losses import ssim
-from splat.reference import quat_to_rotmat
+from splat.geometry import quat_to_rotmat
 
 SH_C0 = 0.28209479177387814
 

@@ -30,7 +30,8 @@ def tilted_wall(viewmat: torch.Tensor, nx: int = 14, ny: int = 10, depth: float 
     the right (camera z = depth * (1 + tilt * x / half width)).  Standard
     deviation ``sigma_scale`` x half the grid spacing: 1.1 overlaps them into a
     smooth wall, 0.45 leaves separate dots with sharp edges."""
-    from splat.model import GaussianModel, logit, rgb_to_sh
+    from splat.model import GaussianModel, logit
+    from splat.sh import rgb_to_sh
     from splat.testing import quats_from_normals
 
     half_w, half_h = 0.5 * depth, 0.35 * depth
@@ -66,7 +67,7 @@ def make_viewer_run(out: Path, **wall) -> Path:
     point_cloud.ply (:func:`tilted_wall` with the keyword arguments ``wall``)."""
     from splat.run_folder import save_config
     from splat.config import load_config
-    from splat.model import save_ply
+    from splat.ply import save_ply
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

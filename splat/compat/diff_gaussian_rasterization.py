@@ -16,7 +16,7 @@ What it takes, in INRIA's units and layouts
     * The camera: ``viewmatrix`` (``world_view_transform``, transposed
       world -> camera), ``projmatrix`` (``full_proj_transform``),
       ``tanfovx``/``tanfovy``, ``campos``: exactly as 2DGS's module, which
-      took them from INRIA (:func:`splat.compat.diff_surfel_rasterization.camera_from_settings`
+      took them from INRIA (:func:`splat.compat.inria_family.camera_from_settings`
       builds splat's K once, moving INRIA's pixel centre x = j to splat's
       j + 1/2).
     * ``scales`` [N, 3] linear standard deviations times ``scale_modifier``;
@@ -55,13 +55,13 @@ Where the definitions differ from INRIA's kernel
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
+
 from ..rasterize_3dgs import rasterize_3dgs, rasterize_3dgs_and_inputs
-from .diff_surfel_rasterization import GaussianRasterizer as SurfelRasterizer
-from .diff_surfel_rasterization import (CULL_FAR, NEAR, _check_inputs, _Rasterize, _snapshot, _surfel_colors,
-                                        camera_from_settings, edge_tensors, functional_entry)
+from .inria_family import (CULL_FAR, NEAR, InriaRasterizer, camera_from_settings, check_inputs, colors_for_splat,
+                           edge_tensors, functional_entry, run_render)
 
 #: INRIA's radius: 3 standard deviations of the dilated 2D covariance.
 RADIUS_SIGMAS = 3.0
@@ -107,7 +107,7 @@ def _render(cam, settings, means3D, shs, colors_precomp, opacities, scales, rota
     n = means3D.shape[0]
     viewmat, K, opac, background = edge_tensors(cam, settings, means3D, opacities, bg)
     depth = means3D @ viewmat[2, :3] + viewmat[2, 3]  # [N] camera z of the centres
-    colors, sh_degree = _surfel_colors(cam, settings, means3D, shs, colors_precomp, may_fuse=True)
+    colors, sh_degree = colors_for_splat(cam, settings, means3D, shs, colors_precomp, may_fuse=True)
     scales = scales.to(dtype) * settings.scale_modifier
     rotations = rotations.to(dtype)
     antialiased = bool(settings.antialiasing)
@@ -135,40 +135,38 @@ def _render_tuple(cam, settings, *tensors, want_handle):
     return color, radii, invdepths, handle
 
 
-def rasterize_gaussians(means3D, means2D, sh, colors_precomp, opacities, scales, rotations, cov3Ds_precomp,
-                        raster_settings):
+def rasterize_gaussians(means3D: torch.Tensor, means2D: torch.Tensor, sh: Optional[torch.Tensor],
+                        colors_precomp: Optional[torch.Tensor], opacities: torch.Tensor, scales: Optional[torch.Tensor],
+                        rotations: Optional[torch.Tensor], cov3Ds_precomp: Optional[torch.Tensor],
+                        raster_settings: GaussianRasterizationSettings) -> tuple:
     """INRIA's functional entry (empty tensors standing for "not given" are accepted, as INRIA passes them)."""
     return functional_entry(GaussianRasterizer, means3D, means2D, sh, colors_precomp, opacities, scales, rotations,
                             cov3Ds_precomp, raster_settings)
 
 
-class GaussianRasterizer(SurfelRasterizer):
-    """INRIA's ``GaussianRasterizer``: the module INRIA's ``render`` calls
-    (``markVisible`` is 2DGS's, which is INRIA's: camera z > 0.2)."""
+class GaussianRasterizer(InriaRasterizer):
+    """INRIA's ``GaussianRasterizer``: the module INRIA's ``render`` calls."""
 
-    def forward(self, means3D, means2D, opacities, shs=None, colors_precomp=None, scales=None, rotations=None,
-                cov3D_precomp=None):
+    def __init__(self, raster_settings: GaussianRasterizationSettings):
+        super().__init__(raster_settings)
+
+    def forward(self, means3D: torch.Tensor, means2D: torch.Tensor, opacities: torch.Tensor,
+                shs: Optional[torch.Tensor] = None, colors_precomp: Optional[torch.Tensor] = None,
+                scales: Optional[torch.Tensor] = None, rotations: Optional[torch.Tensor] = None,
+                cov3D_precomp: Optional[torch.Tensor] = None
+                ) -> Union[Tuple[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Returns (color [3, H, W], radii [N] int32), plus invdepths [1, H, W] when the
         settings name ``antialiasing``; see the module docstring."""
         settings = self.raster_settings
         if cov3D_precomp is not None and not (isinstance(cov3D_precomp, torch.Tensor) and cov3D_precomp.numel() == 0):
             raise ValueError("cov3D_precomp: splat takes scales and rotations for 3D Gaussians, not precomputed "
                              "covariances (INRIA's default: compute_cov3D_python off)")
-        _check_inputs(settings, means3D, means2D, opacities, shs, colors_precomp, scales, rotations, None,
-                      num_scales=3, cov_size=6)
+        check_inputs(settings, means3D, means2D, opacities, shs, colors_precomp, scales, rotations, None,
+                     num_scales=3, cov_size=6)
         aa = settings.antialiasing
         if aa is not None and not isinstance(aa, bool):
             raise ValueError(f"antialiasing must be a bool, got {aa!r}")
         cam = camera_from_settings(settings)
         tensors = (means3D, shs, colors_precomp, opacities, scales, rotations, None, settings.bg)
-        try:
-            if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                               for t in tensors + (means2D,)):
-                color, radii, invdepths = _Rasterize.apply(_render_tuple, cam, settings, means2D, *tensors)
-            else:
-                color, radii, invdepths, _ = _render_tuple(cam, settings, *tensors, want_handle=False)
-        except Exception:
-            if settings.debug:
-                _snapshot("snapshot_fw.dump", tensors)
-            raise
+        color, radii, invdepths = run_render(_render_tuple, cam, settings, means2D, tensors)
         return (color, radii) if aa is None else (color, radii, invdepths)

@@ -106,41 +106,26 @@ An argument splat cannot honour raises a one-line error naming it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
-from torch import nn
 
-from .. import conventions as cv
 from .._backend import has_cuda_kernels, has_extension
+from ..geometry import quat_to_rotmat
 from ..outputs import compose
-from ..rasterize import (
-    _check_magnitude,
-    _RasterizeSurfels,
-    _screen_bounds,
-    depth_in_range,
-    rasterize,
-)
-from ..reference import quat_to_rotmat
-from ..sh import MAX_SH_DEGREE, eval_sh, num_sh_bases
+from ..rasterize import _check_magnitude, _RasterizeSurfels, _screen_bounds, depth_in_range, rasterize
+from .inria_family import (CULL_FAR, NEAR, Camera, InriaRasterizer, camera_from_settings, check_inputs,
+                           colors_for_splat, edge_tensors, functional_entry, run_render)
 
-#: 2DGS's kernel constants near_n and far_n: its near culling and per-sample
-#: test, and the range of the distortion's normalised depth m(z).
-NEAR = 0.2
+#: 2DGS's kernel constant far_n: the far end of the distortion's normalised
+#: depth m(z) (its near_n is NEAR).
 FAR = 100.0
-#: splat culls centres at z >= far; 2DGS culls nothing far, so the shim
-#: renders with this far and rescales the distortion (DISTORTION_SCALE).
-CULL_FAR = 1e10
 #: m(z) = far / (far - near) (1 - near / z) is linear in far / (far - near):
 #: the distortion, quadratic in m, converts by the squared ratio.
 DISTORTION_SCALE = ((FAR / (FAR - NEAR)) / (CULL_FAR / (CULL_FAR - NEAR))) ** 2
 #: 2DGS's radius: the 3-sigma box (cutoff 3), at least cutoff * FilterSize px.
 RADIUS_CUTOFF = 3.0
 RADIUS_MIN = RADIUS_CUTOFF * math.sqrt(0.5)
-#: Principal-point offsets and skews below this (pixels) are float32 rounding
-#: of projmatrix, not a camera's.
-SNAP_PIXELS = 0.01
 
 
 class GaussianRasterizationSettings(NamedTuple):
@@ -160,137 +145,9 @@ class GaussianRasterizationSettings(NamedTuple):
     debug: bool
 
 
-@dataclass(frozen=True)
-class Camera:
-    """splat's camera from 2DGS's settings: float64, on the CPU."""
-
-    viewmat: torch.Tensor  # [4, 4] world -> camera, OpenCV
-    K: torch.Tensor  # [3, 3] pixels, centre of pixel (i, j) at (j + 1/2, i + 1/2)
-    width: int
-    height: int
-    campos: torch.Tensor  # [3]
-    campos_is_centre: bool  # campos is the viewmatrix's camera centre (SH fused into splat's projection)
-
-    @property
-    def ndc_per_pixel(self):
-        """(W/2, H/2): a pixel gradient times this is 2DGS's NDC gradient."""
-        return (self.width / 2.0, self.height / 2.0)
-
-
-def _matrix4(name, m):
-    if not isinstance(m, torch.Tensor) or m.shape != (4, 4):
-        got = list(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__
-        raise ValueError(f"{name} must be a [4, 4] tensor, got {got}")
-    m = m.detach().to("cpu", torch.float64)
-    if not bool(torch.isfinite(m).all()):
-        raise ValueError(f"{name} contains NaN or Inf")
-    return m
-
-
-def camera_from_settings(settings: GaussianRasterizationSettings) -> Camera:
-    """Converts 2DGS's camera (transposed matrices, fields of view) to splat's (viewmat, K).
-
-    P = (viewmatrix^-1 projmatrix)^T is the pinhole projection; a camera point
-    (X, Y, Z) lands at 2DGS's pixel x = W/2 (P0 . (X, Y, Z, 1) / Z + 1) - 1/2
-    (column j's centre at x = j), which is splat's x - 1/2.  Hence
-    K = [[W / (2 tanfovx), W/2 P01, W/2 (1 + P02)], [0, H / (2 tanfovy), H/2 (1 + P12)], [0, 0, 1]].
-    """
-    width, height = settings.image_width, settings.image_height
-    for name, value in (("image_width", width), ("image_height", height)):
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    view_t = _matrix4("viewmatrix", settings.viewmatrix)
-    full_t = _matrix4("projmatrix", settings.projmatrix)
-    if not torch.allclose(view_t[:, 3], view_t.new_tensor([0, 0, 0, 1]), atol=1e-6):
-        raise ValueError("viewmatrix must be 2DGS's world_view_transform (world->camera transposed: translation "
-                         f"in the last row, last column (0, 0, 0, 1)), got last column {view_t[:, 3].tolist()}")
-    viewmat = view_t.T.contiguous()
-    P = torch.linalg.solve(view_t, full_t).T  # [4, 4]; full_t = view_t @ P^T
-    big = float(P[:2, :3].abs().max())
-    tol = 1e-5 * max(big, 1.0)
-    if not (torch.allclose(P[3], P.new_tensor([0, 0, 1, 0]), atol=tol) and abs(float(P[1, 0])) <= tol
-            and abs(float(P[0, 3])) <= tol and abs(float(P[1, 3])) <= tol):
-        raise ValueError("projmatrix must be world_view_transform @ projection_matrix with a pinhole projection "
-                         "whose w is the camera z (2DGS's getProjectionMatrix, transposed)")
-    for name, tan, p in (("tanfovx", settings.tanfovx, float(P[0, 0])), ("tanfovy", settings.tanfovy, float(P[1, 1]))):
-        if not (isinstance(tan, (int, float)) and math.isfinite(tan) and tan > 0) or abs(p * tan - 1.0) > 1e-4:
-            raise ValueError(f"{name}={tan!r} disagrees with projmatrix, whose focal term is 1/{name} = {p!r}")
-    fx = width / (2.0 * settings.tanfovx)
-    fy = height / (2.0 * settings.tanfovy)
-
-    def snapped(value):
-        return 0.0 if abs(value) < SNAP_PIXELS else value
-
-    skew = snapped(width / 2.0 * float(P[0, 1]))
-    cx = width / 2.0 + snapped(width / 2.0 * float(P[0, 2]))
-    cy = height / 2.0 + snapped(height / 2.0 * float(P[1, 2]))
-    K = torch.tensor([[fx, skew, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]], dtype=torch.float64)
-    campos = settings.campos
-    if not isinstance(campos, torch.Tensor) or campos.numel() != 3:
-        raise ValueError(f"campos must be a [3] tensor, got {campos!r}")
-    campos = campos.detach().to("cpu", torch.float64).reshape(3)
-    centre = -viewmat[:3, :3].T @ viewmat[:3, 3]
-    is_centre = bool(torch.allclose(campos, centre, rtol=1e-5, atol=1e-5 * max(1.0, float(centre.norm()))))
-    return Camera(viewmat=viewmat, K=K, width=width, height=height, campos=campos, campos_is_centre=is_centre)
-
-
 # ---------------------------------------------------------------------------
 # The renderer
 # ---------------------------------------------------------------------------
-def _check_inputs(settings, means3D, means2D, opacities, shs, colors_precomp, scales, rotations, cov3D_precomp,
-                  num_scales=2, cov_size=9):
-    """2DGS's (and INRIA's: ``num_scales=3``, ``cov_size=6``) argument rules,
-    with one-line errors that use their names."""
-    if (shs is None) == (colors_precomp is None):
-        raise ValueError("pass exactly one of shs and colors_precomp")
-    pair_given = scales is not None or rotations is not None
-    if (cov3D_precomp is None and (scales is None or rotations is None)) or (cov3D_precomp is not None and pair_given):
-        raise ValueError("pass either scales and rotations, or cov3D_precomp (not both)")
-    if not isinstance(means3D, torch.Tensor) or means3D.dim() != 2 or means3D.shape[1] != 3:
-        raise ValueError(f"means3D must be a [N, 3] tensor, got {_shape(means3D)}")
-    n = means3D.shape[0]
-    shapes = {"opacities": ((n, 1), (n,)), "scales": ((n, num_scales),), "rotations": ((n, 4),),
-              "colors_precomp": ((n, 3),), "cov3D_precomp": ((n, cov_size),), "means2D": ((n, 2), (n, 3))}
-    values = {"opacities": opacities, "scales": scales, "rotations": rotations, "colors_precomp": colors_precomp,
-              "cov3D_precomp": cov3D_precomp, "means2D": means2D}
-    for name, value in values.items():
-        if value is not None and (not isinstance(value, torch.Tensor) or tuple(value.shape) not in shapes[name]):
-            want = " or ".join(str(list(s)) for s in shapes[name])
-            extra = " (surfels have two scales)" if name == "scales" and num_scales == 2 else ""
-            raise ValueError(f"{name} must have shape {want}{extra}, got {_shape(value)}")
-    if shs is not None:
-        degree = settings.sh_degree
-        if not isinstance(degree, int) or isinstance(degree, bool) or not 0 <= degree <= MAX_SH_DEGREE:
-            raise ValueError(f"sh_degree must be an int in 0..{MAX_SH_DEGREE}, got {degree!r}")
-        if not isinstance(shs, torch.Tensor) or shs.dim() != 3 or shs.shape[0] != n or shs.shape[2] != 3 \
-                or shs.shape[1] < num_sh_bases(degree):
-            raise ValueError(f"shs must be [N, >= {num_sh_bases(degree)}, 3] for sh_degree={degree}, got {_shape(shs)}")
-    modifier = settings.scale_modifier
-    if not isinstance(modifier, (int, float)) or not math.isfinite(modifier) or modifier < 0:
-        raise ValueError(f"scale_modifier must be a finite number >= 0, got {modifier!r}")
-    bg = settings.bg
-    if not isinstance(bg, torch.Tensor) or bg.numel() != 3:
-        raise ValueError(f"bg must be a [3] tensor, got {_shape(bg)}")
-
-
-def _shape(t):
-    return list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-
-
-def _surfel_colors(cam, settings, means3D, shs, colors_precomp, may_fuse):
-    """(colours, sh_degree) for splat: SH coefficients handed to splat's fused
-    projection when it would use the same direction, else RGB evaluated here
-    along the unit vector from ``campos``."""
-    if colors_precomp is not None:
-        return colors_precomp.to(means3D.dtype), None
-    shs = shs.to(means3D.dtype)
-    if may_fuse and cam.campos_is_centre:
-        return shs, settings.sh_degree
-    dirs = means3D - cam.campos.to(means3D)
-    dirs = dirs / torch.clamp_min(dirs.norm(dim=-1, keepdim=True), 1e-12)
-    return torch.clamp_min(eval_sh(settings.sh_degree, shs, dirs) + cv.SH_COLOR_OFFSET, 0.0), None
-
-
 def _radii_2dgs(M, drawn_radii, width, height):
     """2DGS's radii [N] int32 from splat's screen matrices M [N, 3, 3].
 
@@ -365,30 +222,14 @@ def _rasterize_transforms(cam, transforms, means3D, colors, opacities, backgroun
     return compose(*sums, background=background, radii=radii, means2d=handle), M
 
 
-def edge_tensors(cam, settings, means3D, opacities, bg):
-    """(viewmat, K, opacities [N], background [3]) in means3D's dtype and
-    device; with ``prefiltered``, the promise that no mean lies at camera
-    z <= NEAR is checked (the INRIA-family kernels trap where it is broken)."""
-    dtype, device = means3D.dtype, means3D.device
-    viewmat = cam.viewmat.to(dtype=dtype, device=device)
-    if settings.prefiltered and means3D.shape[0]:
-        z = (means3D.detach().double() @ viewmat[:3, :3].T.double() + viewmat[:3, 3].double())[:, 2]
-        if bool((z <= NEAR).any()):
-            rows = (z <= NEAR).nonzero().flatten()[:5].tolist()
-            raise ValueError(f"prefiltered=True, but means3D rows {rows} lie at camera z <= {NEAR} "
-                             "(the original kernel traps here)")
-    return (viewmat, cam.K.to(dtype=dtype, device=device), opacities.reshape(means3D.shape[0]).to(dtype),
-            bg.reshape(3).to(dtype=dtype, device=device))
-
-
-def _render(cam, settings, means3D, shs, colors_precomp, opacities, scales, rotations, cov3D_precomp, bg,
+def _render(cam: Camera, settings, means3D, shs, colors_precomp, opacities, scales, rotations, cov3D_precomp, bg,
             want_handle):
     """(color [3, H, W], radii [N], allmap [7, H, W], means2d [N, 2] pixel handle)."""
     dtype, device = means3D.dtype, means3D.device
     n = means3D.shape[0]
     viewmat, K, opac, background = edge_tensors(cam, settings, means3D, opacities, bg)
     precomp = cov3D_precomp is not None and n > 0
-    colors, sh_degree = _surfel_colors(cam, settings, means3D, shs, colors_precomp, may_fuse=not precomp)
+    colors, sh_degree = colors_for_splat(cam, settings, means3D, shs, colors_precomp, may_fuse=not precomp)
     if precomp:
         if not (has_cuda_kernels() if means3D.is_cuda else has_extension()):
             raise RuntimeError(f"cov3D_precomp needs splat's compiled kernels for {device.type} tensors, "
@@ -416,113 +257,29 @@ def _render(cam, settings, means3D, shs, colors_precomp, opacities, scales, rota
     return out.rgb.permute(2, 0, 1), radii, allmap, out.means2d
 
 
-def _snapshot(path, tensors):
-    torch.save(tuple(t.detach().cpu().clone() if isinstance(t, torch.Tensor) else t for t in tensors), path)
-    print(f"\nAn error occurred; the inputs are in {path} (debug=True).")
-
-
-class _Rasterize(torch.autograd.Function):
-    """Runs ``render`` (_render here; the INRIA shim's for 3D Gaussians) with
-    its own graph, so that ``means2D`` (which splat's rasterize does not take)
-    receives the gradient of splat's pixel handle in NDC units; every other
-    gradient is the inner graph's, unchanged.  ``render`` returns (color,
-    radii, one more image, handle), where handle is a pixel handle [N, 2] or
-    a tuple of them (one per rendering pass; their gradients add up)."""
-
-    @staticmethod
-    def forward(ctx, render, cam, settings, means2D, *tensors):
-        needs = list(ctx.needs_input_grad[4:])
-        if ctx.needs_input_grad[3] and not any(needs):
-            needs[0] = True  # splat draws its pixel handle only for a graph; means3D's own gradient is dropped
-        with torch.enable_grad():
-            leaves = tuple(t.detach().requires_grad_(need) if isinstance(t, torch.Tensor) else t
-                           for t, need in zip(tensors, needs))
-            color, radii, allmap, handle = render(cam, settings, *leaves, want_handle=ctx.needs_input_grad[3])
-        ctx.inner = (leaves, color, allmap, handle)
-        ctx.cam, ctx.settings = cam, settings
-        ctx.means2D_like = means2D.detach() if means2D is not None else None
-        ctx.mark_non_differentiable(radii)
-        return color.detach(), radii, allmap.detach()
-
-    @staticmethod
-    def backward(ctx, v_color, v_radii, v_allmap):
-        leaves, color, allmap, handle = ctx.inner
-        handles = handle if isinstance(handle, tuple) else (handle,)
-        wanted = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
-        wanted += [h for h in handles if h is not None and h.requires_grad]
-        outputs = [(o, g) for o, g in ((color, v_color), (allmap, v_allmap)) if g is not None and o.requires_grad]
-        if not outputs or not wanted:
-            return (None,) * (4 + len(leaves))
-        try:
-            grads = torch.autograd.grad([o for o, _ in outputs], wanted, [g for _, g in outputs], allow_unused=True)
-        except Exception:
-            if ctx.settings.debug:
-                _snapshot("snapshot_bw.dump", leaves + (v_color, v_allmap))
-            raise
-        by_id = {id(t): g for t, g in zip(wanted, grads)}
-        v_means2D = None
-        if ctx.needs_input_grad[3]:
-            v_means2D = torch.zeros_like(ctx.means2D_like)
-            for h in handles:
-                v_handle = by_id.get(id(h))
-                if v_handle is not None:
-                    scale = v_handle.new_tensor(ctx.cam.ndc_per_pixel)
-                    v_means2D[:, :2] += (v_handle * scale).to(v_means2D.dtype)
-        v_tensors = tuple(by_id.get(id(t)) if isinstance(t, torch.Tensor) and need else None
-                          for t, need in zip(leaves, ctx.needs_input_grad[4:]))
-        ctx.inner = None
-        return (None, None, None, v_means2D) + v_tensors
-
-
-def rasterize_gaussians(means3D, means2D, sh, colors_precomp, opacities, scales, rotations, cov3Ds_precomp,
-                        raster_settings):
+def rasterize_gaussians(means3D: torch.Tensor, means2D: torch.Tensor, sh: Optional[torch.Tensor],
+                        colors_precomp: Optional[torch.Tensor], opacities: torch.Tensor, scales: Optional[torch.Tensor],
+                        rotations: Optional[torch.Tensor], cov3Ds_precomp: Optional[torch.Tensor],
+                        raster_settings: GaussianRasterizationSettings
+                        ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """2DGS's functional entry (empty tensors standing for "not given" are accepted, as 2DGS passes them)."""
     return functional_entry(GaussianRasterizer, means3D, means2D, sh, colors_precomp, opacities, scales, rotations,
                             cov3Ds_precomp, raster_settings)
 
 
-def functional_entry(rasterizer_cls, means3D, means2D, sh, colors_precomp, opacities, scales, rotations,
-                     cov3Ds_precomp, raster_settings):
-    """The INRIA-family ``rasterize_gaussians(...)``: ``rasterizer_cls(raster_settings)`` called with
-    empty tensors (how those modules say "not given") as None."""
-
-    def given(t):
-        return None if isinstance(t, torch.Tensor) and t.numel() == 0 and means3D.shape[0] > 0 else t
-
-    rasterizer = rasterizer_cls(raster_settings)
-    return rasterizer(means3D, means2D, opacities, shs=given(sh), colors_precomp=given(colors_precomp),
-                      scales=given(scales), rotations=given(rotations), cov3D_precomp=given(cov3Ds_precomp))
-
-
-class GaussianRasterizer(nn.Module):
+class GaussianRasterizer(InriaRasterizer):
     """2DGS's ``GaussianRasterizer``: the module 2DGS's ``render`` calls."""
 
     def __init__(self, raster_settings: GaussianRasterizationSettings):
-        super().__init__()
-        self.raster_settings = raster_settings
+        super().__init__(raster_settings)
 
-    def markVisible(self, positions):
-        """[N] bool: means in front of 2DGS's near plane (camera z > 0.2), its only frustum test."""
-        cam = camera_from_settings(self.raster_settings)
-        with torch.no_grad():
-            viewmat = cam.viewmat.to(positions.device)
-            z = positions.double() @ viewmat[:3, :3].T[:, 2] + viewmat[2, 3]
-            return z > NEAR
-
-    def forward(self, means3D, means2D, opacities, shs=None, colors_precomp=None, scales=None, rotations=None,
-                cov3D_precomp=None):
+    def forward(self, means3D: torch.Tensor, means2D: torch.Tensor, opacities: torch.Tensor,
+                shs: Optional[torch.Tensor] = None, colors_precomp: Optional[torch.Tensor] = None,
+                scales: Optional[torch.Tensor] = None, rotations: Optional[torch.Tensor] = None,
+                cov3D_precomp: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Returns (color [3, H, W], radii [N] int32, allmap [7, H, W]); see the module docstring."""
         settings = self.raster_settings
-        _check_inputs(settings, means3D, means2D, opacities, shs, colors_precomp, scales, rotations, cov3D_precomp)
+        check_inputs(settings, means3D, means2D, opacities, shs, colors_precomp, scales, rotations, cov3D_precomp)
         cam = camera_from_settings(settings)
         tensors = (means3D, shs, colors_precomp, opacities, scales, rotations, cov3D_precomp, settings.bg)
-        try:
-            if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                               for t in tensors + (means2D,)):
-                return _Rasterize.apply(_render, cam, settings, means2D, *tensors)
-            color, radii, allmap, _ = _render(cam, settings, *tensors, want_handle=False)
-            return color, radii, allmap
-        except Exception:
-            if settings.debug:
-                _snapshot("snapshot_fw.dump", tensors)
-            raise
+        return run_render(_render, cam, settings, means2D, tensors)

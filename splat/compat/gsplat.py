@@ -104,6 +104,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Optional, Tuple
 
 import torch
 
@@ -128,10 +129,13 @@ class _Meta(dict):
         raise KeyError(key)
 
 
-def rasterization_2dgs(means, quats, scales, opacities, colors, viewmats, Ks, width, height,
-                       near_plane=0.01, far_plane=1e10, radius_clip=0.0, eps2d=0.3, sh_degree=None,
-                       packed=False, tile_size=16, backgrounds=None, render_mode="RGB",
-                       sparse_grad=False, absgrad=False, distloss=False, depth_mode="expected"):
+def rasterization_2dgs(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor, opacities: torch.Tensor,
+                       colors: torch.Tensor, viewmats: torch.Tensor, Ks: torch.Tensor, width: int, height: int,
+                       near_plane: float = 0.01, far_plane: float = 1e10, radius_clip: float = 0.0,
+                       eps2d: float = 0.3, sh_degree: Optional[int] = None, packed: bool = False,
+                       tile_size: int = 16, backgrounds: Optional[torch.Tensor] = None, render_mode: str = "RGB",
+                       sparse_grad: bool = False, absgrad: bool = False, distloss: bool = False,
+                       depth_mode: str = "expected") -> tuple:
     """Renders N surfels into C cameras with gsplat 1.5's interface and splat's maths.
 
     Args:
@@ -199,11 +203,14 @@ def rasterization_2dgs(means, quats, scales, opacities, colors, viewmats, Ks, wi
             torch.stack([o.median_depth for o in outs])[..., None], meta)
 
 
-def rasterization(means, quats, scales, opacities, colors, viewmats, Ks, width, height,
-                  near_plane=0.01, far_plane=1e10, radius_clip=0.0, eps2d=0.3, sh_degree=None,
-                  packed=True, tile_size=16, backgrounds=None, render_mode="RGB", sparse_grad=False,
-                  absgrad=False, rasterize_mode="classic", channel_chunk=32, distributed=False,
-                  camera_model="pinhole", covars=None):
+def rasterization(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor, opacities: torch.Tensor,
+                  colors: torch.Tensor, viewmats: torch.Tensor, Ks: torch.Tensor, width: int, height: int,
+                  near_plane: float = 0.01, far_plane: float = 1e10, radius_clip: float = 0.0, eps2d: float = 0.3,
+                  sh_degree: Optional[int] = None, packed: bool = True, tile_size: int = 16,
+                  backgrounds: Optional[torch.Tensor] = None, render_mode: str = "RGB", sparse_grad: bool = False,
+                  absgrad: bool = False, rasterize_mode: str = "classic", channel_chunk: int = 32,
+                  distributed: bool = False, camera_model: str = "pinhole",
+                  covars: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, dict]:
     """Renders N 3D Gaussians into C cameras with gsplat 1.5's ``rasterization`` interface
     and splat's maths (:func:`splat.rasterize_3dgs` per camera).
 

@@ -39,7 +39,7 @@ from typing import List, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..model import project_points
+from ..geometry import project_points
 from .random_points import look_region
 
 __all__ = ["far_points", "FAR_SPHERE_RADII", "FAR_SPACING_CELLS", "FAR_COLOR_TOLERANCE"]

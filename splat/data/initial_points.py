@@ -58,7 +58,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, SplatInputError
-from ..model import in_image, project_points
+from ..geometry import in_image, project_points
 
 if TYPE_CHECKING:
     from .types import SceneData

@@ -30,7 +30,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..model import knn_mean_distance, project_points, seen_by, uniform_in_ball
+from ..geometry import knn_mean_distance, project_points, seen_by, uniform_in_ball
 
 __all__ = ["axes_meeting_point", "look_region", "photo_consistent_points"]
 

@@ -39,7 +39,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..model import camera_to_world, pixel_rays, project_points, seen_by, uniform_in_ball
+from ..geometry import camera_to_world, pixel_rays, project_points, seen_by, uniform_in_ball
 from .random_points import axes_meeting_point
 
 __all__ = ["stereo_points"]

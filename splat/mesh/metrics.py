@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..model import camera_to_world, pixel_rays, seen_by
+from ..geometry import camera_to_world, pixel_rays, seen_by
 
 if TYPE_CHECKING:
     import open3d
@@ -63,7 +63,7 @@ def depth_points(depth: np.ndarray, K: np.ndarray, viewmat: np.ndarray) -> np.nd
     world -> camera ``viewmat`` [4, 4] (OpenCV).  Row-major pixel order.  [M, 3] float64
 
     ``x_world = R^T (z K^-1 (j + 0.5, i + 0.5, 1)^T - t)`` for pixel (i, j),
-    with :func:`splat.model.pixel_rays` and :func:`splat.model.camera_to_world`.
+    with :func:`splat.geometry.pixel_rays` and :func:`splat.geometry.camera_to_world`.
     """
     z = torch.as_tensor(np.asarray(depth, dtype=np.float64)).reshape(-1)  # [H*W]
     valid = z > 0
@@ -189,7 +189,7 @@ def seen_mask(points: np.ndarray, viewmats: torch.Tensor, Ks: torch.Tensor, widt
     ``widths``/``heights`` [C]) given the ground-truth mesh as occluder.
 
     Seen in camera c: it projects inside the image and lies in front of the
-    camera (:func:`splat.model.seen_by`), and the ground-truth mesh does not
+    camera (:func:`splat.geometry.seen_by`), and the ground-truth mesh does not
     hide it: the ray from the camera centre o towards the point p first hits
     the mesh at ``t_hit >= |p - o| - tol`` (or not at all).  This equals
     "camera depth <= ground-truth depth at that pixel + tol" up to the cosine

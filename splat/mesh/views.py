@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import numpy as np
 import torch
 
-from ..model import project_points
+from ..geometry import project_points
 from ..progress import use_progress_bar
 
 if TYPE_CHECKING:

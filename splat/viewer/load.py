@@ -43,7 +43,8 @@ def load_model_file(path: Path) -> Tuple[GaussianModel, str]:
     ``point_cloud.ply``, else the newest readable checkpoint of its run."""
     from ..run_folder import read_run_file
     from ..checkpoints import load_latest_checkpoint
-    from ..model import GaussianModel, load_ply
+    from ..model import GaussianModel
+    from ..ply import load_ply
 
     if path.is_file():
         if path.suffix.lower() != ".ply":

@@ -1,5 +1,5 @@
 """Builds (just in time, cached) the CUDA emulation harness: the project's
-UNCHANGED ``splat/cuda_rasterizer/cuda/*.cu`` compiled by the host C++ compiler
+UNCHANGED ``splat/kernels/cuda/*.cu`` compiled by the host C++ compiler
 against the cudaemu shim (``shim/``), plus the shared host call sequence
 (``cuda/host_sequence.h``) bound to Python.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-KERNELS = ROOT / "splat" / "cuda_rasterizer"
+KERNELS = ROOT / "splat" / "kernels"
 CU_FILES = ("binning.cu", "forward.cu", "backward.cu")
 # Device-only headers of the kernels, taken from the same folder as the .cu
 # files (copied next to their rewrites, where the .cu files' includes find

@@ -554,7 +554,7 @@ SPLAT_HD void backward_step(BackwardState<T>& st, const PixelGrad<T>& g,
   backward_lanes(st, g, s, h, true, color, normal, px, py, near, far, is_median, grad);
 }
 
-// ---- 3D Gaussians (issue 22) -------------------------------------------------
+// ---- 3D Gaussians -------------------------------------------------------------
 // A 3D Gaussian reaches the pixel loop as kGaussParams scalars in pixel space,
 // built (with autograd) by splat/rasterize_3dgs.py; splat/reference_3dgs.py
 // is the oracle and derives them.  At pixel centre p, with

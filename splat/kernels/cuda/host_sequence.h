@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "../core.h"
+#include "../op_signatures.h"
 #include "../raster_args.h"
 #include "rasterize_cuda.h"
 
@@ -150,11 +151,7 @@ int64_t check_gaussians(const torch::Tensor& params, const torch::Tensor& color,
 }
 
 template <typename T>
-SurfelArrays<T> surfel_arrays(const torch::Tensor& Tuvw, const torch::Tensor& center,
-                              const torch::Tensor& normal, const torch::Tensor& color,
-                              const torch::Tensor& opacity, const torch::Tensor& depth,
-                              const torch::Tensor& pixel_rect, int64_t width, int64_t height,
-                              double near, double far) {
+SurfelArrays<T> surfel_arrays(SPLAT_SURFEL_PARAMS) {
   return SurfelArrays<T>{Tuvw.data_ptr<T>(),    center.data_ptr<T>(),
                          normal.data_ptr<T>(),  color.data_ptr<T>(),
                          opacity.data_ptr<T>(), depth.data_ptr<T>(),
@@ -164,9 +161,7 @@ SurfelArrays<T> surfel_arrays(const torch::Tensor& Tuvw, const torch::Tensor& ce
 }
 
 template <typename T>
-GaussianArrays<T> gaussian_arrays(const torch::Tensor& params, const torch::Tensor& color,
-                                  const torch::Tensor& depth, const torch::Tensor& pixel_rect,
-                                  int64_t width, int64_t height, double near, double far) {
+GaussianArrays<T> gaussian_arrays(SPLAT_GAUSSIAN_PARAMS) {
   return GaussianArrays<T>{params.data_ptr<T>(), color.data_ptr<T>(), depth.data_ptr<T>(),
                            pixel_rect.data_ptr<int32_t>(), params.size(0),
                            static_cast<int>(width), static_cast<int>(height),
@@ -298,13 +293,8 @@ void check_binning(const torch::Tensor& tile_offsets, const torch::Tensor& point
 // Checks the saved forward state (it must come from forward on the same
 // inputs) and the upstream gradients, whose device and dtype must be `like`'s.
 template <class Dev>
-BackwardInputs check_backward_inputs(
-    const torch::Tensor& like, int64_t n, int64_t width, int64_t height,
-    const torch::Tensor& tile_offsets, const torch::Tensor& point_list, const torch::Tensor& end,
-    const torch::Tensor& median_index, const torch::Tensor& transmittance, const torch::Tensor& totals,
-    const torch::Tensor& v_color_sum, const torch::Tensor& v_transmittance,
-    const torch::Tensor& v_depth_sum, const torch::Tensor& v_normal_sum,
-    const torch::Tensor& v_distortion, const torch::Tensor& v_median_depth) {
+BackwardInputs check_backward_inputs(const torch::Tensor& like, int64_t n, int64_t width,
+                                     int64_t height, SPLAT_BACKWARD_STATE_PARAMS) {
   const auto device = like.device();
   const auto dtype = like.scalar_type();
   const int64_t num_tiles = int64_t(tiles_along(width)) * tiles_along(height);
@@ -340,87 +330,57 @@ BackwardInputs check_backward_inputs(
 // ---- entry points --------------------------------------------------------------
 // Surfels: core.h's surfel record, v_surfels [N, kGradSize].
 template <class Dev>
-std::vector<torch::Tensor> forward(const torch::Tensor& Tuvw, const torch::Tensor& center,
-                                   const torch::Tensor& normal, const torch::Tensor& color,
-                                   const torch::Tensor& opacity, const torch::Tensor& depth,
-                                   const torch::Tensor& pixel_rect, int64_t width,
-                                   int64_t height, double near, double far) {
+std::vector<torch::Tensor> forward(SPLAT_SURFEL_PARAMS) {
   const int64_t n =
       check_surfels<Dev>(Tuvw, center, normal, color, opacity, depth, pixel_rect, width, height);
   const typename Dev::Guard device_guard(Tuvw.device());
   if (Tuvw.scalar_type() == torch::kFloat64)
-    return forward_impl<Dev, double>(surfel_arrays<double>(Tuvw, center, normal, color, opacity, depth,
-                                                           pixel_rect, width, height, near, far),
+    return forward_impl<Dev, double>(surfel_arrays<double>(SPLAT_SURFEL_NAMES),
                                      n, Tuvw, width, height);
-  return forward_impl<Dev, float>(surfel_arrays<float>(Tuvw, center, normal, color, opacity, depth,
-                                                       pixel_rect, width, height, near, far),
+  return forward_impl<Dev, float>(surfel_arrays<float>(SPLAT_SURFEL_NAMES),
                                   n, Tuvw, width, height);
 }
 
 template <class Dev>
-torch::Tensor backward(const torch::Tensor& Tuvw, const torch::Tensor& center,
-                       const torch::Tensor& normal, const torch::Tensor& color,
-                       const torch::Tensor& opacity, const torch::Tensor& depth,
-                       const torch::Tensor& pixel_rect, int64_t width, int64_t height,
-                       double near, double far, const torch::Tensor& tile_offsets,
-                       const torch::Tensor& point_list, const torch::Tensor& end,
-                       const torch::Tensor& median_index, const torch::Tensor& transmittance,
-                       const torch::Tensor& totals, const torch::Tensor& v_color_sum,
-                       const torch::Tensor& v_transmittance, const torch::Tensor& v_depth_sum,
-                       const torch::Tensor& v_normal_sum, const torch::Tensor& v_distortion,
-                       const torch::Tensor& v_median_depth) {
+torch::Tensor backward(SPLAT_SURFEL_PARAMS, SPLAT_BACKWARD_STATE_PARAMS) {
   const int64_t n =
       check_surfels<Dev>(Tuvw, center, normal, color, opacity, depth, pixel_rect, width, height);
   const typename Dev::Guard device_guard(Tuvw.device());
-  const BackwardInputs in = check_backward_inputs<Dev>(
-      Tuvw, n, width, height, tile_offsets, point_list, end, median_index, transmittance, totals,
-      v_color_sum, v_transmittance, v_depth_sum, v_normal_sum, v_distortion, v_median_depth);
+  const BackwardInputs in =
+      check_backward_inputs<Dev>(Tuvw, n, width, height, SPLAT_BACKWARD_STATE_NAMES);
   if (Tuvw.scalar_type() == torch::kFloat64)
-    return backward_impl<Dev, double>(surfel_arrays<double>(Tuvw, center, normal, color, opacity, depth,
-                                                            pixel_rect, width, height, near, far),
+    return backward_impl<Dev, double>(surfel_arrays<double>(SPLAT_SURFEL_NAMES),
                                       n, kGradSize, Tuvw, width, height, in);
-  return backward_impl<Dev, float>(surfel_arrays<float>(Tuvw, center, normal, color, opacity, depth,
-                                                        pixel_rect, width, height, near, far),
+  return backward_impl<Dev, float>(surfel_arrays<float>(SPLAT_SURFEL_NAMES),
                                    n, kGradSize, Tuvw, width, height, in);
 }
 
 // 3D Gaussians: params [N, kGaussParams] (core.h), v_gaussians [N, kGaussGradSize].
 template <class Dev>
-std::vector<torch::Tensor> forward_gaussians(const torch::Tensor& params, const torch::Tensor& color,
-                                             const torch::Tensor& depth, const torch::Tensor& pixel_rect,
-                                             int64_t width, int64_t height, double near, double far) {
+std::vector<torch::Tensor> forward_gaussians(SPLAT_GAUSSIAN_PARAMS) {
   const int64_t n = check_gaussians<Dev>(params, color, depth, pixel_rect, width, height);
   const typename Dev::Guard device_guard(params.device());
   if (params.scalar_type() == torch::kFloat64)
     return forward_impl<Dev, double>(
-        gaussian_arrays<double>(params, color, depth, pixel_rect, width, height, near, far), n, params,
+        gaussian_arrays<double>(SPLAT_GAUSSIAN_NAMES), n, params,
         width, height);
   return forward_impl<Dev, float>(
-      gaussian_arrays<float>(params, color, depth, pixel_rect, width, height, near, far), n, params,
+      gaussian_arrays<float>(SPLAT_GAUSSIAN_NAMES), n, params,
       width, height);
 }
 
 template <class Dev>
-torch::Tensor backward_gaussians(const torch::Tensor& params, const torch::Tensor& color,
-                                 const torch::Tensor& depth, const torch::Tensor& pixel_rect,
-                                 int64_t width, int64_t height, double near, double far,
-                                 const torch::Tensor& tile_offsets, const torch::Tensor& point_list,
-                                 const torch::Tensor& end, const torch::Tensor& median_index,
-                                 const torch::Tensor& transmittance, const torch::Tensor& totals,
-                                 const torch::Tensor& v_color_sum, const torch::Tensor& v_transmittance,
-                                 const torch::Tensor& v_depth_sum, const torch::Tensor& v_normal_sum,
-                                 const torch::Tensor& v_distortion, const torch::Tensor& v_median_depth) {
+torch::Tensor backward_gaussians(SPLAT_GAUSSIAN_PARAMS, SPLAT_BACKWARD_STATE_PARAMS) {
   const int64_t n = check_gaussians<Dev>(params, color, depth, pixel_rect, width, height);
   const typename Dev::Guard device_guard(params.device());
-  const BackwardInputs in = check_backward_inputs<Dev>(
-      params, n, width, height, tile_offsets, point_list, end, median_index, transmittance, totals,
-      v_color_sum, v_transmittance, v_depth_sum, v_normal_sum, v_distortion, v_median_depth);
+  const BackwardInputs in =
+      check_backward_inputs<Dev>(params, n, width, height, SPLAT_BACKWARD_STATE_NAMES);
   if (params.scalar_type() == torch::kFloat64)
     return backward_impl<Dev, double>(
-        gaussian_arrays<double>(params, color, depth, pixel_rect, width, height, near, far), n,
+        gaussian_arrays<double>(SPLAT_GAUSSIAN_NAMES), n,
         kGaussGradSize, params, width, height, in);
   return backward_impl<Dev, float>(
-      gaussian_arrays<float>(params, color, depth, pixel_rect, width, height, near, far), n,
+      gaussian_arrays<float>(SPLAT_GAUSSIAN_NAMES), n,
       kGaussGradSize, params, width, height, in);
 }
 

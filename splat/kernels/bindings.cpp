@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core.h"
+#include "op_signatures.h"
 #include "cpu/gaussians_cpu.h"
 #include "cpu/normal_loss_cpu.h"
 #include "cpu/project_cpu.h"
@@ -40,11 +41,7 @@ void check_input(const torch::Tensor& t, const char* name, int64_t n, int64_t co
 }
 
 template <typename T>
-splat::SurfelArrays<T> surfel_arrays(const torch::Tensor& Tuvw, const torch::Tensor& center,
-                                     const torch::Tensor& normal, const torch::Tensor& color,
-                                     const torch::Tensor& opacity, const torch::Tensor& depth,
-                                     const torch::Tensor& pixel_rect, int64_t width,
-                                     int64_t height, double near, double far) {
+splat::SurfelArrays<T> surfel_arrays(SPLAT_SURFEL_PARAMS) {
   const int64_t n = Tuvw.size(0);
   const auto dtype = Tuvw.scalar_type();
   check_input(Tuvw, "Tuvw", n, 9, dtype);
@@ -129,16 +126,11 @@ struct ForwardImages {
   }
 };
 
-std::vector<torch::Tensor> forward_cpu(const torch::Tensor& Tuvw, const torch::Tensor& center,
-                                       const torch::Tensor& normal, const torch::Tensor& color,
-                                       const torch::Tensor& opacity, const torch::Tensor& depth,
-                                       const torch::Tensor& pixel_rect, int64_t width,
-                                       int64_t height, double near, double far) {
+std::vector<torch::Tensor> forward_cpu(SPLAT_SURFEL_PARAMS) {
   ForwardImages images(Tuvw.options(), width, height);
   torch::Tensor packed;
   AT_DISPATCH_FLOATING_TYPES(Tuvw.scalar_type(), "splat_forward_cpu", [&] {
-    auto s = surfel_arrays<scalar_t>(Tuvw, center, normal, color, opacity, depth, pixel_rect,
-                                     width, height, near, far);
+    auto s = surfel_arrays<scalar_t>(SPLAT_SURFEL_NAMES);
     const auto bins = images.bin<scalar_t>(s.num_surfels, s.depth, s.pixel_rect);
     // The SIMD kernels' packed surfel records, returned for the backward pass.
     packed = scratch_empty({splat::packed_surfel_bytes<scalar_t>(Tuvw.size(0))},
@@ -185,19 +177,8 @@ splat::UpstreamGrads<T> upstream_grads(const torch::Tensor& v_color_sum, const t
   return up;
 }
 
-torch::Tensor backward_cpu(const torch::Tensor& Tuvw, const torch::Tensor& center,
-                           const torch::Tensor& normal, const torch::Tensor& color,
-                           const torch::Tensor& opacity, const torch::Tensor& depth,
-                           const torch::Tensor& pixel_rect, int64_t width, int64_t height,
-                           double near, double far, const torch::Tensor& tile_offsets,
-                           const torch::Tensor& point_list, const torch::Tensor& end,
-                           const torch::Tensor& median_index,
-                           const torch::Tensor& transmittance, const torch::Tensor& totals,
-                           const torch::Tensor& v_color_sum,
-                           const torch::Tensor& v_transmittance,
-                           const torch::Tensor& v_depth_sum, const torch::Tensor& v_normal_sum,
-                           const torch::Tensor& v_distortion,
-                           const torch::Tensor& v_median_depth, const torch::Tensor& packed) {
+// packed: forward_cpu's last result (the SIMD kernels' surfel records).
+torch::Tensor backward_cpu(SPLAT_SURFEL_PARAMS, SPLAT_BACKWARD_STATE_PARAMS, const torch::Tensor& packed) {
   auto v_surfels = scratch_empty({Tuvw.size(0), splat::kGradSize}, Tuvw.options());
   const int tiles_x = tiles_along(width), tiles_y = tiles_along(height);
   AT_DISPATCH_FLOATING_TYPES(Tuvw.scalar_type(), "splat_backward_cpu", [&] {
@@ -205,8 +186,7 @@ torch::Tensor backward_cpu(const torch::Tensor& Tuvw, const torch::Tensor& cente
     const bool reuse = packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() && packed.numel() > 0 &&
                        packed.numel() == splat::packed_surfel_bytes<scalar_t>(Tuvw.size(0));
     const uint8_t* packed_in = reuse ? packed.data_ptr<uint8_t>() : nullptr;
-    auto s = surfel_arrays<scalar_t>(Tuvw, center, normal, color, opacity, depth, pixel_rect,
-                                     width, height, near, far);
+    auto s = surfel_arrays<scalar_t>(SPLAT_SURFEL_NAMES);
     splat::TileBins bins{tile_offsets.data_ptr<int64_t>(), point_list.data_ptr<int32_t>(),
                          tiles_x, tiles_y};
     const auto up = upstream_grads<scalar_t>(v_color_sum, v_transmittance, v_depth_sum, v_normal_sum,
@@ -224,9 +204,7 @@ torch::Tensor backward_cpu(const torch::Tensor& Tuvw, const torch::Tensor& cente
 // depth [N] (sort key), pixel_rect [N, 4].  Same outputs and saved state as
 // forward_cpu (no packed records).
 template <typename T>
-splat::GaussianArrays<T> gaussian_arrays(const torch::Tensor& params, const torch::Tensor& color,
-                                         const torch::Tensor& depth, const torch::Tensor& pixel_rect,
-                                         int64_t width, int64_t height, double near, double far) {
+splat::GaussianArrays<T> gaussian_arrays(SPLAT_GAUSSIAN_PARAMS) {
   const int64_t n = params.size(0);
   const auto dtype = params.scalar_type();
   check_input(params, "params", n, splat::kGaussParams, dtype);
@@ -239,31 +217,21 @@ splat::GaussianArrays<T> gaussian_arrays(const torch::Tensor& params, const torc
                                   static_cast<int>(height), static_cast<T>(near), static_cast<T>(far)};
 }
 
-std::vector<torch::Tensor> forward_gaussians(const torch::Tensor& params, const torch::Tensor& color,
-                                             const torch::Tensor& depth, const torch::Tensor& pixel_rect,
-                                             int64_t width, int64_t height, double near, double far) {
+std::vector<torch::Tensor> forward_gaussians(SPLAT_GAUSSIAN_PARAMS) {
   ForwardImages images(params.options(), width, height);
   AT_DISPATCH_FLOATING_TYPES(params.scalar_type(), "splat_forward_gaussians_cpu", [&] {
-    const auto g = gaussian_arrays<scalar_t>(params, color, depth, pixel_rect, width, height, near, far);
+    const auto g = gaussian_arrays<scalar_t>(SPLAT_GAUSSIAN_NAMES);
     const auto bins = images.bin<scalar_t>(g.num_gaussians, g.depth, g.pixel_rect);
     splat::forward_gaussians_cpu<scalar_t>(g, bins, images.outputs<scalar_t>());
   });
   return images.results();
 }
 
-torch::Tensor backward_gaussians(const torch::Tensor& params, const torch::Tensor& color,
-                                 const torch::Tensor& depth, const torch::Tensor& pixel_rect, int64_t width,
-                                 int64_t height, double near, double far, const torch::Tensor& tile_offsets,
-                                 const torch::Tensor& point_list, const torch::Tensor& end,
-                                 const torch::Tensor& median_index, const torch::Tensor& transmittance,
-                                 const torch::Tensor& totals, const torch::Tensor& v_color_sum,
-                                 const torch::Tensor& v_transmittance, const torch::Tensor& v_depth_sum,
-                                 const torch::Tensor& v_normal_sum, const torch::Tensor& v_distortion,
-                                 const torch::Tensor& v_median_depth) {
+torch::Tensor backward_gaussians(SPLAT_GAUSSIAN_PARAMS, SPLAT_BACKWARD_STATE_PARAMS) {
   auto v_gaussians = scratch_empty({params.size(0), splat::kGaussGradSize}, params.options());
   const int tiles_x = tiles_along(width), tiles_y = tiles_along(height);
   AT_DISPATCH_FLOATING_TYPES(params.scalar_type(), "splat_backward_gaussians_cpu", [&] {
-    const auto g = gaussian_arrays<scalar_t>(params, color, depth, pixel_rect, width, height, near, far);
+    const auto g = gaussian_arrays<scalar_t>(SPLAT_GAUSSIAN_NAMES);
     splat::TileBins bins{tile_offsets.data_ptr<int64_t>(), point_list.data_ptr<int32_t>(), tiles_x, tiles_y};
     const auto up = upstream_grads<scalar_t>(v_color_sum, v_transmittance, v_depth_sum, v_normal_sum,
                                              v_distortion, v_median_depth, width, height);

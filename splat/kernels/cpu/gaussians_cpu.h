@@ -1,4 +1,4 @@
-// CPU kernels for 3D Gaussians (issue 22): the surfels' tiles, order,
+// CPU kernels for 3D Gaussians: the surfels' tiles, order,
 // blending and back-to-front walk (cpu/tiles.h, core.h), with core.h's
 // per-pixel Gaussian evaluation.  Binning is bin_tiles_cpu (rasterize_cpu.h).
 #pragma once
