@@ -1,4 +1,4 @@
-"""Which process this is, and the torch.distributed process group (issue 23).
+"""Which process this is, and the torch.distributed process group.
 
 torchrun (``torchrun --standalone --nproc_per_node=N train.py ...``, or
 ``--nnodes ... --rdzv_endpoint ...`` across machines) starts N copies of the

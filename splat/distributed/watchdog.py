@@ -1,4 +1,4 @@
-"""A rank that dies must not leave the others hanging (issue 23).
+"""A rank that dies must not leave the others hanging.
 
 Each rank runs a :class:`Watchdog` thread that writes a heartbeat to the
 rendezvous store (the key-value store torch.distributed already uses: the

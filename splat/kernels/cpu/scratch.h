@@ -1,10 +1,10 @@
 // Reused host memory for the CPU kernels' large buffers.
 //
 // Why: fresh memory from the OS costs a page fault per 4 KiB page on first
-// touch (measured 1-2.5 us each on the 2-core machine, with zeroing).  One
-// rasterizer forward + backward at 1M surfels / 1080p touches ~120k fresh
-// pages (outputs, packed surfel records, gradient records), which was ~15 %
-// of its time; a training step allocates the same sizes again every step.
+// touch.  One rasterizer forward + backward at 1M surfels / 1080p touches
+// ~120k fresh pages (outputs, packed surfel records, gradient records), a
+// sizeable share of its time (docs/results.md has the measurement), and a
+// training step allocates the same sizes again every step.
 // Blocks of at least kScratchMinBytes are therefore kept on release and
 // handed out again for requests of similar size (up to twice smaller).
 //
