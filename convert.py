@@ -36,19 +36,30 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--images", required=True, help="folder of photos or video frames (subfolders included)")
     p.add_argument("--out", required=True, help="scene folder to write (images/ + sparse/0/)")
-    p.add_argument("--matcher", choices=MATCHERS, default="exhaustive",
-                   help="exhaustive: every pair (photos); sequential: each frame with the next --overlap "
-                        "frames in name order (video)")
+    p.add_argument(
+        "--matcher",
+        choices=MATCHERS,
+        default="exhaustive",
+        help="exhaustive: every pair (photos); sequential: each frame with the next --overlap "
+        "frames in name order (video)",
+    )
     p.add_argument("--overlap", type=int, default=10, help="sequential matcher: frames matched ahead (default 10)")
-    p.add_argument("--camera-model", choices=CAMERA_MODELS, default="SIMPLE_RADIAL",
-                   help="lens model estimated by the mapper (default SIMPLE_RADIAL); the output is PINHOLE")
-    p.add_argument("--single-camera", action="store_true",
-                   help="one shared camera for all images (one phone, one zoom setting)")
+    p.add_argument(
+        "--camera-model",
+        choices=CAMERA_MODELS,
+        default="SIMPLE_RADIAL",
+        help="lens model estimated by the mapper (default SIMPLE_RADIAL); the output is PINHOLE",
+    )
+    p.add_argument(
+        "--single-camera", action="store_true", help="one shared camera for all images (one phone, one zoom setting)"
+    )
     p.add_argument("--threads", type=int, default=-1, help="threads (default: all cores)")
     p.add_argument("--seed", type=int, default=0, help="mapper random seed")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace the images/, sparse/ and distorted/ already in --out (once the new "
-                        "conversion has succeeded)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the images/, sparse/ and distorted/ already in --out (once the new conversion has succeeded)",
+    )
     p.add_argument("--verbose", action="store_true", help="show COLMAP's log")
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     return p
@@ -57,9 +68,18 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args) -> int:
     from splat.sfm import convert
 
-    convert(args.images, args.out, matcher=args.matcher, camera_model=args.camera_model,
-            single_camera=args.single_camera, overlap=args.overlap, num_threads=args.threads,
-            seed=args.seed, overwrite=args.overwrite, verbose=args.verbose)
+    convert(
+        args.images,
+        args.out,
+        matcher=args.matcher,
+        camera_model=args.camera_model,
+        single_camera=args.single_camera,
+        overlap=args.overlap,
+        num_threads=args.threads,
+        seed=args.seed,
+        overwrite=args.overwrite,
+        verbose=args.verbose,
+    )
     return 0
 
 

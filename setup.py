@@ -10,6 +10,7 @@ does not fetch a different torch into a temporary build environment:
     pip install torch==2.13.0
     pip install -e . --no-build-isolation
 """
+
 import glob
 import os
 import runpy
@@ -46,8 +47,15 @@ def _extensions():
         sources += sorted(glob.glob(os.path.join(KERNELS, "cuda", "*.cpp")))
         # No FMA contraction and IEEE division/sqrt: the CUDA kernels then round
         # like the CPU build of the same core.h (see scripts/compile_cuda_check.sh).
-        nvcc = ["-O3", "-std=c++17", "-DSPLAT_WITH_CUDA", "--fmad=false", "-ftz=false",
-                "-prec-div=true", "-prec-sqrt=true"]
+        nvcc = [
+            "-O3",
+            "-std=c++17",
+            "-DSPLAT_WITH_CUDA",
+            "--fmad=false",
+            "-ftz=false",
+            "-prec-div=true",
+            "-prec-sqrt=true",
+        ]
         return [
             CUDAExtension(
                 "splat._C",
@@ -108,8 +116,19 @@ setup(
         # playwright (the viewer, driven in the system Chromium), gsplat 1.5.0
         # (its pure-Python DefaultStrategy reads splat.compat.gsplat's meta; its
         # CUDA code is compiled only on first use, which the tests never make)
-        # and open3d (the mesh tests fuse real meshes).
-        "test": ["pytest", "hypothesis", "pycolmap", "viser", "playwright", "gsplat==1.5.0", *_MESH],
+        # and open3d (the mesh tests fuse real meshes); ruff and clang-format,
+        # pinned, for scripts/lint.sh (CI checks formatting with them).
+        "test": [
+            "pytest",
+            "hypothesis",
+            "pycolmap",
+            "viser",
+            "playwright",
+            "gsplat==1.5.0",
+            "ruff==0.17.6",
+            "clang-format==23.1.5",
+            *_MESH,
+        ],
         "mesh": _MESH,
         "sfm": ["pycolmap"],
         "viewer": ["viser"],

@@ -28,17 +28,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default=None, help="scene folder (default: data.path of the config)")
     p.add_argument("--out", default=None, help="output folder (default: output/<scene folder name>)")
-    p.add_argument("--config", default=None,
-                   help="YAML config (default: configs/default.yaml, or OUT/config.yaml with --resume)")
+    p.add_argument(
+        "--config", default=None, help="YAML config (default: configs/default.yaml, or OUT/config.yaml with --resume)"
+    )
     p.add_argument("--iterations", type=int, default=None, help="override train.iterations")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", help="continue this run from OUT's newest checkpoint")
     mode.add_argument("--overwrite", action="store_true", help="delete the outputs of any run in OUT first")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="force the progress bar on (--progress) or plain log lines (--no-progress); "
-                        "default: log.progress, 'auto' in the configs: a bar only when stderr is a terminal")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="force the progress bar on (--progress) or plain log lines (--no-progress); "
+        "default: log.progress, 'auto' in the configs: a bar only when stderr is a terminal",
+    )
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
-    p.add_argument("--viewer", action="store_true", help="serve the live viewer while training (pip install -e \".[viewer]\")")
+    p.add_argument(
+        "--viewer", action="store_true", help='serve the live viewer while training (pip install -e ".[viewer]")'
+    )
     p.add_argument("--viewer-port", type=int, default=8080, help="viewer port (default 8080; a free one if taken)")
     p.add_argument("overrides", nargs="*", help="config overrides key=value")
     return p
@@ -73,8 +80,10 @@ def run(args) -> int:
         from splat.errors import ConfigError
 
         if launched_ranks() > 1:
-            raise ConfigError(f"--viewer: not available with {launched_ranks()} processes (the live viewer needs "
-                              "the whole model in one process); open a checkpoint with view.py --model OUT instead")
+            raise ConfigError(
+                f"--viewer: not available with {launched_ranks()} processes (the live viewer needs "
+                "the whole model in one process); open a checkpoint with view.py --model OUT instead"
+            )
         from splat.viewer.training import train_with_viewer
 
         return train_with_viewer(cfg, out, resume=args.resume, overwrite=args.overwrite, port=args.viewer_port)

@@ -29,8 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default=None, help="scene folder for the start camera (default: the run's config)")
     p.add_argument("--port", type=int, default=8080, help="port to serve on (default 8080; a free one if taken)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda", "torch"),
-                   help="splat.rasterize backend (default auto)")
+    p.add_argument(
+        "--backend",
+        default="auto",
+        choices=("auto", "cpu", "cuda", "torch"),
+        help="splat.rasterize backend (default auto)",
+    )
     p.add_argument("--device", default="auto", help="torch device of the model (default: cuda if available, else cpu)")
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     return p
@@ -50,11 +54,19 @@ def run(args) -> int:
     inp.model.to(device)
     from splat.viewer.server import ViewerServer
 
-    view = ViewerServer(inp.model, inp.start, backend=args.backend, near=inp.near, far=inp.far,
-                        background=inp.background, host=args.host, port=args.port,
-                        scene_radius=inp.scene_radius, title=f"splat: {Path(args.model).name}")
-    print(f"viewer: {inp.model.num_gaussians} surfels from {inp.source} at {view.url}  (Ctrl+C to stop)",
-          flush=True)
+    view = ViewerServer(
+        inp.model,
+        inp.start,
+        backend=args.backend,
+        near=inp.near,
+        far=inp.far,
+        background=inp.background,
+        host=args.host,
+        port=args.port,
+        scene_radius=inp.scene_radius,
+        title=f"splat: {Path(args.model).name}",
+    )
+    print(f"viewer: {inp.model.num_gaussians} surfels from {inp.source} at {view.url}  (Ctrl+C to stop)", flush=True)
     try:
         view.serve_until_interrupted()
     finally:

@@ -94,8 +94,11 @@ def main(argv=None) -> None:
             "test_views": metrics.get("test.num_views"),
         }
         if metrics.get("test.psnr_masked") is not None:  # eval.masked: the trainer's own masked figures
-            row.update(test_psnr_masked=metrics["test.psnr_masked"], test_ssim_masked=metrics["test.ssim_masked"],
-                       test_views_masked=metrics.get("test.num_views_masked"))
+            row.update(
+                test_psnr_masked=metrics["test.psnr_masked"],
+                test_ssim_masked=metrics["test.ssim_masked"],
+                test_views_masked=metrics.get("test.num_views_masked"),
+            )
         extra = _masked_psnr(out, cfg)
         if extra:
             row.update(extra)

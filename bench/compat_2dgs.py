@@ -30,6 +30,7 @@ PSNR is the mean over the 15 test views, rendered on white and clamped to
 [0, 1].  Each run is a child process, so that its time and memory are its own,
 one after the other, with ``--threads`` torch threads each.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,10 @@ def _scene(shared: Path):
     from splat.data.colmap import read_model
 
     scene_dir = shared / "scenes" / "still_life"
-    cfg = load_config(str(ROOT / "configs" / "default.yaml"),
-                      [f"data.path={scene_dir}", "data.layout=nerf", "model.init=points", "log.progress=false"])
+    cfg = load_config(
+        str(ROOT / "configs" / "default.yaml"),
+        [f"data.path={scene_dir}", "data.layout=nerf", "model.init=points", "log.progress=false"],
+    )
     scene = load_scene_from_config(cfg["data"])
     _, _, xyz, rgb, _ = read_model(scene_dir / "sparse" / "0")
     scene.points = torch.from_numpy(xyz).float()
@@ -93,13 +96,24 @@ def run_2dgs_loop(shared: Path, steps: int, white_reset: bool = True) -> dict:
     bg = torch.ones(3)
     model = create_from_pcd(scene.points, scene.point_colors, g)
     t0 = time.perf_counter()
-    model, counters = train(train_views, model, OptimizationParams(iterations=steps, reset_at_densify_from_on_white=white_reset), g, bg, extent,
-                            log_every=500)
+    model, counters = train(
+        train_views,
+        model,
+        OptimizationParams(iterations=steps, reset_at_densify_from_on_white=white_reset),
+        g,
+        bg,
+        extent,
+        log_every=500,
+    )
     seconds = time.perf_counter() - t0
     with torch.no_grad():
         scores = [psnr(render(v, model, bg)["render"], v.original_image) for v in test_views]
-    return {"test_psnr": sum(scores) / len(scores), "surfels": int(model["xyz"].shape[0]),
-            "train_seconds": round(seconds, 1), "counters": counters}
+    return {
+        "test_psnr": sum(scores) / len(scores),
+        "surfels": int(model["xyz"].shape[0]),
+        "train_seconds": round(seconds, 1),
+        "counters": counters,
+    }
 
 
 def run_splat(shared: Path, steps: int) -> dict:
@@ -108,13 +122,21 @@ def run_splat(shared: Path, steps: int) -> dict:
 
     _, scene = _scene(shared)
     overrides = [
-        f"data.path={shared / 'scenes' / 'still_life'}", "data.layout=nerf", "model.init=points",
-        "log.progress=false", f"train.iterations={steps}", "train.sh_increase_every=1000", "model.sh_degree=3",
+        f"data.path={shared / 'scenes' / 'still_life'}",
+        "data.layout=nerf",
+        "model.init=points",
+        "log.progress=false",
+        f"train.iterations={steps}",
+        "train.sh_increase_every=1000",
+        "model.sh_degree=3",
         "model.init_opacity=0.1",
         # 2DGS decays the position rate over 30,000 steps: the value it reaches at `steps`
         f"train.lr.means_final={1.6e-4 * (1.6e-6 / 1.6e-4) ** (steps / 30000):.6g}",
-        "loss.dist_lambda=0", "loss.normal_from=7000",
-        "strategy.prune_opa=0.05", "strategy.refine_start=500", "strategy.refine_every=100",
+        "loss.dist_lambda=0",
+        "loss.normal_from=7000",
+        "strategy.prune_opa=0.05",
+        "strategy.refine_start=500",
+        "strategy.refine_every=100",
         "strategy.refine_stop=15000",
         # 2DGS's reset interval is 3,000: within --steps 3000 its only reset would
         # follow the last step and leave the final model transparent (the 2DGS
@@ -126,8 +148,12 @@ def run_splat(shared: Path, steps: int) -> dict:
     t0 = time.perf_counter()
     metrics = Trainer(cfg, out, scene=scene).train()
     seconds = time.perf_counter() - t0
-    return {"test_psnr": metrics.get("test.psnr"), "surfels": metrics.get("n_gaussians"),
-            "train_seconds": round(seconds, 1), "overrides": overrides}
+    return {
+        "test_psnr": metrics.get("test.psnr"),
+        "surfels": metrics.get("n_gaussians"),
+        "train_seconds": round(seconds, 1),
+        "overrides": overrides,
+    }
 
 
 def main(argv=None) -> int:
@@ -135,8 +161,12 @@ def main(argv=None) -> int:
     ap.add_argument("--shared", default=str(ROOT.parent / "shared"), help="folder holding scenes/")
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--runs", nargs="+", default=list(RUNS), choices=RUNS)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads of each run (1: on a busy 2-core machine two threads run slower)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads of each run (1: on a busy 2-core machine two threads run slower)",
+    )
     ap.add_argument("--out", help="write the report here too")
     add_child_flag(ap)
     args = ap.parse_args(argv)
@@ -155,19 +185,26 @@ def main(argv=None) -> int:
     runs = {}
     for name in args.runs:
         t0 = time.perf_counter()
-        rec, done = run_child(__file__, dict(run=name),
-                              ["--shared", shared, "--steps", args.steps, "--threads", args.threads])
+        rec, done = run_child(
+            __file__, dict(run=name), ["--shared", shared, "--steps", args.steps, "--threads", args.threads]
+        )
         sys.stderr.write(done.stderr[-2000:])
         if rec is None:
             runs[name] = {"error": (done.stderr or done.stdout).strip().splitlines()[-1:]}
             continue
-        runs[name] = dict(rec, wall_seconds=round(time.perf_counter() - t0, 1),
-                          load_average_at_end=list(os.getloadavg()))
-    report = {"what": "2DGS's train.py loop through the diff_surfel_rasterization shim vs splat's trainer",
-              "scene": "still_life (NeRF layout, 60 train / 15 test views, 256x256, white background)",
-              "machine": machine(), "commit": commit(str(ROOT)),
-              "command": "python bench/compat_2dgs.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "steps": args.steps, "threads": args.threads, "runs": runs}
+        runs[name] = dict(
+            rec, wall_seconds=round(time.perf_counter() - t0, 1), load_average_at_end=list(os.getloadavg())
+        )
+    report = {
+        "what": "2DGS's train.py loop through the diff_surfel_rasterization shim vs splat's trainer",
+        "scene": "still_life (NeRF layout, 60 train / 15 test views, 256x256, white background)",
+        "machine": machine(),
+        "commit": commit(str(ROOT)),
+        "command": "python bench/compat_2dgs.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "steps": args.steps,
+        "threads": args.threads,
+        "runs": runs,
+    }
     emit(report, args.out)
     return 0
 

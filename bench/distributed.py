@@ -27,6 +27,7 @@ Parts (all in one run, so ratios are side by side):
 4. ``scaling_model``: from the measured compute per step and bytes per
    step, the N at which the exchange overtakes the compute, on paper.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,9 +53,18 @@ def train_rank(group, data, downscale, steps, batch, out):
     from splat.config import load_config
     from splat.trainer import Trainer
 
-    cfg = load_config(str(ROOT / "configs" / "fast.yaml"), [
-        f"data.path={data}", f"data.downscale={downscale}", f"train.iterations={steps}",
-        f"train.batch_size={batch}", "model.init=points", "log.progress=false", "checkpoint.every=0"])
+    cfg = load_config(
+        str(ROOT / "configs" / "fast.yaml"),
+        [
+            f"data.path={data}",
+            f"data.downscale={downscale}",
+            f"train.iterations={steps}",
+            f"train.batch_size={batch}",
+            "model.init=points",
+            "log.progress=false",
+            "checkpoint.every=0",
+        ],
+    )
     metrics = Trainer(cfg, out, group=group).train()
     return {"metrics": metrics, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
@@ -66,19 +76,38 @@ def training(args, tmp):
     runs = []
     for world, threads in ((1, cores), (cores, 1)):
         out = Path(tmp) / f"train_{world}"
-        res = run_ranks(train_rank, world, Path(tmp) / f"ranks_{world}", args.data, args.downscale, args.steps,
-                        args.batch, str(out), timeout_s=7200, threads=threads)
+        res = run_ranks(
+            train_rank,
+            world,
+            Path(tmp) / f"ranks_{world}",
+            args.data,
+            args.downscale,
+            args.steps,
+            args.batch,
+            str(out),
+            timeout_s=7200,
+            threads=threads,
+        )
         m = res[0]["metrics"]
-        runs.append({"processes": world, "threads_per_process": threads, "steps": m["iterations"],
-                     "train_seconds": m["train_seconds"],
-                     "steps_per_second": round(m["iterations"] / m["train_seconds"], 3),
-                     "peak_rss_mib_per_process": [round(r["peak_rss_mib"], 1) for r in res],
-                     "exchange_mb_per_step": m.get("exchange_mb_per_step", 0.0),
-                     "surfels": m["n_gaussians"], "test_psnr": round(m["test.psnr"], 3)})
+        runs.append(
+            {
+                "processes": world,
+                "threads_per_process": threads,
+                "steps": m["iterations"],
+                "train_seconds": m["train_seconds"],
+                "steps_per_second": round(m["iterations"] / m["train_seconds"], 3),
+                "peak_rss_mib_per_process": [round(r["peak_rss_mib"], 1) for r in res],
+                "exchange_mb_per_step": m.get("exchange_mb_per_step", 0.0),
+                "surfels": m["n_gaussians"],
+                "test_psnr": round(m["test.psnr"], 3),
+            }
+        )
         print(runs[-1], file=sys.stderr)
     ply = Path(tmp) / "train_1" / "point_cloud.ply"
-    return {"runs": runs, "speedup_processes_over_threads": round(runs[1]["steps_per_second"]
-                                                                  / runs[0]["steps_per_second"], 3)}, ply
+    return {
+        "runs": runs,
+        "speedup_processes_over_threads": round(runs[1]["steps_per_second"] / runs[0]["steps_per_second"], 3),
+    }, ply
 
 
 # --------------------------------------------------------- 2. model memory
@@ -93,10 +122,14 @@ def memory_rank(group, surfels):
     from splat.trainer import make_optimizers
 
     g = torch.Generator().manual_seed(0)
-    params = {"means": torch.randn(surfels, 3, generator=g), "quats": torch.randn(surfels, 4, generator=g),
-              "scales": torch.randn(surfels, 2, generator=g), "opacities": torch.randn(surfels, generator=g),
-              "sh0": torch.randn(surfels, 1, 3, generator=g),
-              "shN": torch.randn(surfels, num_sh_bases(3) - 1, 3, generator=g)}
+    params = {
+        "means": torch.randn(surfels, 3, generator=g),
+        "quats": torch.randn(surfels, 4, generator=g),
+        "scales": torch.randn(surfels, 2, generator=g),
+        "opacities": torch.randn(surfels, generator=g),
+        "sh0": torch.randn(surfels, 1, 3, generator=g),
+        "shN": torch.randn(surfels, num_sh_bases(3) - 1, 3, generator=g),
+    }
     model = shard_of(params, 3, group)
     del params
     optimizers = make_optimizers(model, DEFAULT_CONFIG["train"]["lr"], 1.0)
@@ -109,8 +142,13 @@ def memory_rank(group, surfels):
     strategy.bind(state)
     strategy._reset_stats(model.num_gaussians)
     tensors = list(model.params.values()) + [p.grad for p in model.params.values()] + [model.ids]
-    tensors += [v for opt in optimizers.values() for st in opt.state.values() for v in st.values()
-                if torch.is_tensor(v) and v.dim() > 0]
+    tensors += [
+        v
+        for opt in optimizers.values()
+        for st in opt.state.values()
+        for v in st.values()
+        if torch.is_tensor(v) and v.dim() > 0
+    ]
     tensors += [v for k in state.stat_names() if (v := state.stat(k)) is not None]
     return {"surfels": model.num_gaussians, "bytes": sum(t.numel() * t.element_size() for t in tensors)}
 
@@ -121,8 +159,13 @@ def model_memory(args, tmp):
     rows = []
     for world in (1, 2, 3):
         res = run_ranks(memory_rank, world, Path(tmp) / f"mem_{world}", args.surfels, timeout_s=1800)
-        rows.append({"processes": world, "surfels_per_rank": [r["surfels"] for r in res],
-                     "mb_per_rank": [round(r["bytes"] / 2**20, 2) for r in res]})
+        rows.append(
+            {
+                "processes": world,
+                "surfels_per_rank": [r["surfels"] for r in res],
+                "mb_per_rank": [round(r["bytes"] / 2**20, 2) for r in res],
+            }
+        )
     one = rows[0]["mb_per_rank"][0]
     for r in rows:
         r["largest_over_one_process"] = round(max(r["mb_per_rank"]) / one, 4)
@@ -152,15 +195,21 @@ def exchange_rank(group, ply, data, downscale, batch, steps, deal):
         owner = torch.empty(n, dtype=torch.int64)
         owner[torch.argsort(means[:, axis])] = torch.arange(n) * group.world_size // n
     mine = torch.arange(n)[owner == group.rank]
-    p = {"means": model.means.detach()[mine], "quats": model.quats.detach()[mine],
-         "scales": model.scales.detach()[mine], "opacities": model.opacities.detach()[mine],
-         "colors": model.colors(model.sh_degree).detach()[mine]}
+    p = {
+        "means": model.means.detach()[mine],
+        "quats": model.quats.detach()[mine],
+        "scales": model.scales.detach()[mine],
+        "opacities": model.opacities.detach()[mine],
+        "colors": model.colors(model.sh_degree).detach()[mine],
+    }
     p = {k: v.clone().requires_grad_(True) for k, v in p.items()}
     frames = scene.train
     rows = []
     for s in range(steps + 1):
-        cams = [Camera(f.viewmat, f.K, int(f.width), int(f.height), torch.ones(3))
-                for f in (frames[(s * batch + b) % len(frames)] for b in range(batch))]
+        cams = [
+            Camera(f.viewmat, f.K, int(f.width), int(f.height), torch.ones(3))
+            for f in (frames[(s * batch + b) % len(frames)] for b in range(batch))
+        ]
         t0 = time.perf_counter()
         r = render_sharded(**p, ids=mine, cameras=cams, group=group, sh_degree=model.sh_degree)
         loss = r.anchor
@@ -171,8 +220,13 @@ def exchange_rank(group, ply, data, downscale, batch, steps, deal):
         for v in p.values():
             v.grad = None
         if s:  # the first step warms up
-            rows.append({"seconds": seconds, "bytes": r.bytes_sent + r.bytes_backward,
-                         "visible": [int((rad > 0).sum()) for rad in r.radii]})
+            rows.append(
+                {
+                    "seconds": seconds,
+                    "bytes": r.bytes_sent + r.bytes_backward,
+                    "visible": [int((rad > 0).sum()) for rad in r.radii],
+                }
+            )
     return {"rows": rows, "n": n}
 
 
@@ -184,22 +238,46 @@ def exchange(args, ply, tmp):
         for world in (1, 2, 3):
             if deal == "space" and world == 1:
                 continue
-            res = run_ranks(exchange_rank, world, Path(tmp) / f"ex_{deal}_{world}", str(ply), args.data,
-                            args.downscale, args.batch, args.exchange_steps, deal, timeout_s=3600, threads=1)
+            res = run_ranks(
+                exchange_rank,
+                world,
+                Path(tmp) / f"ex_{deal}_{world}",
+                str(ply),
+                args.data,
+                args.downscale,
+                args.batch,
+                args.exchange_steps,
+                deal,
+                timeout_s=3600,
+                threads=1,
+            )
             n = res[0]["n"]
             per_step = []
             for s in range(len(res[0]["rows"])):
                 rows = [r["rows"][s] for r in res]
                 visible = [sum(r["visible"][c] for r in rows) for c in range(args.batch)]
-                per_step.append({"seconds": max(r["seconds"] for r in rows), "bytes": sum(r["bytes"] for r in rows),
-                                 "visible_fraction": statistics.mean(v / n for v in visible)})
+                per_step.append(
+                    {
+                        "seconds": max(r["seconds"] for r in rows),
+                        "bytes": sum(r["bytes"] for r in rows),
+                        "visible_fraction": statistics.mean(v / n for v in visible),
+                    }
+                )
             med = {k: statistics.median(p[k] for p in per_step) for k in per_step[0]}
             v = med["visible_fraction"]
             predicted = args.batch * v * n * (world - 1) / world * RECORD_BYTES
-            runs.append({"deal": deal, "processes": world, "surfels": n, "batch": args.batch,
-                         "seconds_per_step_slowest_rank": round(med["seconds"], 4),
-                         "bytes_per_step": int(med["bytes"]), "predicted_bytes_per_step": int(predicted),
-                         "visible_fraction": round(v, 4)})
+            runs.append(
+                {
+                    "deal": deal,
+                    "processes": world,
+                    "surfels": n,
+                    "batch": args.batch,
+                    "seconds_per_step_slowest_rank": round(med["seconds"], 4),
+                    "bytes_per_step": int(med["bytes"]),
+                    "predicted_bytes_per_step": int(predicted),
+                    "visible_fraction": round(v, 4),
+                }
+            )
             print(runs[-1], file=sys.stderr)
     return {"runs": runs}
 
@@ -213,21 +291,27 @@ def scaling_model(train, ex):
     by_id = [r for r in ex["runs"] if r["deal"] == "id" and r["processes"] > 1]
     largest = max(by_id, key=lambda r: r["processes"])
     c = largest["bytes_per_step"] * largest["processes"] / (largest["processes"] - 1)
-    model = {"t1_seconds_per_step_one_process": round(t1, 4), "c_bytes_per_step": int(c),
-             "formula": "compute(N) = t1 / N, exchange(N) = c (N - 1) / N / bandwidth; they meet at "
-                        "N* = 1 + t1 * bandwidth / c (beyond it a step is bound by the exchange)",
-             "caveats": "c scales with the surfels a camera sees (v n) and the batch; t1 with image size and "
-                        "surfels; no overlap of exchange and compute is assumed; latency ignored"}
+    model = {
+        "t1_seconds_per_step_one_process": round(t1, 4),
+        "c_bytes_per_step": int(c),
+        "formula": "compute(N) = t1 / N, exchange(N) = c (N - 1) / N / bandwidth; they meet at "
+        "N* = 1 + t1 * bandwidth / c (beyond it a step is bound by the exchange)",
+        "caveats": "c scales with the surfels a camera sees (v n) and the batch; t1 with image size and "
+        "surfels; no overlap of exchange and compute is assumed; latency ignored",
+    }
     tenGbE = 10e9 / 8 * 0.9  # 10 GbE at 90 % of line rate
     model["4_cpu_nodes_10GbE"] = {
-        "bandwidth_bytes_per_s": tenGbE, "n_star": round(1 + t1 * tenGbE / c, 1),
-        "assumes": "a cluster node computes a step as fast as this machine's one process (t1 measured here)"}
+        "bandwidth_bytes_per_s": tenGbE,
+        "n_star": round(1 + t1 * tenGbE / c, 1),
+        "assumes": "a cluster node computes a step as fast as this machine's one process (t1 measured here)",
+    }
     nvlink = 300e9  # bytes/s per GPU, NVLink 3 (A100) one direction; H100 NVLink 4: 450e9
     model["8_gpus_nvlink"] = {
         "bandwidth_bytes_per_s": nvlink,
         "n_star_if_gpu_step_is": {f"{ms} ms": round(1 + ms / 1000 * nvlink / c, 1) for ms in (1, 5, 20)},
         "assumes": "no GPU was lent, so the one-GPU step time is not measured: N* is given for 1, 5 and 20 ms "
-                   "per step, with this scene's exchange volume c"}
+        "per step, with this scene's exchange volume c",
+    }
     return model
 
 
@@ -247,9 +331,19 @@ def main():
         train, ply = training(args, tmp)
         memory = model_memory(args, tmp)
         ex = exchange(args, ply, tmp)
-    emit({"machine": machine(), "commit": commit(str(ROOT)), "data": str(args.data),
-          "downscale": args.downscale, "training": train, "model_memory": memory, "exchange": ex,
-          "scaling_model": scaling_model(train, ex)}, args.out)
+    emit(
+        {
+            "machine": machine(),
+            "commit": commit(str(ROOT)),
+            "data": str(args.data),
+            "downscale": args.downscale,
+            "training": train,
+            "model_memory": memory,
+            "exchange": ex,
+            "scaling_model": scaling_model(train, ex),
+        },
+        args.out,
+    )
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ cannot rot while no GPU is lent (tests/test_gpu_campaign.py): no build, the
 peers and the sanitizers skipped with the reason, the test suite reduced to
 tests/test_cuda.py, training data/sample_scene for a few steps.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -88,8 +89,7 @@ CPU_REFERENCE = {  # the CPU runs these compare with: (results file, key path)
 
 
 class Campaign:
-    def __init__(self, out: Path, dry_run: bool, budget_s: float, call: int | None, scenes: Path | None,
-                 stages=()):
+    def __init__(self, out: Path, dry_run: bool, budget_s: float, call: int | None, scenes: Path | None, stages=()):
         self.out, self.dry_run, self.call, self.stages = out, dry_run, call, tuple(stages)
         self.deadline = time.monotonic() + budget_s
         self.reserved_after = 0.0
@@ -121,17 +121,29 @@ class Campaign:
         with open(path, "w") as f:
             f.write(f"$ {shlex.join(map(str, cmd))}\n")
             f.flush()
-            proc = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env or self.env(), stdout=f,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                [str(c) for c in cmd],
+                cwd=cwd,
+                env=env or self.env(),
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             try:
                 rc, timed_out = proc.wait(timeout=timeout), False
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)  # the group: pytest's and the sanitizer's children too
                 rc, timed_out = proc.wait(), True
         text = path.read_text(errors="replace")
-        return dict(command=shlex.join(map(str, cmd)), rc=rc, timed_out=timed_out, limit_s=round(timeout),
-                    seconds=round(time.monotonic() - start, 1), log=f"logs/{log}",
-                    tail=text.splitlines()[-25:])
+        return dict(
+            command=shlex.join(map(str, cmd)),
+            rc=rc,
+            timed_out=timed_out,
+            limit_s=round(timeout),
+            seconds=round(time.monotonic() - start, 1),
+            log=f"logs/{log}",
+            tail=text.splitlines()[-25:],
+        )
 
     def write(self, name: str, data: dict) -> Path:
         path = self.out / f"{name}.json"
@@ -144,23 +156,36 @@ class Campaign:
 
         # The device's copy of the tree may have no .git: prepare wrote the commit it staged from.
         staged = WHEELS / "COMMIT"
-        r = dict(dry_run=self.dry_run, python=sys.version.split()[0],
-                 commit=commit(str(ROOT)) or (staged.read_text().strip() if staged.is_file() else None),
-                 torch=torch.__version__, torch_cuda=torch.version.cuda, cpus=os.cpu_count(),
-                 tools={t: tool(t) for t in ("nvcc", "nvidia-smi", "compute-sanitizer", "ncu", "cuobjdump")})
+        r = dict(
+            dry_run=self.dry_run,
+            python=sys.version.split()[0],
+            commit=commit(str(ROOT)) or (staged.read_text().strip() if staged.is_file() else None),
+            torch=torch.__version__,
+            torch_cuda=torch.version.cuda,
+            cpus=os.cpu_count(),
+            tools={t: tool(t) for t in ("nvcc", "nvidia-smi", "compute-sanitizer", "ncu", "cuobjdump")},
+        )
         if torch.cuda.is_available():
             p = torch.cuda.get_device_properties(0)
-            r["gpu"] = dict(name=p.name, capability=f"{p.major}.{p.minor}", multiprocessors=p.multi_processor_count,
-                            memory_gib=round(p.total_memory / 2**30, 1),
-                            l2_mib=round(getattr(p, "L2_cache_size", 0) / 2**20, 1))
+            r["gpu"] = dict(
+                name=p.name,
+                capability=f"{p.major}.{p.minor}",
+                multiprocessors=p.multi_processor_count,
+                memory_gib=round(p.total_memory / 2**30, 1),
+                l2_mib=round(getattr(p, "L2_cache_size", 0) / 2**20, 1),
+            )
         if r["tools"]["nvidia-smi"]:
             q = "name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit"
-            smi = subprocess.run([r["tools"]["nvidia-smi"], f"--query-gpu={q}", "--format=csv"],
-                                 capture_output=True, text=True)
+            smi = subprocess.run(
+                [r["tools"]["nvidia-smi"], f"--query-gpu={q}", "--format=csv"], capture_output=True, text=True
+            )
             r["nvidia_smi"] = smi.stdout.strip().splitlines()
         if r["tools"]["nvcc"]:
-            r["nvcc_version"] = subprocess.run([r["tools"]["nvcc"], "--version"], capture_output=True,
-                                               text=True).stdout.strip().splitlines()[-1:]
+            r["nvcc_version"] = (
+                subprocess.run([r["tools"]["nvcc"], "--version"], capture_output=True, text=True)
+                .stdout.strip()
+                .splitlines()[-1:]
+            )
         wheels = sorted(WHEELS.glob("*.whl")) + sorted(PEERS.glob("*.whl"))
         r["wheels"] = [w.name for w in wheels]
         if self.dry_run:
@@ -177,23 +202,44 @@ class Campaign:
             r["build"] = self.run(build_command(), "setup_build.log", 420, env=self.env(SPLAT_BUILD_CUDA="1"))
             if r["tools"]["cuobjdump"]:
                 r["kernel_resources"] = kernel_resources(r["tools"]["cuobjdump"])
-        check = ("import json, torch, splat; from splat._backend import has_extension, has_cuda_kernels; "
-                 "print(json.dumps(dict(extension=has_extension(), cuda_kernels=has_cuda_kernels(), "
-                 "cuda_device=torch.cuda.is_available(), splat=splat.__file__)))")
+        check = (
+            "import json, torch, splat; from splat._backend import has_extension, has_cuda_kernels; "
+            "print(json.dumps(dict(extension=has_extension(), cuda_kernels=has_cuda_kernels(), "
+            "cuda_device=torch.cuda.is_available(), splat=splat.__file__)))"
+        )
         done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=self.env(), cwd=ROOT)
         r["check"] = json.loads(done.stdout.splitlines()[-1]) if done.returncode == 0 else done.stderr[-1500:]
-        ok = isinstance(r["check"], dict) and r["check"]["extension"] and (
-            self.dry_run or (r["check"]["cuda_kernels"] and r["check"]["cuda_device"]))
+        ok = (
+            isinstance(r["check"], dict)
+            and r["check"]["extension"]
+            and (self.dry_run or (r["check"]["cuda_kernels"] and r["check"]["cuda_device"]))
+        )
         r["status"] = "ok" if ok else "failed"
         if not ok:
-            r["reason"] = (f"splat's extension does not load: {r['check'][-300:]}" if isinstance(r["check"], str) else
-                           "splat's CUDA kernels or the GPU are not seen (check, build)")
+            r["reason"] = (
+                f"splat's extension does not load: {r['check'][-300:]}"
+                if isinstance(r["check"], str)
+                else "splat's CUDA kernels or the GPU are not seen (check, build)"
+            )
         return r
 
     def pip_install(self, wheels, target: Path) -> dict:
         # --no-deps: the device has every dependency but these; --no-index: it has no network.
-        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-               "--no-cache-dir", "--upgrade", "--target", target, *wheels]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--no-compile",
+            "--no-cache-dir",
+            "--upgrade",
+            "--target",
+            target,
+            *wheels,
+        ]
         return self.run(cmd, "setup_pip.log", 120)
 
     def parity(self) -> dict:
@@ -204,16 +250,23 @@ class Campaign:
         # The dry run's pytest needs none of the installed plugins (hypothesis, dash, ...: seconds to load).
         env = self.env(PYTEST_DISABLE_PLUGIN_AUTOLOAD="1") if self.dry_run else self.env()
         # tests/test_cuda.py alone first: the CUDA-against-CPU answer even if the whole suite runs out of time.
-        r["test_cuda"] = self.run(base + ["tests/test_cuda.py", f"--junitxml={junit / 'cuda.xml'}"],
-                                  "parity_test_cuda.log", 240, env=env)
+        r["test_cuda"] = self.run(
+            base + ["tests/test_cuda.py", f"--junitxml={junit / 'cuda.xml'}"], "parity_test_cuda.log", 240, env=env
+        )
         r["test_cuda"].update(junit_summary(junit / "cuda.xml"))
         # The dry run stands in the same file for the whole suite (well under a minute in CI).
         suite = ["tests/test_cuda.py"] if self.dry_run else ["tests", "--continue-on-collection-errors"]
         r["suite"] = self.run(base + suite + [f"--junitxml={junit / 'suite.xml'}"], "parity_suite.log", 1e9, env=env)
         r["suite"].update(junit_summary(junit / "suite.xml"))
         gpu_skips = [s for s in r["test_cuda"].get("skip_reasons", {}) if "needs a GPU" in s]
-        bad = [k for k in ("test_cuda", "suite") if r[k]["timed_out"] or r[k].get("failures")
-               or r[k].get("errors_other_than_missing_modules") or "junit" in r[k]]
+        bad = [
+            k
+            for k in ("test_cuda", "suite")
+            if r[k]["timed_out"]
+            or r[k].get("failures")
+            or r[k].get("errors_other_than_missing_modules")
+            or "junit" in r[k]
+        ]
         if self.gpu and gpu_skips:
             r["gpu_tests_skipped"] = gpu_skips
             bad.append("gpu_tests_skipped")
@@ -227,11 +280,18 @@ class Campaign:
         san = tool("compute-sanitizer")
         r = {"dry_run": self.dry_run}
         if self.dry_run or not self.gpu or not san:
-            r["sanitizer"] = ("skipped: dry run (no GPU)" if self.dry_run else
-                              "skipped: no CUDA device" if not self.gpu else "skipped: compute-sanitizer not found")
-        workloads = {"test_cuda": [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py"],
-                     "workload": [sys.executable, str(Path(__file__)), "--workload", "sanitize"]
-                     + (["--dry-run"] if self.dry_run else [])}
+            r["sanitizer"] = (
+                "skipped: dry run (no GPU)"
+                if self.dry_run
+                else "skipped: no CUDA device"
+                if not self.gpu
+                else "skipped: compute-sanitizer not found"
+            )
+        workloads = {
+            "test_cuda": [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py"],
+            "workload": [sys.executable, str(Path(__file__)), "--workload", "sanitize"]
+            + (["--dry-run"] if self.dry_run else []),
+        }
         # Without torch's caching allocator every tensor is its own cudaMalloc,
         # so memcheck sees an access past a tensor's end (inside a cached block it cannot).
         env = self.env(PYTORCH_NO_CUDA_MEMORY_CACHING="1")
@@ -248,10 +308,15 @@ class Campaign:
                     continue
                 # API errors off in memcheck: torch's own probing calls (expected failures) would count as
                 # reports; splat checks every CUDA call's status itself, and the kernels' accesses are what is checked.
-                api = ["--report-api-errors", "no"] if tool_name == "memcheck" and "--report-api-errors" in \
-                    subprocess.run([san, "--help"], capture_output=True, text=True).stdout else []
-                res = self.run([san, "--tool", tool_name, "--print-limit", "50", *api] + cmd, f"sanitize_{key}.log",
-                               100, env=env)
+                api = (
+                    ["--report-api-errors", "no"]
+                    if tool_name == "memcheck"
+                    and "--report-api-errors" in subprocess.run([san, "--help"], capture_output=True, text=True).stdout
+                    else []
+                )
+                res = self.run(
+                    [san, "--tool", tool_name, "--print-limit", "50", *api] + cmd, f"sanitize_{key}.log", 100, env=env
+                )
                 res.update(sanitizer_summary(self.logs / f"sanitize_{key}.log", tool_name))
                 r[key] = res
                 if res["rc"] != 0 or res["timed_out"] or res.get("reported") != 0:
@@ -279,8 +344,14 @@ class Campaign:
         # Half the cores and a lower priority: the tests and sanitizers running beside it keep theirs.
         env = self.env(MAX_JOBS=str(max(1, (os.cpu_count() or 2) // 2)))
         with open(BUILD / "peers_build.log", "w") as log:  # the child keeps its own copy of the descriptor
-            proc = subprocess.Popen(["nice", "-n", "10", sys.executable, str(Path(__file__)), "--build-peers"],
-                                    cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                ["nice", "-n", "10", sys.executable, str(Path(__file__)), "--build-peers"],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         pid_file.write_text(str(proc.pid))
         return {"started": True, "pid": proc.pid, "log": str(BUILD / "peers_build.log")}
 
@@ -289,8 +360,10 @@ class Campaign:
         dsr = PEERS / "diff-surfel-rasterization" / "COMMIT"
         r["diff_surfel_commit"] = dsr.read_text().strip() if dsr.is_file() else None
         if self.dry_run or not self.gpu:
-            r["status"], r["reason"] = "skipped", ("dry run: the peers are CUDA extensions, built on the device"
-                                                   if self.dry_run else "no CUDA device")
+            r["status"], r["reason"] = (
+                "skipped",
+                ("dry run: the peers are CUDA extensions, built on the device" if self.dry_run else "no CUDA device"),
+            )
             return r
         pid_file = BUILD / "peers_build.pid"
         if pid_file.is_file():  # call 1's background build on this (still warm) machine
@@ -298,8 +371,9 @@ class Campaign:
             while alive(pid) and self.remaining() > 0:
                 time.sleep(2)
             running = alive(pid)
-            r["background_build"] = "still running at the time limit (it goes on: run this call again)" \
-                if running else "finished"
+            r["background_build"] = (
+                "still running at the time limit (it goes on: run this call again)" if running else "finished"
+            )
             if (BUILD / "peers_build.log").is_file():
                 shutil.copy(BUILD / "peers_build.log", self.logs / "peers_build_background.log")
         else:
@@ -307,8 +381,9 @@ class Campaign:
         status = read_json(BUILD / "peers_status.json")
         # A second build beside a running one would fight over its folders.
         if not running and not (status.get("gsplat", {}).get("ok") and status.get("diff_surfel", {}).get("ok")):
-            r["foreground_build"] = self.run([sys.executable, str(Path(__file__)), "--build-peers"],
-                                             "peers_build.log", 1e9)
+            r["foreground_build"] = self.run(
+                [sys.executable, str(Path(__file__)), "--build-peers"], "peers_build.log", 1e9
+            )
             status = read_json(BUILD / "peers_status.json")
         r["build"] = status
         broken = [k for k in ("gsplat", "diff_surfel") if not status.get(k, {}).get("ok")]
@@ -324,36 +399,60 @@ class Campaign:
             if p not in sys.path:
                 sys.path.insert(1, p)
             sys.path_importer_cache.pop(p, None)
-        os.environ.update({k: v for k, v in self.env().items() if k in ("TORCH_EXTENSIONS_DIR", "MAX_JOBS",
-                                                                        "TORCH_CUDA_ARCH_LIST")})
+        os.environ.update(
+            {k: v for k, v in self.env().items() if k in ("TORCH_EXTENSIONS_DIR", "MAX_JOBS", "TORCH_CUDA_ARCH_LIST")}
+        )
         import rasterize_peers
 
         # A peer whose build failed is not imported here: gsplat would start its JIT build again, in this process.
         built = read_json(BUILD / "peers_status.json")
-        unbuilt = {} if self.dry_run else {
-            k: f"not built: {built.get(k, {}).get('reason') or 'its build failed'} (peers.json)"
-            for k in ("gsplat", "diff_surfel") if not built.get(k, {}).get("ok")}
+        unbuilt = (
+            {}
+            if self.dry_run
+            else {
+                k: f"not built: {built.get(k, {}).get('reason') or 'its build failed'} (peers.json)"
+                for k in ("gsplat", "diff_surfel")
+                if not built.get(k, {}).get("ok")
+            }
+        )
         if self.dry_run:
             sizes, width, height, warmup, reps = (1500, 3000), 96, 64, 1, 2
         else:
             sizes, width, height, warmup, reps = rasterize_peers.SIZES, 1920, 1080, 3, 10
         with open(self.logs / "speed.log", "w") as log:
+
             def say(line):
                 print(line, file=log, flush=True)
                 print(f"speed: {line}", flush=True)
 
-            result = rasterize_peers.run(list(sizes), width, height, self.device, warmup, reps, log=say,
-                                         time_left=self.remaining, unavailable=unbuilt)
+            result = rasterize_peers.run(
+                list(sizes),
+                width,
+                height,
+                self.device,
+                warmup,
+                reps,
+                log=say,
+                time_left=self.remaining,
+                unavailable=unbuilt,
+            )
         pid_file = BUILD / "peers_build.pid"
         if not self.dry_run and pid_file.is_file() and alive(int(pid_file.read_text())):
             result["note"] = "the peers' build was still compiling on the CPU during these timings"
         rows = result["rows"]
         failed = [r for r in rows if "error" in r or (r["impl"] == "splat" and "total_ms" not in r)]
         gpu_skipped = sorted({r["impl"] for r in rows if self.gpu and "skipped" in r})
-        reason = "; ".join([f"{r['impl']} at {r['surfels']}: {r.get('error', 'no time')}" for r in failed][:3]
-                           + ([f"skipped: {', '.join(gpu_skipped)}"] if gpu_skipped else []))
-        return dict(dry_run=self.dry_run, device=self.device, **result,
-                    status="failed" if reason else "ok", **({"reason": reason} if reason else {}))
+        reason = "; ".join(
+            [f"{r['impl']} at {r['surfels']}: {r.get('error', 'no time')}" for r in failed][:3]
+            + ([f"skipped: {', '.join(gpu_skipped)}"] if gpu_skipped else [])
+        )
+        return dict(
+            dry_run=self.dry_run,
+            device=self.device,
+            **result,
+            status="failed" if reason else "ok",
+            **({"reason": reason} if reason else {}),
+        )
 
     def train(self) -> dict:
         r = {"dry_run": self.dry_run, "scenes_folder": str(self.scenes), "runs": {}}
@@ -364,8 +463,11 @@ class Campaign:
         failed = []
         for i, (name, data, extra) in enumerate(runs):
             if not data.is_dir():
-                r["runs"][name] = {"status": "skipped", "reason": f"scene folder {data} not found "
-                                   "(carry .gpu_campaign/scenes: scripts/gpu_campaign.sh prepare)"}
+                r["runs"][name] = {
+                    "status": "skipped",
+                    "reason": f"scene folder {data} not found "
+                    "(carry .gpu_campaign/scenes: scripts/gpu_campaign.sh prepare)",
+                }
                 if name != "dtu_scan24_400x300":
                     failed.append(name)
                 continue
@@ -373,8 +475,19 @@ class Campaign:
                 r["runs"][name] = {"status": "skipped", "reason": "out of time in this call"}
                 continue
             out = self.work / f"train_{name}"
-            cmd = [sys.executable, "train.py", "--data", data, "--out", out, "--config", "configs/default.yaml",
-                   "--no-progress", "--overwrite", *extra]
+            cmd = [
+                sys.executable,
+                "train.py",
+                "--data",
+                data,
+                "--out",
+                out,
+                "--config",
+                "configs/default.yaml",
+                "--no-progress",
+                "--overwrite",
+                *extra,
+            ]
             # An even share of what is left among the required runs still to come (the last one is optional).
             required_left = max(1, sum(1 for n, _, _ in runs[i:] if n != "dtu_scan24_400x300"))
             res = self.run(cmd, f"train_{name}.log", self.remaining() / required_left)
@@ -387,7 +500,9 @@ class Campaign:
                 res["seconds_per_step"] = round(metrics["train_seconds"] / metrics["iterations"], 5)
             ref = CPU_REFERENCE.get(name)
             if ref:
-                res["cpu_reference"] = dict(file=ref[0], run=".".join(ref[1]), data=dig(read_json(ROOT / ref[0]), ref[1]))
+                res["cpu_reference"] = dict(
+                    file=ref[0], run=".".join(ref[1]), data=dig(read_json(ROOT / ref[0]), ref[1])
+                )
             res["status"] = "ok" if res["rc"] == 0 and metrics else "failed"
             if res["status"] != "ok":
                 failed.append(name)
@@ -406,19 +521,36 @@ class Campaign:
         r["torch_profiler"] = res
         ncu = tool("ncu")
         if self.dry_run or not self.gpu or not ncu:
-            r["ncu"] = {"skipped": "dry run (no GPU)" if self.dry_run else
-                        "no CUDA device" if not self.gpu else "ncu not found"}
+            r["ncu"] = {
+                "skipped": "dry run (no GPU)" if self.dry_run else "no CUDA device" if not self.gpu else "ncu not found"
+            }
         else:
             # --clock-control none: leave the card's clocks as found (device README); the sections give
             # each kernel's compute and memory throughput against peak, its occupancy and registers.
-            ncu_cmd = [ncu, "--clock-control", "none", "--target-processes", "all", "-k", KERNELS, "-c", "12",
-                       "--section", "SpeedOfLight", "--section", "Occupancy", "--section", "LaunchStats",
-                       "--csv", "--page", "details"] + cmd
+            ncu_cmd = [
+                ncu,
+                "--clock-control",
+                "none",
+                "--target-processes",
+                "all",
+                "-k",
+                KERNELS,
+                "-c",
+                "12",
+                "--section",
+                "SpeedOfLight",
+                "--section",
+                "Occupancy",
+                "--section",
+                "LaunchStats",
+                "--csv",
+                "--page",
+                "details",
+            ] + cmd
             res = self.run(ncu_cmd, "profile_ncu.log", 150)
             res["kernels"] = ncu_bounds(self.logs / "profile_ncu.log")
             r["ncu"] = res
-        ok = r["torch_profiler"]["rc"] == 0 and (
-            "skipped" in r["ncu"] or (r["ncu"]["rc"] == 0 and r["ncu"]["kernels"]))
+        ok = r["torch_profiler"]["rc"] == 0 and ("skipped" in r["ncu"] or (r["ncu"]["rc"] == 0 and r["ncu"]["kernels"]))
         r["status"] = "ok" if ok else "failed"
         if not ok:
             r["reason"] = "the torch profiler or ncu run failed, or ncu measured no kernel (logs/profile_*.log)"
@@ -427,7 +559,7 @@ class Campaign:
     # ------------------------------------------------------------------ driver
     def stage(self, name: str) -> dict:
         start = time.monotonic()
-        later = self.stages[self.stages.index(name) + 1:] if name in self.stages else ()
+        later = self.stages[self.stages.index(name) + 1 :] if name in self.stages else ()
         self.reserved_after = sum(STAGE_RESERVE_S.get(s, 0) for s in later)
         print(f"== {name} ({self.remaining():.0f} s left)", flush=True)
         if self.remaining() < 10:
@@ -440,8 +572,11 @@ class Campaign:
             except Exception as error:  # the stage's JSON still says what broke; the other stages go on
                 import traceback
 
-                result = {"status": "failed", "error": f"{type(error).__name__}: {error}",
-                          "traceback": traceback.format_exc().splitlines()[-12:]}
+                result = {
+                    "status": "failed",
+                    "error": f"{type(error).__name__}: {error}",
+                    "traceback": traceback.format_exc().splitlines()[-12:],
+                }
         result = dict(stage=name, seconds=round(time.monotonic() - start, 1), **result)
         tag = f"-call{self.call}" if self.call and name == "setup" else ""
         self.write(name + tag, dict(result, machine=machine(call=self.call)))
@@ -454,18 +589,33 @@ class Campaign:
         shutil.rmtree(self.logs)  # the device returns at most 8 files: the logs travel as one archive
         if self.dry_run:
             shutil.rmtree(self.work, ignore_errors=True)
-        summary = {name: {k: v for k, v in r.items() if k in ("status", "seconds", "reason", "error",
-                                                              "failed_parts")}
-                   for name, r in results.items()}
+        summary = {
+            name: {k: v for k, v in r.items() if k in ("status", "seconds", "reason", "error", "failed_parts")}
+            for name, r in results.items()
+        }
         self.write(f"summary{tag}", dict(call=self.call, dry_run=self.dry_run, stages=summary, machine=machine()))
         print("\nstage      status    seconds")
         for name, r in results.items():
             print(f"{name:<10} {r['status']:<9} {r['seconds']:>7}  {r.get('reason') or r.get('error') or ''}")
         if "speed" in results:
             for row in results["speed"].get("rows", []):
-                print("  " + " ".join(f"{k}={row[k]}" for k in ("impl", "surfels", "forward_ms", "backward_ms",
-                                                                "total_ms", "peak_memory_mib", "skipped", "error")
-                                      if k in row))
+                print(
+                    "  "
+                    + " ".join(
+                        f"{k}={row[k]}"
+                        for k in (
+                            "impl",
+                            "surfels",
+                            "forward_ms",
+                            "backward_ms",
+                            "total_ms",
+                            "peak_memory_mib",
+                            "skipped",
+                            "error",
+                        )
+                        if k in row
+                    )
+                )
         return 0 if all(r["status"] in ("ok", "skipped") for r in results.values()) else 1
 
 
@@ -474,9 +624,14 @@ def child_env(work: Path, gpu: bool, dry_run: bool, **extra) -> dict:
     """The children's environment: this checkout, the carried wheels and the
     diff-surfel build on PYTHONPATH; builds and caches in ignored folders."""
     paths = [str(ROOT), str(SITE), str(DSR_BUILD)] + [p for p in os.environ.get("PYTHONPATH", "").split(":") if p]
-    env = dict(os.environ, PYTHONPATH=":".join(paths), PYTHONUNBUFFERED="1",
-               TORCH_EXTENSIONS_DIR=str((work if dry_run else BUILD) / "torch_extensions"),
-               SPLAT_CACHE_DIR=str(work / "cache"), MPLBACKEND="Agg")
+    env = dict(
+        os.environ,
+        PYTHONPATH=":".join(paths),
+        PYTHONUNBUFFERED="1",
+        TORCH_EXTENSIONS_DIR=str((work if dry_run else BUILD) / "torch_extensions"),
+        SPLAT_CACHE_DIR=str(work / "cache"),
+        MPLBACKEND="Agg",
+    )
     if gpu:
         env["MAX_JOBS"] = str(os.cpu_count() or 4)
         env["TORCH_CUDA_ARCH_LIST"] = arch_list()
@@ -490,8 +645,12 @@ def tool(name: str) -> str | None:
     found = shutil.which(name)
     if found:
         return found
-    for pattern in (f"/usr/local/cuda/bin/{name}", f"/usr/local/cuda/compute-sanitizer/{name}",
-                    f"/usr/local/cuda-*/bin/{name}", f"/opt/nvidia/nsight-compute/*/{name}"):
+    for pattern in (
+        f"/usr/local/cuda/bin/{name}",
+        f"/usr/local/cuda/compute-sanitizer/{name}",
+        f"/usr/local/cuda-*/bin/{name}",
+        f"/opt/nvidia/nsight-compute/*/{name}",
+    ):
         hits = sorted(Path("/").glob(pattern.lstrip("/")))
         if hits:
             return str(hits[-1])
@@ -551,14 +710,21 @@ def junit_summary(path: Path) -> dict:
                 skips[message[:200]] = skips.get(message[:200], 0) + 1
             elif child.tag in ("failure", "error"):
                 if child.tag == "error" and re.search(r"No module named|ModuleNotFoundError", child.text or message):
-                    missing.append(dict(test=test, message=re.findall(r"No module named '[^']+'",
-                                                                      child.text or message)[:1]))
+                    missing.append(
+                        dict(test=test, message=re.findall(r"No module named '[^']+'", child.text or message)[:1])
+                    )
                 else:
-                    failed.append(dict(test=test, kind=child.tag, message=message.splitlines()[0][:300]
-                                       if message else ""))
+                    failed.append(
+                        dict(test=test, kind=child.tag, message=message.splitlines()[0][:300] if message else "")
+                    )
     counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
-    return dict(counts, failed=failed[:50], errors_other_than_missing_modules=len(
-        [f for f in failed if f["kind"] == "error"]), not_collected_missing_modules=missing, skip_reasons=skips)
+    return dict(
+        counts,
+        failed=failed[:50],
+        errors_other_than_missing_modules=len([f for f in failed if f["kind"] == "error"]),
+        not_collected_missing_modules=missing,
+        skip_reasons=skips,
+    )
 
 
 def sanitizer_summary(path: Path, tool_name: str) -> dict:
@@ -580,17 +746,25 @@ def ncu_bounds(path: Path) -> list:
         return []
     kernels = {}
     for row in csv.DictReader(io.StringIO("\n".join(lines))):
-        k = kernels.setdefault(row.get("ID"), {"kernel": row.get("Kernel Name"), "grid": row.get("Grid Size"),
-                                               "block": row.get("Block Size")})
+        k = kernels.setdefault(
+            row.get("ID"),
+            {"kernel": row.get("Kernel Name"), "grid": row.get("Grid Size"), "block": row.get("Block Size")},
+        )
         try:
             k[row["Metric Name"]] = float(row["Metric Value"].replace(",", ""))
             if row["Metric Name"] == "Duration":  # ncu picks the unit (nsecond, usecond, msecond)
                 k["duration_unit"] = row.get("Metric Unit")
         except (KeyError, ValueError, AttributeError):
             pass
-    wanted = {"Duration": "duration", "Compute (SM) Throughput": "sm_pct", "Memory Throughput": "memory_pct",
-              "DRAM Throughput": "dram_pct", "Registers Per Thread": "registers",
-              "Achieved Occupancy": "achieved_occupancy_pct", "Theoretical Occupancy": "theoretical_occupancy_pct"}
+    wanted = {
+        "Duration": "duration",
+        "Compute (SM) Throughput": "sm_pct",
+        "Memory Throughput": "memory_pct",
+        "DRAM Throughput": "dram_pct",
+        "Registers Per Thread": "registers",
+        "Achieved Occupancy": "achieved_occupancy_pct",
+        "Theoretical Occupancy": "theoretical_occupancy_pct",
+    }
     rows = []
     for k in kernels.values():
         row = {"kernel": k["kernel"], "grid": k["grid"], "block": k["block"], "duration_unit": k.get("duration_unit")}
@@ -640,13 +814,36 @@ def build_peers() -> int:
         status["gsplat"] = {"ok": False, "reason": "no gsplat wheel in .gpu_campaign/peers"}
     else:
         if not (SITE / "gsplat").is_dir():  # setup installs it with the other carried wheels
-            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                            "--no-cache-dir", "--upgrade", "--target", str(SITE), str(wheels[-1])], check=False)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--no-index",
+                    "--no-deps",
+                    "--no-compile",
+                    "--no-cache-dir",
+                    "--upgrade",
+                    "--target",
+                    str(SITE),
+                    str(wheels[-1]),
+                ],
+                check=False,
+            )
         # Importing _C triggers gsplat's JIT build (every csrc/*.cu, for TORCH_CUDA_ARCH_LIST only).
-        p = subprocess.run([sys.executable, "-c", "from gsplat.cuda._backend import _C; raise SystemExit(_C is None)"],
-                           env=env, cwd=BUILD)
-        status["gsplat"] = {"ok": p.returncode == 0, "rc": p.returncode, "wheel": wheels[-1].name,
-                            "seconds": round(time.monotonic() - start, 1)}
+        p = subprocess.run(
+            [sys.executable, "-c", "from gsplat.cuda._backend import _C; raise SystemExit(_C is None)"],
+            env=env,
+            cwd=BUILD,
+        )
+        status["gsplat"] = {
+            "ok": p.returncode == 0,
+            "rc": p.returncode,
+            "wheel": wheels[-1].name,
+            "seconds": round(time.monotonic() - start, 1),
+        }
     src = PEERS / "diff-surfel-rasterization"
     start = time.monotonic()
     if not (src / "setup.py").is_file():
@@ -659,12 +856,24 @@ def build_peers() -> int:
             shipped = SITE / "gsplat" / "cuda" / "csrc" / "third_party" / "glm"
             glm.symlink_to(shipped, target_is_directory=True)
         # -include cstdint: its rasterizer_impl.h uses std::uintptr_t without the header, an error with GCC 13.
-        p = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=DSR_BUILD,
-                           env=dict(env, NVCC_APPEND_FLAGS="-include cstdint"))
-        ok = p.returncode == 0 and subprocess.run([sys.executable, "-c", "import diff_surfel_rasterization"],
-                                                  env=env, cwd=BUILD).returncode == 0
-        status["diff_surfel"] = {"ok": ok, "rc": p.returncode, "seconds": round(time.monotonic() - start, 1),
-                                 "commit": (src / "COMMIT").read_text().strip() if (src / "COMMIT").is_file() else None}
+        p = subprocess.run(
+            [sys.executable, "setup.py", "build_ext", "--inplace"],
+            cwd=DSR_BUILD,
+            env=dict(env, NVCC_APPEND_FLAGS="-include cstdint"),
+        )
+        ok = (
+            p.returncode == 0
+            and subprocess.run(
+                [sys.executable, "-c", "import diff_surfel_rasterization"], env=env, cwd=BUILD
+            ).returncode
+            == 0
+        )
+        status["diff_surfel"] = {
+            "ok": ok,
+            "rc": p.returncode,
+            "seconds": round(time.monotonic() - start, 1),
+            "commit": (src / "COMMIT").read_text().strip() if (src / "COMMIT").is_file() else None,
+        }
     (BUILD / "peers_status.json").write_text(json.dumps(status, indent=2) + "\n")
     print(json.dumps(status), flush=True)
     return 0 if all(s.get("ok") for s in status.values()) else 1
@@ -685,13 +894,23 @@ def workload(name: str, dry_run: bool, torch_profile: str | None) -> int:
     backend = "cuda" if device == "cuda" else "cpu"
 
     def step(scene, dtype=torch.float32):
-        leaf = {k: scene[k].to(device, dtype).clone().requires_grad_(True)
-                for k in ("means", "quats", "scales", "opacities", "colors")}
+        leaf = {
+            k: scene[k].to(device, dtype).clone().requires_grad_(True)
+            for k in ("means", "quats", "scales", "opacities", "colors")
+        }
         bg = torch.tensor([0.2, 0.3, 0.4], device=device, dtype=dtype, requires_grad=True)
-        out = splat.rasterize(**leaf, viewmat=scene["viewmat"].to(device, dtype), K=scene["K"].to(device, dtype),
-                              width=scene["width"], height=scene["height"], background=bg, backend=backend)
-        loss = sum(getattr(out, k).double().sum() for k in ("rgb", "alpha", "depth", "normal", "distortion",
-                                                             "median_depth"))
+        out = splat.rasterize(
+            **leaf,
+            viewmat=scene["viewmat"].to(device, dtype),
+            K=scene["K"].to(device, dtype),
+            width=scene["width"],
+            height=scene["height"],
+            background=bg,
+            backend=backend,
+        )
+        loss = sum(
+            getattr(out, k).double().sum() for k in ("rgb", "alpha", "depth", "normal", "distortion", "median_depth")
+        )
         loss.backward()
         if device == "cuda":
             torch.cuda.synchronize()
@@ -700,9 +919,11 @@ def workload(name: str, dry_run: bool, torch_profile: str | None) -> int:
 
     if name == "sanitize":
         scale = 10 if dry_run else 1
-        scenes = [(surface_scene(20_000 // scale, 256, 192, seed=2), torch.float32),
-                  (surface_scene(5_000 // scale, 160, 120, seed=3), torch.float64),
-                  (random_scene(300 // scale, 97, 61, seed=4, principal_offset=(5.0, -2.0)), torch.float32)]
+        scenes = [
+            (surface_scene(20_000 // scale, 256, 192, seed=2), torch.float32),
+            (surface_scene(5_000 // scale, 160, 120, seed=3), torch.float64),
+            (random_scene(300 // scale, 97, 61, seed=4, principal_offset=(5.0, -2.0)), torch.float32),
+        ]
         big = random_scene(40, 128, 96, seed=5, scale_range=(3.0, 5.0))  # every surfel covers many tiles
         scenes.append((big, torch.float32))
         none = random_scene(0, 64, 48, seed=6)
@@ -731,15 +952,24 @@ def workload(name: str, dry_run: bool, torch_profile: str | None) -> int:
         dev = getattr(e, "self_device_time_total", None)
         if dev is None:
             dev = getattr(e, "self_cuda_time_total", 0)
-        rows.append(dict(name=e.key[:200], calls=e.count, self_device_ms=round(dev / 1e3 / 3, 4),
-                         self_cpu_ms=round(e.self_cpu_time_total / 1e3 / 3, 4)))
+        rows.append(
+            dict(
+                name=e.key[:200],
+                calls=e.count,
+                self_device_ms=round(dev / 1e3 / 3, 4),
+                self_cpu_ms=round(e.self_cpu_time_total / 1e3 / 3, 4),
+            )
+        )
     key = "self_device_ms" if device == "cuda" else "self_cpu_ms"
     rows.sort(key=lambda r: -r[key])
     total = sum(r[key] for r in rows) or 1.0
     for r in rows:
         r["share_pct"] = round(100 * r[key] / total, 2)
-    Path(torch_profile).write_text(json.dumps(dict(device=device, surfels=n, width=width, height=height,
-                                                   per_iteration=True, kernels=rows[:30]), indent=2))
+    Path(torch_profile).write_text(
+        json.dumps(
+            dict(device=device, surfels=n, width=width, height=height, per_iteration=True, kernels=rows[:30]), indent=2
+        )
+    )
     print(f"workload profile: {n} surfels {width}x{height} on {device}; top: {rows[0]['name'] if rows else '-'}")
     return 0
 
@@ -751,10 +981,17 @@ def main() -> int:
     pick.add_argument("--call", type=int, choices=sorted(CALLS), help="the stages of device call 1, 2 or 3")
     pick.add_argument("--stages", nargs="+", metavar="STAGE", help=f"any of {', '.join(STAGES)}, or all")
     ap.add_argument("--dry-run", action="store_true", help="every stage on the CPU with tiny sizes")
-    ap.add_argument("--budget-s", type=float, default=480.0,
-                    help="this call's time budget (default 480: three calls and a start fit 30 device minutes)")
-    ap.add_argument("--scenes", type=Path, help="folder holding still_life/ and dtu_scan24/ "
-                    "(default: .gpu_campaign/scenes, else ../shared/scenes)")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=480.0,
+        help="this call's time budget (default 480: three calls and a start fit 30 device minutes)",
+    )
+    ap.add_argument(
+        "--scenes",
+        type=Path,
+        help="folder holding still_life/ and dtu_scan24/ (default: .gpu_campaign/scenes, else ../shared/scenes)",
+    )
     ap.add_argument("--workload", choices=("sanitize", "profile"), help=argparse.SUPPRESS)
     ap.add_argument("--torch-profile", help=argparse.SUPPRESS)
     ap.add_argument("--build-peers", action="store_true", help=argparse.SUPPRESS)

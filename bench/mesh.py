@@ -53,15 +53,22 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--scene", required=True, help="NeRF-layout scene folder with test depths and mesh.ply")
     what = ap.add_mutually_exclusive_group(required=True)
     what.add_argument("--mesh", help="the predicted triangle mesh (.ply, .obj, ...)")
-    what.add_argument("--model", help="a training output folder: mesh it as render.py --mesh does "
-                                      "(timed; writes MODEL/mesh.ply), then measure that mesh")
+    what.add_argument(
+        "--model",
+        help="a training output folder: mesh it as render.py --mesh does "
+        "(timed; writes MODEL/mesh.ply), then measure that mesh",
+    )
     ap.add_argument("--mesh-res", type=int, default=None, help="with --model: render.py's --mesh-res")
     ap.add_argument("--depth-ratio", type=float, default=None, help="with --model: render.py's --depth-ratio")
     ap.add_argument("--keep-unseen", action="store_true", help="with --model: render.py's --keep-unseen")
     ap.add_argument("--gt-mesh", help="ground-truth mesh (default: SCENE/mesh.ply)")
     ap.add_argument("--out", help="write the JSON here too (e.g. bench/results/mesh_fast.json)")
-    ap.add_argument("--samples", type=_positive_int, default=DEFAULT_SAMPLES,
-                    help=f"points sampled by area on the predicted mesh (default {DEFAULT_SAMPLES})")
+    ap.add_argument(
+        "--samples",
+        type=_positive_int,
+        default=DEFAULT_SAMPLES,
+        help=f"points sampled by area on the predicted mesh (default {DEFAULT_SAMPLES})",
+    )
     ap.add_argument("--seed", type=int, default=0, help="seed of those samples (default 0)")
     ap.add_argument("--debug", action="store_true", help="full tracebacks instead of one-line errors")
     return ap
@@ -93,8 +100,8 @@ def load_views(scene_dir: Path):
     import torch
 
     from splat.data.nerf import load_nerf
-    from splat.mesh.metrics import depth_points
     from splat.evaluation import ground_truth_geometry
+    from splat.mesh.metrics import depth_points
 
     test_json = scene_dir / "transforms_test.json"
     if not test_json.is_file():
@@ -106,15 +113,20 @@ def load_views(scene_dir: Path):
     for f in scene.test:
         depth, _ = ground_truth_geometry(scene_dir, f.stem, f.height, f.width)
         if depth is None:
-            raise SplatInputError(f"{scene_dir / (f.stem + '_depth.npy')}: missing ground-truth depth of test view "
-                                  f"{f.stem}")
+            raise SplatInputError(
+                f"{scene_dir / (f.stem + '_depth.npy')}: missing ground-truth depth of test view {f.stem}"
+            )
         pts.append(depth_points(depth.numpy(), f.K.double().numpy(), f.viewmat.double().numpy()))
     reference = np.concatenate(pts)
     if len(reference) == 0:
         raise SplatInputError(f"{scene_dir}: the test depths have no valid pixel (all 0)")
     train = scene.train
-    cameras = (torch.stack([f.viewmat for f in train]).double(), torch.stack([f.K for f in train]).double(),
-               [f.width for f in train], [f.height for f in train])
+    cameras = (
+        torch.stack([f.viewmat for f in train]).double(),
+        torch.stack([f.K for f in train]).double(),
+        [f.width for f in train],
+        [f.height for f in train],
+    )
     return reference, cameras, len(scene.test)
 
 
@@ -147,9 +159,15 @@ def run(args, argv) -> int:
         # The process's peak resident memory: loading the run and meshing it
         # (nothing else has run yet but imports, rss_before_mesh_mb).
         peak = peak_memory_mb(torch.device("cpu"))
-        meshing = dict(mesh_seconds=round(time.perf_counter() - t_mesh, 2), mesh_peak_rss_mb=round(peak),
-                       rss_before_mesh_mb=round(rss_before), mesh_res=options.mesh_res,
-                       depth_ratio=args.depth_ratio, keep_unseen=args.keep_unseen, model=str(args.model))
+        meshing = dict(
+            mesh_seconds=round(time.perf_counter() - t_mesh, 2),
+            mesh_peak_rss_mb=round(peak),
+            rss_before_mesh_mb=round(rss_before),
+            mesh_res=options.mesh_res,
+            depth_ratio=args.depth_ratio,
+            keep_unseen=args.keep_unseen,
+            model=str(args.model),
+        )
     else:
         mesh_path = Path(args.mesh)
     pred_v, pred_t = read_mesh(mesh_path)
@@ -157,11 +175,22 @@ def run(args, argv) -> int:
     reference, cameras, n_test = load_views(scene_dir)
     res = evaluate_mesh(pred_v, pred_t, gt_v, gt_t, reference, cameras, samples=args.samples, seed=args.seed)
     res = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in res.items()}
-    report = dict(benchmark="mesh", mesh=str(mesh_path), scene=str(scene_dir), gt_mesh=str(gt_path), **meshing, **res,
-                  n_test_views=n_test, n_train_views=len(cameras[2]), gt_vertices=int(len(gt_v)),
-                  gt_triangles=int(len(gt_t)), seconds=round(time.perf_counter() - t0, 2),
-                  commit=commit(str(ROOT)), date=time.strftime("%Y-%m-%d"),
-                  command="python bench/mesh.py " + " ".join(sys.argv[1:] if argv is None else argv))
+    report = dict(
+        benchmark="mesh",
+        mesh=str(mesh_path),
+        scene=str(scene_dir),
+        gt_mesh=str(gt_path),
+        **meshing,
+        **res,
+        n_test_views=n_test,
+        n_train_views=len(cameras[2]),
+        gt_vertices=int(len(gt_v)),
+        gt_triangles=int(len(gt_t)),
+        seconds=round(time.perf_counter() - t0, 2),
+        commit=commit(str(ROOT)),
+        date=time.strftime("%Y-%m-%d"),
+        command="python bench/mesh.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    )
     emit(report, args.out)
     return 0
 

@@ -57,12 +57,22 @@ INITS = ("points", "triangulate", "stereo", "random", "auto")
 MAX_PSNR_DROP_DB = 0.5
 #: Flag a run whose relative depth error is this much above the baseline's (1 percentage point).
 MAX_DEPTH_RISE = 0.01
-METRICS = ("test.psnr", "test.ssim", "test.psnr_masked", "test.ssim_masked", "test.depth_rel_err",
-           "test.normal_deg_err", "n_gaussians", "train_seconds", "peak_memory_mb")
+METRICS = (
+    "test.psnr",
+    "test.ssim",
+    "test.psnr_masked",
+    "test.ssim_masked",
+    "test.depth_rel_err",
+    "test.normal_deg_err",
+    "n_gaussians",
+    "train_seconds",
+    "peak_memory_mb",
+)
 
 
-def run_one(scene_dir: Path, layout: str, points_from, config: str, init: str, out: Path, overrides,
-            curve_every: int = 0) -> dict:
+def run_one(
+    scene_dir: Path, layout: str, points_from, config: str, init: str, out: Path, overrides, curve_every: int = 0
+) -> dict:
     """Child process: train one run and return its record.
 
     ``curve_every`` > 0 also evaluates the test views every that many steps
@@ -78,8 +88,10 @@ def run_one(scene_dir: Path, layout: str, points_from, config: str, init: str, o
     from splat.data.colmap import read_model
     from splat.trainer import Trainer
 
-    cfg = load_config(str(ROOT / config), [f"data.path={scene_dir}", f"data.layout={layout}",
-                                           f"model.init={init}", "log.progress=false", *overrides])
+    cfg = load_config(
+        str(ROOT / config),
+        [f"data.path={scene_dir}", f"data.layout={layout}", f"model.init={init}", "log.progress=false", *overrides],
+    )
     scene = load_scene_from_config(cfg["data"], eval_masks=cfg["eval"]["masked"] is not False)
     if init == "points" and points_from and scene.points is None:
         _, _, xyz, rgb, _ = read_model(scene_dir / points_from)
@@ -112,9 +124,13 @@ def _curve_row(step: int, seconds: float, m: dict) -> list:
 def time_to_reach(curve: list, psnr: float, depth_rel_err=None, normal_deg_err=None):
     """Seconds at the first ``curve`` row (see :func:`run_one`) at or above
     ``psnr`` and at or below the given errors, or None if no row is."""
-    for step, seconds, p, d, n in curve:
-        if p is not None and p >= psnr and (depth_rel_err is None or (d is not None and d <= depth_rel_err)) \
-                and (normal_deg_err is None or (n is not None and n <= normal_deg_err)):
+    for _step, seconds, p, d, n in curve:
+        if (
+            p is not None
+            and p >= psnr
+            and (depth_rel_err is None or (d is not None and d <= depth_rel_err))
+            and (normal_deg_err is None or (n is not None and n <= normal_deg_err))
+        ):
             return seconds
     return None
 
@@ -125,6 +141,7 @@ def compare(runs: list, baseline: dict) -> list:
     Baseline runs marked ``"ablation": true`` (a config with an override,
     kept beside the real runs for the record) are not compared against, nor
     runs with other config overrides (``data.downscale=4``, ...)."""
+
     def key(r):
         return r["scene"], r["config"], r["init"], tuple(r.get("overrides") or ())
 
@@ -140,8 +157,10 @@ def compare(runs: list, baseline: dict) -> list:
             flags.append(f"{name}: test PSNR {p:.2f} dB, {pb - p:.2f} dB below the baseline's {pb:.2f}")
         d, db = r["metrics"].get("test.depth_rel_err"), b["metrics"].get("test.depth_rel_err")
         if d is not None and db is not None and d > db + MAX_DEPTH_RISE:
-            flags.append(f"{name}: depth error {100 * d:.2f} %, above the baseline's {100 * db:.2f} % "
-                         f"by more than {100 * MAX_DEPTH_RISE:.0f} percentage point")
+            flags.append(
+                f"{name}: depth error {100 * d:.2f} %, above the baseline's {100 * db:.2f} % "
+                f"by more than {100 * MAX_DEPTH_RISE:.0f} percentage point"
+            )
     return flags
 
 
@@ -171,16 +190,29 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", help="stored quality JSON to compare with (default: the newest)")
     ap.add_argument("--out", help="write the report here too (e.g. bench/results/quality_cpu.json)")
     ap.add_argument("--keep", help="keep the run folders under this folder (default: a temporary one)")
-    ap.add_argument("--curve", type=int, default=0, metavar="N",
-                    help="also evaluate the test views every N steps and record the quality over time")
+    ap.add_argument(
+        "--curve",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also evaluate the test views every N steps and record the quality over time",
+    )
     ap.add_argument("overrides", nargs="*", help="config overrides key=value applied to every run")
     add_child_flag(ap)
     args = ap.parse_args(argv)
 
     case = child_case(args)
     if case is not None:
-        rec = run_one(Path(case["scene_dir"]), case["layout"], case["points_from"], case["config"], case["init"],
-                      Path(case["out"]), args.overrides, args.curve)
+        rec = run_one(
+            Path(case["scene_dir"]),
+            case["layout"],
+            case["points_from"],
+            case["config"],
+            case["init"],
+            Path(case["out"]),
+            args.overrides,
+            args.curve,
+        )
         print_child_result(rec)
         return 0
 
@@ -195,15 +227,20 @@ def main(argv=None) -> int:
             return 2
         for config in args.configs:
             for init in args.inits:
-                rec = dict(scene=scene, layout=spec["layout"], config=config, init=init,
-                           overrides=list(args.overrides))
+                rec = dict(scene=scene, layout=spec["layout"], config=config, init=init, overrides=list(args.overrides))
                 if init == "points" and spec["points_from"] is None and spec["layout"] == "transforms":
                     rec["skipped"] = "no point cloud"
                     runs.append(rec)
                     continue
                 out = work / f"{scene}_{config}_{init}"
-                case = dict(scene_dir=str(scene_dir), layout=spec["layout"], points_from=spec["points_from"],
-                            config=CONFIGS[config], init=init, out=str(out))
+                case = dict(
+                    scene_dir=str(scene_dir),
+                    layout=spec["layout"],
+                    points_from=spec["points_from"],
+                    config=CONFIGS[config],
+                    init=init,
+                    out=str(out),
+                )
                 print(f"== {scene} {config} init={init}", file=sys.stderr, flush=True)
                 result, proc = run_child(__file__, case, ["--curve", args.curve, *args.overrides], cwd=ROOT)
                 init_lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("init: ")]
@@ -220,11 +257,16 @@ def main(argv=None) -> int:
     baseline = json.loads(base_path.read_text()) if base_path and base_path.is_file() else {}
     flags = compare(runs, baseline)
     report = dict(
-        benchmark="quality", machine=machine(), commit=commit(str(ROOT)), date=time.strftime("%Y-%m-%d"),
+        benchmark="quality",
+        machine=machine(),
+        commit=commit(str(ROOT)),
+        date=time.strftime("%Y-%m-%d"),
         command="python bench/quality.py " + " ".join(sys.argv[1:] if argv is None else argv),
         thresholds=dict(max_psnr_drop_db=MAX_PSNR_DROP_DB, max_depth_rise=MAX_DEPTH_RISE),
         baseline=str(base_path.resolve().relative_to(ROOT)) if base_path and base_path.is_file() else None,
-        flags=flags, runs=runs)
+        flags=flags,
+        runs=runs,
+    )
     emit(report, args.out)
     for f in flags:
         print(f"FLAG {f}", file=sys.stderr)

@@ -13,6 +13,7 @@ max allocated) belongs to that case alone.  Scenes come from
 splat.testing.surface_scene: surfels tangent to a ground plane and four
 spheres, with trained-model-like sizes and opacities.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -78,21 +79,60 @@ def run_case(n, width, height, backend, reps, primitive="2dgs"):
     if backend in ("cpu", "cuda") and primitive == "3dgs":
         ext = load_extension()
         with torch.no_grad():
-            kin = gaussian_kernel_inputs(scene["means"], scene["quats"], scene["scales"], scene["opacities"],
-                                         scene["viewmat"], scene["K"], width, height, 0.2, 100.0)
+            kin = gaussian_kernel_inputs(
+                scene["means"],
+                scene["quats"],
+                scene["scales"],
+                scene["opacities"],
+                scene["viewmat"],
+                scene["K"],
+                width,
+                height,
+                0.2,
+                100.0,
+            )
             f = ext.forward_gaussians_cuda if device == "cuda" else ext.forward_gaussians_cpu
-            res = f(kin["params"], scene["colors"][kin["ids"]].contiguous(), kin["depth"], kin["pixel_rect"],
-                    width, height, 0.2, 100.0)
+            res = f(
+                kin["params"],
+                scene["colors"][kin["ids"]].contiguous(),
+                kin["depth"],
+                kin["pixel_rect"],
+                width,
+                height,
+                0.2,
+                100.0,
+            )
             pairs = int(res[6].long().sum())
             tile_pairs = int(res[10].numel())
     elif backend in ("cpu", "cuda"):
         ext = load_extension()
         with torch.no_grad():
-            p = _project(scene["means"], scene["quats"], scene["scales"], scene["opacities"],
-                         scene["viewmat"], scene["K"], width, height, 0.2, 100.0)
+            p = _project(
+                scene["means"],
+                scene["quats"],
+                scene["scales"],
+                scene["opacities"],
+                scene["viewmat"],
+                scene["K"],
+                width,
+                height,
+                0.2,
+                100.0,
+            )
             f = ext.forward_cuda if device == "cuda" else ext.forward_cpu
-            res = f(p["Tuvw"].contiguous(), p["center"].contiguous(), p["normal"].contiguous(), scene["colors"],
-                    scene["opacities"], p["depth"], p["pixel_rect"], width, height, 0.2, 100.0)
+            res = f(
+                p["Tuvw"].contiguous(),
+                p["center"].contiguous(),
+                p["normal"].contiguous(),
+                scene["colors"],
+                scene["opacities"],
+                p["depth"],
+                p["pixel_rect"],
+                width,
+                height,
+                0.2,
+                100.0,
+            )
             pairs = int(res[6].long().sum())
             tile_pairs = int(res[10].numel())
     if device == "cuda":
@@ -100,12 +140,25 @@ def run_case(n, width, height, backend, reps, primitive="2dgs"):
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB
     fwd_ms, bwd_ms = 1e3 * statistics.median(fwd), 1e3 * statistics.median(bwd)
-    result = dict(backend=backend, primitive=primitive, surfels=n, width=width, height=height, forward_ms=round(fwd_ms, 2),
-                  backward_ms=round(bwd_ms, 2), total_ms=round(fwd_ms + bwd_ms, 2), peak_memory_mib=round(peak, 1),
-                  threads=torch.get_num_threads(), repetitions=reps)
+    result = dict(
+        backend=backend,
+        primitive=primitive,
+        surfels=n,
+        width=width,
+        height=height,
+        forward_ms=round(fwd_ms, 2),
+        backward_ms=round(bwd_ms, 2),
+        total_ms=round(fwd_ms + bwd_ms, 2),
+        peak_memory_mib=round(peak, 1),
+        threads=torch.get_num_threads(),
+        repetitions=reps,
+    )
     if pairs is not None:
-        result.update(pixel_surfel_pairs=pairs, tile_surfel_pairs=tile_pairs,
-                      pairs_per_second_forward=round(pairs / (fwd_ms / 1e3)))
+        result.update(
+            pixel_surfel_pairs=pairs,
+            tile_surfel_pairs=tile_pairs,
+            pairs_per_second_forward=round(pairs / (fwd_ms / 1e3)),
+        )
     return result
 
 
@@ -129,25 +182,30 @@ def main():
             if backend == "cuda" and not (torch.cuda.is_available() and has_cuda_kernels()):
                 continue
             r = 1 if backend == "torch" else reps
-            result, proc = run_child(__file__, dict(n=n, width=w, height=h, backend=backend, reps=r,
-                                                    primitive=primitive))
+            result, proc = run_child(
+                __file__, dict(n=n, width=w, height=h, backend=backend, reps=r, primitive=primitive)
+            )
             if result is None:
-                results.append(dict(backend=backend, primitive=primitive, surfels=n, width=w, height=h,
-                                    error=proc.stderr[-2000:]))
+                results.append(
+                    dict(backend=backend, primitive=primitive, surfels=n, width=w, height=h, error=proc.stderr[-2000:])
+                )
             else:
                 results.append(result)
             print(json.dumps(results[-1]), file=sys.stderr)
     ratios = {}
-    by_key = {(r["backend"], r.get("primitive", "2dgs"), r["surfels"], r["width"]): r
-              for r in results if "error" not in r}
+    by_key = {
+        (r["backend"], r.get("primitive", "2dgs"), r["surfels"], r["width"]): r for r in results if "error" not in r
+    }
     if ("cpu", "2dgs", 20_000, 256) in by_key and ("torch", "2dgs", 20_000, 256) in by_key:
         ratios["cpu_over_reference_speedup_20k_256"] = round(
-            by_key[("torch", "2dgs", 20_000, 256)]["total_ms"] / by_key[("cpu", "2dgs", 20_000, 256)]["total_ms"], 1)
+            by_key[("torch", "2dgs", 20_000, 256)]["total_ms"] / by_key[("cpu", "2dgs", 20_000, 256)]["total_ms"], 1
+        )
     for backend, n, w in (("cpu", 20_000, 256), ("cpu", 100_000, 512), ("cuda", 1_000_000, 1920)):
         a, b = by_key.get((backend, "3dgs", n, w)), by_key.get((backend, "2dgs", n, w))
         if a and b:  # side by side in one run
             ratios[f"{backend}_3dgs_over_2dgs_time_{n // 1000}k_{w}"] = round(a["total_ms"] / b["total_ms"], 2)
     emit(dict(machine=machine(), results=results, ratios=ratios), args.out)
+
 
 if __name__ == "__main__":
     main()

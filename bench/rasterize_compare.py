@@ -22,6 +22,7 @@ Cases (float32, CPU backend):
                             the worst case for per-(tile, surfel) memory
 Every root renders the very same inputs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,10 +57,17 @@ def make_scene(case):
     means = torch.stack([0.1 * torch.randn(n, generator=g), 0.1 * torch.randn(n, generator=g), depth], -1)
     f = 0.9 * width
     K = torch.tensor([[f, 0, width / 2], [0, f, height / 2], [0, 0, 1]])
-    return dict(means=means, quats=torch.tensor([1.0, 0.0, 0.0, 0.0]).repeat(n, 1),
-                scales=(depth[:, None] * width / f) * torch.ones(n, 2),
-                opacities=0.01 + 0.02 * torch.rand(n, generator=g), colors=torch.rand(n, 3, generator=g),
-                viewmat=torch.eye(4), K=K, width=width, height=height)
+    return dict(
+        means=means,
+        quats=torch.tensor([1.0, 0.0, 0.0, 0.0]).repeat(n, 1),
+        scales=(depth[:, None] * width / f) * torch.ones(n, 2),
+        opacities=0.01 + 0.02 * torch.rand(n, generator=g),
+        colors=torch.rand(n, 3, generator=g),
+        viewmat=torch.eye(4),
+        K=K,
+        width=width,
+        height=height,
+    )
 
 
 def run_one(case, inner):
@@ -85,8 +93,13 @@ def run_one(case, inner):
         for p in params.values():
             p.grad = None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB
-    return dict(forward_ms=1e3 * min(fwd), backward_ms=1e3 * min(bwd), peak_rss_mib=peak,
-                threads=torch.get_num_threads(), alpha_mean=float(out.alpha.detach().mean()))
+    return dict(
+        forward_ms=1e3 * min(fwd),
+        backward_ms=1e3 * min(bwd),
+        peak_rss_mib=peak,
+        threads=torch.get_num_threads(),
+        alpha_mean=float(out.alpha.detach().mean()),
+    )
 
 
 def main():
@@ -138,9 +151,14 @@ def main():
             if rs:
                 f = statistics.median(r["forward_ms"] for r in rs)
                 b = statistics.median(r["backward_ms"] for r in rs)
-                row.update(forward_ms=round(f, 1), backward_ms=round(b, 1), total_ms=round(f + b, 1),
-                           peak_rss_mib=round(max(r["peak_rss_mib"] for r in rs), 1), runs=len(rs),
-                           alpha_mean=rs[0]["alpha_mean"])
+                row.update(
+                    forward_ms=round(f, 1),
+                    backward_ms=round(b, 1),
+                    total_ms=round(f + b, 1),
+                    peak_rss_mib=round(max(r["peak_rss_mib"] for r in rs), 1),
+                    runs=len(rs),
+                    alpha_mean=rs[0]["alpha_mean"],
+                )
             table.append(row)
     ratios = {}
     if len(roots) > 1:
@@ -148,13 +166,24 @@ def main():
             old = next(t for t in table if t["case"] == case and t["root"] == roots[0])
             new = next(t for t in table if t["case"] == case and t["root"] == roots[-1])
             if "total_ms" in old and "total_ms" in new:
-                ratios[case] = dict(speedup_total=round(old["total_ms"] / new["total_ms"], 2),
-                                    speedup_forward=round(old["forward_ms"] / new["forward_ms"], 2),
-                                    speedup_backward=round(old["backward_ms"] / new["backward_ms"], 2),
-                                    memory_ratio=round(new["peak_rss_mib"] / old["peak_rss_mib"], 3))
-    emit(dict(command=" ".join([os.path.basename(sys.executable)] + sys.argv), machine=machine(threads=args.threads),
-              commits={root: commit(root) for root in roots}, mem_limit_gib=args.mem_limit_gib, results=table,
-              ratios=ratios), args.out)
+                ratios[case] = dict(
+                    speedup_total=round(old["total_ms"] / new["total_ms"], 2),
+                    speedup_forward=round(old["forward_ms"] / new["forward_ms"], 2),
+                    speedup_backward=round(old["backward_ms"] / new["backward_ms"], 2),
+                    memory_ratio=round(new["peak_rss_mib"] / old["peak_rss_mib"], 3),
+                )
+    emit(
+        dict(
+            command=" ".join([os.path.basename(sys.executable)] + sys.argv),
+            machine=machine(threads=args.threads),
+            commits={root: commit(root) for root in roots},
+            mem_limit_gib=args.mem_limit_gib,
+            results=table,
+            ratios=ratios,
+        ),
+        args.out,
+    )
+
 
 if __name__ == "__main__":
     main()

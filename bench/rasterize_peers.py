@@ -24,6 +24,7 @@ forward + backward above what was allocated before it (inputs excluded).
 On the CPU (the campaign's dry run) times are host clocks and memory the
 process's peak resident size.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,8 +62,12 @@ def peer_modules(device, unavailable=None):
         return {"gsplat": reason, "diff_surfel": reason}
     unavailable = unavailable or {}
     if "gsplat" in unavailable:  # diff_surfel is called through gsplat's wrapper
-        return {"gsplat": unavailable["gsplat"], "diff_surfel": unavailable.get(
-            "diff_surfel", f"needs gsplat's rasterization_2dgs_inria_wrapper: {unavailable['gsplat']}")}
+        return {
+            "gsplat": unavailable["gsplat"],
+            "diff_surfel": unavailable.get(
+                "diff_surfel", f"needs gsplat's rasterization_2dgs_inria_wrapper: {unavailable['gsplat']}"
+            ),
+        }
     found = {}
     try:
         import gsplat
@@ -93,19 +98,32 @@ def renderer(impl, scene, device):
     n = scene["means"].shape[0]
     width, height = scene["width"], scene["height"]
     viewmat, K = scene["viewmat"].to(device), scene["K"].to(device)
-    leaf = {k: scene[k].to(device).clone().requires_grad_(True)
-            for k in ("means", "quats", "scales", "opacities", "colors")}
+    leaf = {
+        k: scene[k].to(device).clone().requires_grad_(True) for k in ("means", "quats", "scales", "opacities", "colors")
+    }
     if impl == "splat":
         import splat
 
         def forward():
-            return splat.rasterize(leaf["means"], leaf["quats"], leaf["scales"], leaf["opacities"], leaf["colors"],
-                                   viewmat, K, width, height, near=NEAR, far=FAR,
-                                   backend="cuda" if device == "cuda" else "cpu")
+            return splat.rasterize(
+                leaf["means"],
+                leaf["quats"],
+                leaf["scales"],
+                leaf["opacities"],
+                leaf["colors"],
+                viewmat,
+                K,
+                width,
+                height,
+                near=NEAR,
+                far=FAR,
+                backend="cuda" if device == "cuda" else "cpu",
+            )
 
         def loss(o):
-            return (o.rgb.sum() + o.alpha.sum() + o.depth.sum() + o.normal.sum() + o.distortion.sum()
-                    + o.median_depth.sum())
+            return (
+                o.rgb.sum() + o.alpha.sum() + o.depth.sum() + o.normal.sum() + o.distortion.sum() + o.median_depth.sum()
+            )
 
         return leaf, forward, loss, lambda o: o.rgb
     # gsplat takes [N, 3] scales and ignores the third (the normal axis) for 2D Gaussians.
@@ -117,10 +135,22 @@ def renderer(impl, scene, device):
             from gsplat.rendering import rasterization_2dgs
 
         def forward():
-            return rasterization_2dgs(leaf["means"], leaf["quats"], leaf["scales"], leaf["opacities"],
-                                      leaf["colors"], viewmat[None], K[None], width, height, near_plane=NEAR,
-                                      far_plane=FAR, packed=impl == "gsplat_packed", render_mode="RGB+ED",
-                                      distloss=True)
+            return rasterization_2dgs(
+                leaf["means"],
+                leaf["quats"],
+                leaf["scales"],
+                leaf["opacities"],
+                leaf["colors"],
+                viewmat[None],
+                K[None],
+                width,
+                height,
+                near_plane=NEAR,
+                far_plane=FAR,
+                packed=impl == "gsplat_packed",
+                render_mode="RGB+ED",
+                distloss=True,
+            )
 
         def loss(o):
             colors, alphas, normals, _surf_normals, distort, median, _meta = o
@@ -130,9 +160,19 @@ def renderer(impl, scene, device):
     from gsplat.rendering import rasterization_2dgs_inria_wrapper
 
     def forward():
-        return rasterization_2dgs_inria_wrapper(leaf["means"], leaf["quats"], leaf["scales"], leaf["opacities"],
-                                                leaf["colors"], viewmat[None], K[None], width, height,
-                                                near_plane=NEAR, far_plane=FAR)
+        return rasterization_2dgs_inria_wrapper(
+            leaf["means"],
+            leaf["quats"],
+            leaf["scales"],
+            leaf["opacities"],
+            leaf["colors"],
+            viewmat[None],
+            K[None],
+            width,
+            height,
+            near_plane=NEAR,
+            far_plane=FAR,
+        )
 
     def loss(o):
         (colors, alphas), meta = o
@@ -191,17 +231,26 @@ def measure(impl, scene, device, warmup, reps):
     times = [one()[1:] for _ in range(reps)]
     fwd = statistics.median(t[0] for t in times)
     bwd = statistics.median(t[1] for t in times)
-    return dict(forward_ms=round(fwd, 3), backward_ms=round(bwd, 3), total_ms=round(fwd + bwd, 3),
-                wall_ms=round(statistics.median(t[2] for t in times), 3), backward_over_forward=round(bwd / fwd, 3),
-                peak_memory_mib=round(peak, 1), memory_kind=kind, reps=reps), rgb
+    return dict(
+        forward_ms=round(fwd, 3),
+        backward_ms=round(bwd, 3),
+        total_ms=round(fwd + bwd, 3),
+        wall_ms=round(statistics.median(t[2] for t in times), 3),
+        backward_over_forward=round(bwd / fwd, 3),
+        peak_memory_mib=round(peak, 1),
+        memory_kind=kind,
+        reps=reps,
+    ), rgb
 
 
 def agreement(a, b, name):
     """PSNR (None when identical: JSON has no infinity) and the largest difference of two colour images."""
     a, b = a.clamp(0, 1), b.clamp(0, 1)
     mse = float(((a - b) ** 2).mean())
-    return {f"rgb_psnr_vs_{name}_db": round(10 * math.log10(1 / mse), 2) if mse > 0 else None,
-            f"rgb_max_abs_diff_vs_{name}": round(float((a - b).abs().max()), 6)}
+    return {
+        f"rgb_psnr_vs_{name}_db": round(10 * math.log10(1 / mse), 2) if mse > 0 else None,
+        f"rgb_max_abs_diff_vs_{name}": round(float((a - b).abs().max()), 6),
+    }
 
 
 def targets(rows, size):
@@ -227,14 +276,16 @@ def targets(rows, size):
         t["speedup_ge_4x_diff_surfel"] = t["speedup_vs_diff_surfel"] >= 4.0
     for name, measured in (("splat", s), ("gsplat", gs), ("diff_surfel", ds)):
         if not measured:  # say why a target could not be judged
-            why = [r.get("skipped") or r.get("error") for r in rows if r["surfels"] == size
-                   and r["impl"].startswith(name)]
+            why = [
+                r.get("skipped") or r.get("error") for r in rows if r["surfels"] == size and r["impl"].startswith(name)
+            ]
             t[f"{name}_not_measured"] = next((w for w in why if w), "not run")
     return t
 
 
-def run(sizes, width, height, device, warmup, reps, impls=IMPLS, log=print, time_left=lambda: math.inf,
-        unavailable=None):
+def run(
+    sizes, width, height, device, warmup, reps, impls=IMPLS, log=print, time_left=lambda: math.inf, unavailable=None
+):
     import torch
 
     from splat.testing import surface_scene
@@ -272,9 +323,11 @@ def run(sizes, width, height, device, warmup, reps, impls=IMPLS, log=print, time
             rows.append(row)
             log(" ".join(f"{k}={v}" for k, v in row.items() if k not in ("width", "height", "memory_kind")))
     size = 1_000_000 if 1_000_000 in sizes else sizes[len(sizes) // 2]
-    return dict(rows=rows, targets=targets(rows, size),
-                peers={k: (v if isinstance(v, str) else getattr(v, "__version__", "imported"))
-                       for k, v in peers.items()})
+    return dict(
+        rows=rows,
+        targets=targets(rows, size),
+        peers={k: (v if isinstance(v, str) else getattr(v, "__version__", "imported")) for k, v in peers.items()},
+    )
 
 
 def main():
@@ -294,8 +347,16 @@ def main():
         ap.error("--device cuda: torch sees no CUDA device (use --device cpu)")
     if min(args.sizes) < 1 or args.width < 1 or args.height < 1:
         ap.error("--sizes, --width and --height must be positive")
-    result = run(args.sizes, args.width, args.height, args.device, args.warmup, args.reps, args.impls,
-                 log=lambda line: print(line, file=sys.stderr, flush=True))
+    result = run(
+        args.sizes,
+        args.width,
+        args.height,
+        args.device,
+        args.warmup,
+        args.reps,
+        args.impls,
+        log=lambda line: print(line, file=sys.stderr, flush=True),
+    )
     emit(dict(command=" ".join(sys.argv), machine=machine(), **result), args.out)
 
 

@@ -1,6 +1,7 @@
 """What every bench script prints: the machine it ran on, and the report as
 JSON on stdout (and in --out).  Imported as ``from report import ...`` by the
 scripts in this folder (run as ``python bench/NAME.py``)."""
+
 from __future__ import annotations
 
 import json
@@ -20,16 +21,27 @@ _ABSOLUTE_PATH = re.compile(r"(?<![\w.~/:-])/[\w.+@%-]+(?:/[\w.+@%-]+)*/?")
 def machine(**extra) -> dict:
     import torch
 
-    return dict(platform=platform.platform(), processor=platform.processor(), cpus=os.cpu_count(),
-                load_average=os.getloadavg(), torch=torch.__version__, cuda=torch.version.cuda,
-                gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None, **extra)
+    return dict(
+        platform=platform.platform(),
+        processor=platform.processor(),
+        cpus=os.cpu_count(),
+        load_average=os.getloadavg(),
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        **extra,
+    )
 
 
 def commit(root: str):
     """Short commit hash of the code tree at `root` (None outside git)."""
     try:
-        return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True).stdout.strip() or None
+        return (
+            subprocess.run(
+                ["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+            ).stdout.strip()
+            or None
+        )
     except OSError:
         return None
 
@@ -117,5 +129,5 @@ def run_child(script, case: dict, args=(), **popen):
     cmd = [sys.executable, os.path.abspath(str(script)), *map(str, args), CHILD_FLAG, json.dumps(case)]
     proc = subprocess.run(cmd, capture_output=True, text=True, **popen)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_RESULT)]
-    result = json.loads(lines[-1][len(_RESULT):]) if proc.returncode == 0 and lines else None
+    result = json.loads(lines[-1][len(_RESULT) :]) if proc.returncode == 0 and lines else None
     return result, proc

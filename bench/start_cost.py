@@ -11,6 +11,7 @@ threads, over every ``--every``-th training view, best of two passes (the
 first warms the caches).  Scenes as bench/quality.py (still_life: the NeRF
 layout; ``points`` uses its COLMAP model's 4,000 points).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,10 @@ def start_cost(scene_dir: Path, scene: str, config: str, init: str, every: int) 
     from splat.trainer import Trainer
 
     spec = SCENES[scene]
-    cfg = load_config(str(ROOT / CONFIGS[config]), [f"data.path={scene_dir}", f"data.layout={spec['layout']}",
-                                                     f"model.init={init}", "log.progress=false"])
+    cfg = load_config(
+        str(ROOT / CONFIGS[config]),
+        [f"data.path={scene_dir}", f"data.layout={spec['layout']}", f"model.init={init}", "log.progress=false"],
+    )
     data = load_scene_from_config(cfg["data"])
     if init == "points" and spec["points_from"] and data.points is None:
         _, _, xyz, rgb, _ = read_model(scene_dir / spec["points_from"])
@@ -57,8 +60,15 @@ def start_cost(scene_dir: Path, scene: str, config: str, init: str, every: int) 
             best = min(best, (time.perf_counter() - t) / len(frames))
         n = trainer.model.num_gaussians
         trainer.close()
-    return dict(scene=scene, config=config, init=init, primitives=n, views=len(frames),
-                ms_per_view_forward_backward=round(1e3 * best, 1), init_seconds=round(init_seconds, 1))
+    return dict(
+        scene=scene,
+        config=config,
+        init=init,
+        primitives=n,
+        views=len(frames),
+        ms_per_view_forward_backward=round(1e3 * best, 1),
+        init_seconds=round(init_seconds, 1),
+    )
 
 
 def main(argv=None) -> int:
@@ -82,9 +92,18 @@ def main(argv=None) -> int:
     for init in args.inits:
         results.append(start_cost(scene_dir, args.scene, args.config, init, args.every))
         print(results[-1], file=sys.stderr, flush=True)
-    emit(dict(benchmark="start cost", machine=machine(), commit=commit(str(ROOT)), date=time.strftime("%Y-%m-%d"),
-              command="python bench/start_cost.py " + " ".join(sys.argv[1:] if argv is None else argv),
-              threads=args.threads, results=results), args.out)
+    emit(
+        dict(
+            benchmark="start cost",
+            machine=machine(),
+            commit=commit(str(ROOT)),
+            date=time.strftime("%Y-%m-%d"),
+            command="python bench/start_cost.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            threads=args.threads,
+            results=results,
+        ),
+        args.out,
+    )
     return 0
 
 

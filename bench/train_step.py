@@ -26,6 +26,7 @@ Scenes (800 x 600, --surfels surfels):
 Steps are numbered from 701 (distortion and normal losses on in default.yaml,
 no densification step in the timed window), after 2 warm-up steps.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,7 @@ import time
 from report import add_child_flag, child_case, commit, emit, machine, print_child_result, run_child
 
 DTU = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "scenes", "dtu_scan24")
-PHASES = ("projection", "rasterizer_forward", "loss", "rasterizer_backward", "autograd_other", "optimiser",
-          "strategy")
+PHASES = ("projection", "rasterizer_forward", "loss", "rasterizer_backward", "autograd_other", "optimiser", "strategy")
 
 
 def _load_config(overrides):
@@ -85,16 +85,29 @@ def _bench_model(trainer, cfg, scene_name, data, surfels):
         viewmats = torch.stack([f.viewmat for f in frames]).float()
         Ks = torch.stack([f.K for f in frames]).float()
         centre = torch.stack([f.camera_center for f in frames]).float().mean(0)
-        pts = random_points_in_frustums(surfels, viewmats, Ks, frames[0].width, frames[0].height, centre,
-                                        trainer.scene_radius, generator=g, min_views=m["init_random_min_views"])
+        pts = random_points_in_frustums(
+            surfels,
+            viewmats,
+            Ks,
+            frames[0].width,
+            frames[0].height,
+            centre,
+            trainer.scene_radius,
+            generator=g,
+            min_views=m["init_random_min_views"],
+        )
         cols = torch.rand(surfels, 3, generator=g)
     dist, _ = cKDTree(pts.double().numpy()).query(pts.double().numpy(), k=4)
     dist = torch.from_numpy(dist[:, 1:].mean(1)).float().clamp_min(1e-7)
     n_rest = (m["sh_degree"] + 1) ** 2 - 1
-    params = {"means": pts.float().contiguous(), "quats": random_quats(surfels, g),
-              "scales": torch.log(dist * m["init_scale"])[:, None].repeat(1, 2),
-              "opacities": logit(torch.full((surfels,), float(m["init_opacity"]))),
-              "sh0": rgb_to_sh(cols.clamp(0, 1))[:, None, :], "shN": torch.zeros(surfels, n_rest, 3)}
+    params = {
+        "means": pts.float().contiguous(),
+        "quats": random_quats(surfels, g),
+        "scales": torch.log(dist * m["init_scale"])[:, None].repeat(1, 2),
+        "opacities": logit(torch.full((surfels,), float(m["init_opacity"]))),
+        "sh0": rgb_to_sh(cols.clamp(0, 1))[:, None, :],
+        "shN": torch.zeros(surfels, n_rest, 3),
+    }
     torch.save(params, cache + ".tmp")
     os.replace(cache + ".tmp", cache)
     return GaussianModel(params, m["sh_degree"])
@@ -111,14 +124,23 @@ def run_case(scene_name, data, surfels, steps, threads):
 
     # The trainer starts from a small model (its kNN scale initialisation is
     # O(N^2)); the benchmark model replaces it (_bench_model).
-    cfg = _load_config([f"data.path={data}", "data.downscale=1", "data.layout=colmap",
-                        "model.init=random", "model.init_num_random=1000", "log.progress=false"])
+    cfg = _load_config(
+        [
+            f"data.path={data}",
+            "data.downscale=1",
+            "data.layout=colmap",
+            "model.init=random",
+            "model.init_num_random=1000",
+            "log.progress=false",
+        ]
+    )
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as out:
         trainer = Trainer(cfg, out)
         model = _bench_model(trainer, cfg, scene_name, data, surfels)
         trainer.model = model
         from splat.trainer import make_optimizers
+
         trainer.optimizers = make_optimizers(model, cfg["train"]["lr"], trainer.scene_radius)
         ext = load_extension()
         timers = {"rasterizer_forward": 0.0, "rasterizer_backward": 0.0}
@@ -129,6 +151,7 @@ def run_case(scene_name, data, surfels, steps, threads):
                 result = fn(*args)
                 timers[name] += time.perf_counter() - t
                 return result
+
             return call
 
         ext.forward_cpu = timed("rasterizer_forward", ext.forward_cpu)
@@ -158,22 +181,31 @@ def run_case(scene_name, data, surfels, steps, threads):
             t6 = time.perf_counter()
             if i < 2:
                 continue  # warm-up
-            rows.append(dict(
-                projection=t1 - t0 - timers["rasterizer_forward"],
-                rasterizer_forward=timers["rasterizer_forward"],
-                loss=t2 - t1,
-                rasterizer_backward=timers["rasterizer_backward"],
-                autograd_other=t4 - t3 - timers["rasterizer_backward"],
-                optimiser=t5 - t4,
-                strategy=(t3 - t2) + (t6 - t5),
-                total=t6 - t0,
-            ))
+            rows.append(
+                dict(
+                    projection=t1 - t0 - timers["rasterizer_forward"],
+                    rasterizer_forward=timers["rasterizer_forward"],
+                    loss=t2 - t1,
+                    rasterizer_backward=timers["rasterizer_backward"],
+                    autograd_other=t4 - t3 - timers["rasterizer_backward"],
+                    optimiser=t5 - t4,
+                    strategy=(t3 - t2) + (t6 - t5),
+                    total=t6 - t0,
+                )
+            )
         if hasattr(trainer, "close"):
             trainer.close()
     med = {k: round(1e3 * statistics.median(r[k] for r in rows), 1) for k in rows[0]}
-    return dict(scene=scene_name, surfels=int(model.num_gaussians), width=frames[0].width,
-                height=frames[0].height, threads=threads, steps=steps, ms_per_step=med,
-                splat=os.path.dirname(splat.__file__))
+    return dict(
+        scene=scene_name,
+        surfels=int(model.num_gaussians),
+        width=frames[0].width,
+        height=frames[0].height,
+        threads=threads,
+        steps=steps,
+        ms_per_step=med,
+        splat=os.path.dirname(splat.__file__),
+    )
 
 
 def main():
@@ -195,12 +227,16 @@ def main():
     roots = [os.path.abspath(r) for r in args.roots]
     results = {}
     for scene in args.scenes:
-        for rep in range(args.reps):
+        for _rep in range(args.reps):
             for root in roots:
                 env = dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS=str(args.threads))
-                r, proc = run_child(__file__, dict(scene=scene, surfels=args.surfels),
-                                    ["--data", args.data, "--steps", args.steps, "--threads", args.threads],
-                                    env=env, cwd=root)
+                r, proc = run_child(
+                    __file__,
+                    dict(scene=scene, surfels=args.surfels),
+                    ["--data", args.data, "--steps", args.steps, "--threads", args.threads],
+                    env=env,
+                    cwd=root,
+                )
                 if r is None:
                     print(proc.stderr[-3000:], file=sys.stderr)
                     raise SystemExit(f"{scene} on {root} failed")
@@ -209,18 +245,35 @@ def main():
     table = []
     for (scene, root), rs in results.items():
         best = {k: min(r["ms_per_step"][k] for r in rs) for k in rs[0]["ms_per_step"]}  # least disturbed rep
-        table.append(dict(scene=scene, root=root, surfels=rs[0]["surfels"], width=rs[0]["width"],
-                          height=rs[0]["height"], threads=args.threads, ms_per_step=best,
-                          repetitions=[r["ms_per_step"] for r in rs]))
+        table.append(
+            dict(
+                scene=scene,
+                root=root,
+                surfels=rs[0]["surfels"],
+                width=rs[0]["width"],
+                height=rs[0]["height"],
+                threads=args.threads,
+                ms_per_step=best,
+                repetitions=[r["ms_per_step"] for r in rs],
+            )
+        )
     ratios = {}
     if len(roots) > 1:
         for scene in args.scenes:
             old = next(t for t in table if t["scene"] == scene and t["root"] == roots[0])["ms_per_step"]
             new = next(t for t in table if t["scene"] == scene and t["root"] == roots[-1])["ms_per_step"]
             ratios[scene] = {k: round(old[k] / new[k], 2) for k in old if new[k] > 0}
-    emit(dict(machine=machine(), command=" ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
-              commits={root: commit(root) for root in roots}, results=table, speedup_old_over_new=ratios),
-         args.out)
+    emit(
+        dict(
+            machine=machine(),
+            command=" ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
+            commits={root: commit(root) for root in roots},
+            results=table,
+            speedup_old_over_new=ratios,
+        ),
+        args.out,
+    )
+
 
 if __name__ == "__main__":
     main()

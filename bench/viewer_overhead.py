@@ -38,10 +38,13 @@ def one_run(cfg, scene, with_viewer: bool) -> float:
             from splat.viewer.server import TrainingView
 
             f = scene.test[0]
-            start = start_view_from_camera(f.viewmat.double().numpy(), f.K.double().numpy(), f.height,
-                                           trainer.model.means.detach().double().mean(0).numpy())
-            view = TrainingView(GaussianModel(trainer.model.raw_state(), trainer.model.sh_degree), start,
-                                port=0)
+            start = start_view_from_camera(
+                f.viewmat.double().numpy(),
+                f.K.double().numpy(),
+                f.height,
+                trainer.model.means.detach().double().mean(0).numpy(),
+            )
+            view = TrainingView(GaussianModel(trainer.model.raw_state(), trainer.model.sh_degree), start, port=0)
             trainer.callbacks.append(view.callback)
         try:
             trainer.train()
@@ -63,9 +66,15 @@ def main() -> int:
     from splat.config import load_config
     from splat.data import load_scene_from_config
 
-    cfg = load_config(str(ROOT / "configs" / "fast.yaml"),
-                      [f"data.path={ROOT / 'data' / 'sample_scene'}", f"train.iterations={args.steps}",
-                       "log.progress=false", "checkpoint.every=0"])
+    cfg = load_config(
+        str(ROOT / "configs" / "fast.yaml"),
+        [
+            f"data.path={ROOT / 'data' / 'sample_scene'}",
+            f"train.iterations={args.steps}",
+            "log.progress=false",
+            "checkpoint.every=0",
+        ],
+    )
     scene = load_scene_from_config(cfg["data"])
     runs = {"without": [], "viewer_idle": []}
     t0 = time.time()
@@ -78,7 +87,10 @@ def main() -> int:
     med = {k: statistics.median(v) for k, v in runs.items()}
     ratios = [round(v / w, 4) for v, w in zip(runs["viewer_idle"], runs["without"])]
     result = {
-        "scene": "data/sample_scene", "config": "configs/fast.yaml", "steps": args.steps, "reps": args.reps,
+        "scene": "data/sample_scene",
+        "config": "configs/fast.yaml",
+        "steps": args.steps,
+        "reps": args.reps,
         "steps_per_s": runs,
         "median_steps_per_s": med,
         # each rep's two runs are back to back: their ratio cancels slow drifts in machine load

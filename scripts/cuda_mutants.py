@@ -23,6 +23,7 @@ the two sanitizer mutants need the ASan build (~4 min more the first time).
 .ci/run runs it with --no-sanitizers; run it whole after any change to a .cu
 file or to the harness.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,58 +51,113 @@ LOAD_BWD = "    if (k_load >= batch_start) P::store(batch, tid, s, list[k_load])
 # name: (file, bug class, exact text, replacement[, "asan": run under the sanitizers])
 MUTANTS = {
     # Every plain __syncthreads() of forward.cu and backward.cu deleted, one at a time.
-    "fwd_delete_barrier_after_load": ("forward.cu", "missing barrier",
-                                      LOAD_FWD + "    __syncthreads();\n", LOAD_FWD),
-    "bwd_delete_barrier_after_init": ("backward.cu", "missing barrier",
-                                      "  if (tid == 0) block_end = 0;\n  __syncthreads();\n",
-                                      "  if (tid == 0) block_end = 0;\n"),
-    "bwd_delete_barrier_after_max": ("backward.cu", "missing barrier",
-                                     "  if (pixel_end > 0) atomicMax(&block_end, pixel_end);\n  __syncthreads();\n",
-                                     "  if (pixel_end > 0) atomicMax(&block_end, pixel_end);\n"),
-    "bwd_delete_barrier_before_reload": ("backward.cu", "missing barrier",
-                                         "    __syncthreads();  // every thread is done with the previous batch\n", ""),
-    "bwd_delete_barrier_after_load": ("backward.cu", "missing barrier",
-                                      LOAD_BWD + "    __syncthreads();\n", LOAD_BWD),
+    "fwd_delete_barrier_after_load": ("forward.cu", "missing barrier", LOAD_FWD + "    __syncthreads();\n", LOAD_FWD),
+    "bwd_delete_barrier_after_init": (
+        "backward.cu",
+        "missing barrier",
+        "  if (tid == 0) block_end = 0;\n  __syncthreads();\n",
+        "  if (tid == 0) block_end = 0;\n",
+    ),
+    "bwd_delete_barrier_after_max": (
+        "backward.cu",
+        "missing barrier",
+        "  if (pixel_end > 0) atomicMax(&block_end, pixel_end);\n  __syncthreads();\n",
+        "  if (pixel_end > 0) atomicMax(&block_end, pixel_end);\n",
+    ),
+    "bwd_delete_barrier_before_reload": (
+        "backward.cu",
+        "missing barrier",
+        "    __syncthreads();  // every thread is done with the previous batch\n",
+        "",
+    ),
+    "bwd_delete_barrier_after_load": ("backward.cu", "missing barrier", LOAD_BWD + "    __syncthreads();\n", LOAD_BWD),
     # The barrier-and-vote at the top of the forward batch loop, without its barrier.
-    "fwd_vote_without_barrier": ("forward.cu", "missing barrier",
-                                 "if (__syncthreads_count(done) == kBlockThreads) break;", "if (false) break;"),
-    "fwd_barrier_in_branch": ("forward.cu", "barrier inside a branch",
-                              LOAD_FWD + "    __syncthreads();\n", LOAD_FWD + "    if (!done) __syncthreads();\n"),
-    "bwd_barrier_in_branch": ("backward.cu", "barrier inside a branch",
-                              "    __syncthreads();  // every thread is done with the previous batch\n",
-                              "    if (pixel_end > 0) __syncthreads();\n"),
-    "bwd_uninitialised_shared": ("backward.cu", "uninitialised shared value",
-                                 "  if (tid == 0) block_end = 0;\n", ""),
-    "bwd_partial_warp_mask": ("backward.cu", "partial warp mask",
-                              "__shfl_xor_sync(kFullMask, send, Half)", "__shfl_xor_sync(0x0000ffffu, send, Half)"),
-    "bwd_vote_in_branch": ("backward.cu", "vote inside a branch",
-                           "if (__any_sync(kFullMask, touched)) {", "if (touched && __any_sync(kFullMask, touched)) {"),
+    "fwd_vote_without_barrier": (
+        "forward.cu",
+        "missing barrier",
+        "if (__syncthreads_count(done) == kBlockThreads) break;",
+        "if (false) break;",
+    ),
+    "fwd_barrier_in_branch": (
+        "forward.cu",
+        "barrier inside a branch",
+        LOAD_FWD + "    __syncthreads();\n",
+        LOAD_FWD + "    if (!done) __syncthreads();\n",
+    ),
+    "bwd_barrier_in_branch": (
+        "backward.cu",
+        "barrier inside a branch",
+        "    __syncthreads();  // every thread is done with the previous batch\n",
+        "    if (pixel_end > 0) __syncthreads();\n",
+    ),
+    "bwd_uninitialised_shared": ("backward.cu", "uninitialised shared value", "  if (tid == 0) block_end = 0;\n", ""),
+    "bwd_partial_warp_mask": (
+        "backward.cu",
+        "partial warp mask",
+        "__shfl_xor_sync(kFullMask, send, Half)",
+        "__shfl_xor_sync(0x0000ffffu, send, Half)",
+    ),
+    "bwd_vote_in_branch": (
+        "backward.cu",
+        "vote inside a branch",
+        "if (__any_sync(kFullMask, touched)) {",
+        "if (touched && __any_sync(kFullMask, touched)) {",
+    ),
     # Out-of-bounds reads whose value is never used change no output, so
     # only AddressSanitizer sees them: these run in the ASan+UBSan build.
-    "fwd_read_one_past_end": ("forward.cu", "read one past the end",
-                              "k_load < count) P::store", "k_load <= count) P::store", "asan"),
-    "bwd_read_one_before_start": ("backward.cu", "read one past the end",
-                                  "if (k_load >= batch_start) P::store",
-                                  "if (k_load >= batch_start - 1) P::store", "asan"),
+    "fwd_read_one_past_end": (
+        "forward.cu",
+        "read one past the end",
+        "k_load < count) P::store",
+        "k_load <= count) P::store",
+        "asan",
+    ),
+    "bwd_read_one_before_start": (
+        "backward.cu",
+        "read one past the end",
+        "if (k_load >= batch_start) P::store",
+        "if (k_load >= batch_start - 1) P::store",
+        "asan",
+    ),
     # The key function itself is core.h's depth_sort_key, shared with the CPU;
     # this breaks how binning.cu applies it (negative depths sort by magnitude).
-    "bin_depth_key_ignores_sign": ("binning.cu", "broken depth key",
-                                   "keys[i] = depth_sort_key(depth[i]);", "keys[i] = depth_sort_key(fabs(depth[i]));"),
+    "bin_depth_key_ignores_sign": (
+        "binning.cu",
+        "broken depth key",
+        "keys[i] = depth_sort_key(depth[i]);",
+        "keys[i] = depth_sort_key(fabs(depth[i]));",
+    ),
     # 3D Gaussians: the shared kernels' Gaussian-only paths.
-    "fwd_every_thread_loads": ("forward.cu", "write past a shared array (float64 Gaussian batch of 128)",
-                               "if (tid < P::kBatch && k_load < count)", "if (k_load < count)"),
-    "bwd_surfel_record_size": ("backward.cu", "gradient record cut to the surfels' size",
-                               "if (lane < static_cast<unsigned>(P::kRecord))",
-                               "if (lane < static_cast<unsigned>(kGradSize))"),
-    "gauss_batch_too_large": ("gaussian_batch.cuh", "over the static shared-memory limit",
-                              "return sizeof(T) == 8 ? kBlockThreads / 2 : kBlockThreads;",
-                              "return kBlockThreads;"),
-    "gauss_store_drops_last_param": ("gaussian_batch.cuh", "uninitialised shared value",
-                                     "for (int k = 0; k < kGaussParams; ++k) b.params[k][slot] = __ldg(",
-                                     "for (int k = 0; k < kGaussParams - 1; ++k) b.params[k][slot] = __ldg("),
-    "gauss_rect_off_by_one": ("gaussian_batch.cuh", "off-by-one in the pixel rectangle",
-                              "px < b.rect[2][slot] && py < b.rect[3][slot]",
-                              "px <= b.rect[2][slot] && py < b.rect[3][slot]"),
+    "fwd_every_thread_loads": (
+        "forward.cu",
+        "write past a shared array (float64 Gaussian batch of 128)",
+        "if (tid < P::kBatch && k_load < count)",
+        "if (k_load < count)",
+    ),
+    "bwd_surfel_record_size": (
+        "backward.cu",
+        "gradient record cut to the surfels' size",
+        "if (lane < static_cast<unsigned>(P::kRecord))",
+        "if (lane < static_cast<unsigned>(kGradSize))",
+    ),
+    "gauss_batch_too_large": (
+        "gaussian_batch.cuh",
+        "over the static shared-memory limit",
+        "return sizeof(T) == 8 ? kBlockThreads / 2 : kBlockThreads;",
+        "return kBlockThreads;",
+    ),
+    "gauss_store_drops_last_param": (
+        "gaussian_batch.cuh",
+        "uninitialised shared value",
+        "for (int k = 0; k < kGaussParams; ++k) b.params[k][slot] = __ldg(",
+        "for (int k = 0; k < kGaussParams - 1; ++k) b.params[k][slot] = __ldg(",
+    ),
+    "gauss_rect_off_by_one": (
+        "gaussian_batch.cuh",
+        "off-by-one in the pixel rectangle",
+        "px < b.rect[2][slot] && py < b.rect[3][slot]",
+        "px <= b.rect[2][slot] && py < b.rect[3][slot]",
+    ),
 }
 
 
@@ -118,7 +174,7 @@ def apply_mutant(text: str, fname: str, old: str, new: str) -> str:
     if len(found) != 1:
         raise SystemExit(f"error: mutant text found {len(found)} times in {fname} (expected once): {old!r}")
     m = found[0]
-    return text[:m.start()] + new.strip() + text[m.end():]
+    return text[: m.start()] + new.strip() + text[m.end() :]
 
 
 def make_copy(folder: Path, edit=None) -> None:
@@ -132,14 +188,22 @@ def make_copy(folder: Path, edit=None) -> None:
 
 def sanitizer_env() -> dict:
     """The environment of an ASan+UBSan run (as scripts/cuda_emulation_asan.sh)."""
-    libs = [subprocess.run(["gcc", f"-print-file-name={lib}"], capture_output=True, text=True).stdout.strip()
-            for lib in ("libasan.so", "libubsan.so")]
-    return dict(SPLAT_CUDAEMU_SANITIZE="1", LD_PRELOAD=":".join(libs), ASAN_OPTIONS="detect_leaks=0:abort_on_error=1",
-                UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
+    libs = [
+        subprocess.run(["gcc", f"-print-file-name={lib}"], capture_output=True, text=True).stdout.strip()
+        for lib in ("libasan.so", "libubsan.so")
+    ]
+    return dict(
+        SPLAT_CUDAEMU_SANITIZE="1",
+        LD_PRELOAD=":".join(libs),
+        ASAN_OPTIONS="detect_leaks=0:abort_on_error=1",
+        UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1",
+    )
 
 
 def run_tests(kernel_dir: Path, timeout: int, sanitize: bool = False):
-    env = dict(os.environ, SPLAT_CUDAEMU_KERNELS=str(kernel_dir), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    env = dict(
+        os.environ, SPLAT_CUDAEMU_KERNELS=str(kernel_dir), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1")
+    )
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *TEST_FILES]
     if sanitize:
         env.update(sanitizer_env())
@@ -155,9 +219,16 @@ def run_tests(kernel_dir: Path, timeout: int, sanitize: bool = False):
 
 def evidence(out: str) -> str:
     """The first line that says why the run failed (a cudaemu abort or an assertion)."""
-    for pattern in (r"ERROR: AddressSanitizer: [\w-]+[^\n]*", r"runtime error: [^\n]*", r"cudaemu: [^\n]*",
-                    r"Fatal Python error: [^\n]*", r"^E\s+\w*(Error|Exception)\b[^\n]*", r"^E\s+[^\n]+", r"FAILED[^\n]*",
-                    r"TIMEOUT[^\n]*"):
+    for pattern in (
+        r"ERROR: AddressSanitizer: [\w-]+[^\n]*",
+        r"runtime error: [^\n]*",
+        r"cudaemu: [^\n]*",
+        r"Fatal Python error: [^\n]*",
+        r"^E\s+\w*(Error|Exception)\b[^\n]*",
+        r"^E\s+[^\n]+",
+        r"FAILED[^\n]*",
+        r"TIMEOUT[^\n]*",
+    ):
         m = re.search(pattern, out, re.M)
         if m:
             return m.group(0).strip()[:300]
@@ -169,8 +240,11 @@ def main() -> int:
     ap.add_argument("--out", help="write the JSON result here too")
     ap.add_argument("--only", nargs="*", help="run only these mutants")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per test run")
-    ap.add_argument("--no-sanitizers", action="store_true",
-                    help="leave out the mutants that need the ASan+UBSan build (as .ci/run does, for time)")
+    ap.add_argument(
+        "--no-sanitizers",
+        action="store_true",
+        help="leave out the mutants that need the ASan+UBSan build (as .ci/run does, for time)",
+    )
     args = ap.parse_args()
     names = args.only or [n for n in MUTANTS if not (args.no_sanitizers and MUTANTS[n][4:] == ("asan",))]
     unknown = [n for n in names if n not in MUTANTS]
@@ -195,16 +269,25 @@ def main() -> int:
             # A timeout is a hang the harness failed to report: not counted as caught.
             caught = rc not in (0, -1)
             why = evidence(out) if caught else ""
-            results[name] = {"file": MUTANTS[name][0], "bug_class": MUTANTS[name][1], "sanitizers": sanitize,
-                             "caught": caught,
-                             "evidence": why, "seconds": round(secs, 1)}
+            results[name] = {
+                "file": MUTANTS[name][0],
+                "bug_class": MUTANTS[name][1],
+                "sanitizers": sanitize,
+                "caught": caught,
+                "evidence": why,
+                "seconds": round(secs, 1),
+            }
             print(f"{'CAUGHT' if caught else 'MISSED'}  {name} ({secs:.0f} s)  {why}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
     mutants = [v for k, v in results.items() if k != "baseline"]
-    summary = {"baseline_passed": results["baseline"]["passed"],
-               "caught": sum(v["caught"] for v in mutants), "total": len(mutants), "results": results}
+    summary = {
+        "baseline_passed": results["baseline"]["passed"],
+        "caught": sum(v["caught"] for v in mutants),
+        "total": len(mutants),
+        "results": results,
+    }
     text = json.dumps(portable(summary), indent=2)
     print(text)
     if args.out:

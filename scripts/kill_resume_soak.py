@@ -16,6 +16,7 @@ with `train.py --out OUT --resume`.  About 2 min on the 2-core machine,
 so it is a script, not a test (tests/test_train.py has the one-kill version).
 Exit status 0 only if every check holds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,23 @@ from report import portable  # noqa: E402  (results name no folder of this machi
 
 
 def train_cmd(out: Path, args, *extra):
-    return [sys.executable, str(ROOT / "train.py"), "--out", str(out), "--config", str(ROOT / "configs" / "fast.yaml"),
-            "--data", str(ROOT / "data" / "sample_scene"), "--iterations", str(args.iterations), "--no-progress",
-            f"checkpoint.every={args.every}", "checkpoint.keep=2", f"seed={args.seed}", *extra]
+    return [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "--out",
+        str(out),
+        "--config",
+        str(ROOT / "configs" / "fast.yaml"),
+        "--data",
+        str(ROOT / "data" / "sample_scene"),
+        "--iterations",
+        str(args.iterations),
+        "--no-progress",
+        f"checkpoint.every={args.every}",
+        "checkpoint.keep=2",
+        f"seed={args.seed}",
+        *extra,
+    ]
 
 
 def checkpoint_steps(ckpt_dir: Path):
@@ -120,9 +135,15 @@ def main() -> int:
         proc.wait()
         temp_left = ckpt_dir.is_dir() and any(p.name.startswith(".ckpt_") for p in ckpt_dir.iterdir())
         after = newest_step(killed)
-        kills.append(dict(mode="during checkpoint write" if during_write else "random", temp_file_seen=hit_write,
-                          temp_file_left_by_kill=bool(temp_left), checkpoint_step_before=before,
-                          checkpoint_step_after=after))
+        kills.append(
+            dict(
+                mode="during checkpoint write" if during_write else "random",
+                temp_file_seen=hit_write,
+                temp_file_left_by_kill=bool(temp_left),
+                checkpoint_step_before=before,
+                checkpoint_step_after=after,
+            )
+        )
         print(f"kill {len(kills)}: {kills[-1]}", flush=True)
     # Finish the run.
     while True:
@@ -141,16 +162,24 @@ def main() -> int:
     metrics_b = json.loads((killed / "metrics.json").read_text())
     # A kill loses at most one interval: the newest valid checkpoint after a
     # kill is never older than the one before it (nothing valid was deleted).
-    never_lost_a_checkpoint = all(k["checkpoint_step_after"] is None and k["checkpoint_step_before"] is None
-                                  or (k["checkpoint_step_after"] or 0) >= (k["checkpoint_step_before"] or 0)
-                                  for k in kills)
-    result = dict(command=" ".join(["python", "scripts/kill_resume_soak.py"] + sys.argv[1:]),
-                  iterations=args.iterations, checkpoint_every=args.every, kills=kills,
-                  kills_during_write=sum(k["temp_file_seen"] for k in kills),
-                  final_params_bitwise_equal=bitwise,
-                  test_psnr=dict(uninterrupted=metrics_a["test"]["psnr"], killed_and_resumed=metrics_b["test"]["psnr"]),
-                  n_gaussians=dict(uninterrupted=metrics_a.get("n_gaussians"), killed_and_resumed=metrics_b.get("n_gaussians")),
-                  never_lost_a_checkpoint=never_lost_a_checkpoint, reference_seconds=round(reference_seconds, 1))
+    never_lost_a_checkpoint = all(
+        k["checkpoint_step_after"] is None
+        and k["checkpoint_step_before"] is None
+        or (k["checkpoint_step_after"] or 0) >= (k["checkpoint_step_before"] or 0)
+        for k in kills
+    )
+    result = dict(
+        command=" ".join(["python", "scripts/kill_resume_soak.py"] + sys.argv[1:]),
+        iterations=args.iterations,
+        checkpoint_every=args.every,
+        kills=kills,
+        kills_during_write=sum(k["temp_file_seen"] for k in kills),
+        final_params_bitwise_equal=bitwise,
+        test_psnr=dict(uninterrupted=metrics_a["test"]["psnr"], killed_and_resumed=metrics_b["test"]["psnr"]),
+        n_gaussians=dict(uninterrupted=metrics_a.get("n_gaussians"), killed_and_resumed=metrics_b.get("n_gaussians")),
+        never_lost_a_checkpoint=never_lost_a_checkpoint,
+        reference_seconds=round(reference_seconds, 1),
+    )
     shutil.rmtree(work, ignore_errors=True)
     text = json.dumps(portable(result), indent=2)
     print(text)

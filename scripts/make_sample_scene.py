@@ -121,6 +121,7 @@ BOX_ROT = _rot_y(BOX_YAW_DEG)  # box-local -> world
 # Analytic ray casting (numpy, float64)
 # --------------------------------------------------------------------------------------
 
+
 def _ray_sphere(o, d):
     oc = o - SPHERE_CENTER
     b = np.einsum("ij,ij->i", oc, d)
@@ -213,8 +214,12 @@ def ray_cast(o, d):
     best_t = np.full(len(o), np.inf)
     best_n = np.zeros_like(o)
     best_id = np.zeros(len(o), np.int32)
-    for oid, fn in ((OBJ_GROUND, _ray_ground), (OBJ_SPHERE, _ray_sphere),
-                    (OBJ_BOX, _ray_box), (OBJ_CYLINDER, _ray_cylinder)):
+    for oid, fn in (
+        (OBJ_GROUND, _ray_ground),
+        (OBJ_SPHERE, _ray_sphere),
+        (OBJ_BOX, _ray_box),
+        (OBJ_CYLINDER, _ray_cylinder),
+    ):
         t, n = fn(o, d)
         closer = t < best_t
         best_t = np.where(closer, t, best_t)
@@ -249,6 +254,7 @@ def surface_distance(p):
 # --------------------------------------------------------------------------------------
 # Cameras
 # --------------------------------------------------------------------------------------
+
 
 def look_at_c2w_cv(eye, target, up=(0.0, 1.0, 0.0)):
     """Camera-to-world 4x4 in the OpenCV convention (x right, y down, z forward)."""
@@ -305,12 +311,17 @@ def pixel_rays(K, c2w_cv, width, height):
 def rotmat_to_qvec(R):
     """Rotation matrix -> unit quaternion (w, x, y, z) with w >= 0 (COLMAP order)."""
     R = np.asarray(R, np.float64)
-    K = np.array([
-        [R[0, 0] - R[1, 1] - R[2, 2], 0, 0, 0],
-        [R[1, 0] + R[0, 1], R[1, 1] - R[0, 0] - R[2, 2], 0, 0],
-        [R[2, 0] + R[0, 2], R[2, 1] + R[1, 2], R[2, 2] - R[0, 0] - R[1, 1], 0],
-        [R[2, 1] - R[1, 2], R[0, 2] - R[2, 0], R[1, 0] - R[0, 1], R[0, 0] + R[1, 1] + R[2, 2]],
-    ]) / 3.0
+    K = (
+        np.array(
+            [
+                [R[0, 0] - R[1, 1] - R[2, 2], 0, 0, 0],
+                [R[1, 0] + R[0, 1], R[1, 1] - R[0, 0] - R[2, 2], 0, 0],
+                [R[2, 0] + R[0, 2], R[2, 1] + R[1, 2], R[2, 2] - R[0, 0] - R[1, 1], 0],
+                [R[2, 1] - R[1, 2], R[0, 2] - R[2, 0], R[1, 0] - R[0, 1], R[0, 0] + R[1, 1] + R[2, 2]],
+            ]
+        )
+        / 3.0
+    )
     w, v = np.linalg.eigh(K)
     q = v[[3, 0, 1, 2], np.argmax(w)]
     return q if q[0] >= 0 else -q
@@ -318,16 +329,19 @@ def rotmat_to_qvec(R):
 
 def qvec_to_rotmat(q):
     w, x, y, z = q
-    return np.array([
-        [1 - 2 * y * y - 2 * z * z, 2 * x * y - 2 * w * z, 2 * z * x + 2 * w * y],
-        [2 * x * y + 2 * w * z, 1 - 2 * x * x - 2 * z * z, 2 * y * z - 2 * w * x],
-        [2 * z * x - 2 * w * y, 2 * y * z + 2 * w * x, 1 - 2 * x * x - 2 * y * y],
-    ])
+    return np.array(
+        [
+            [1 - 2 * y * y - 2 * z * z, 2 * x * y - 2 * w * z, 2 * z * x + 2 * w * y],
+            [2 * x * y + 2 * w * z, 1 - 2 * x * x - 2 * z * z, 2 * y * z - 2 * w * x],
+            [2 * z * x - 2 * w * y, 2 * y * z + 2 * w * x, 1 - 2 * x * x - 2 * y * y],
+        ]
+    )
 
 
 # --------------------------------------------------------------------------------------
 # Mitsuba scene and rendering
 # --------------------------------------------------------------------------------------
+
 
 def _mi():
     import mitsuba as mi
@@ -347,9 +361,9 @@ def mitsuba_scene_dict(mi):
 
     # Ground: Mitsuba's rectangle is [-1, 1]^2 in the xy plane with normal +z.
     g = np.zeros((4, 4))
-    g[0, 0] = GROUND_HALF          # local x -> world x
-    g[2, 1] = -GROUND_HALF         # local y -> world -z
-    g[1, 2] = 1.0                  # local z (normal) -> world y
+    g[0, 0] = GROUND_HALF  # local x -> world x
+    g[2, 1] = -GROUND_HALF  # local y -> world -z
+    g[1, 2] = 1.0  # local z (normal) -> world y
     g[3, 3] = 1.0
     # Box: Mitsuba's cube is [-1, 1]^3.
     b = np.eye(4)
@@ -367,24 +381,39 @@ def mitsuba_scene_dict(mi):
         "type": "scene",
         "integrator": {"type": "path", "max_depth": 5, "hide_emitters": True},
         "env": {"type": "constant", "radiance": {"type": "rgb", "value": [ENV_RADIANCE] * 3}},
-        "light": {"type": "point", "position": LIGHT_POS.tolist(),
-                  "intensity": {"type": "rgb", "value": [LIGHT_INTENSITY] * 3}},
-        "ground": {
-            "type": "rectangle", "to_world": _transform(mi, g),
-            "bsdf": {"type": "diffuse", "reflectance": {
-                "type": "checkerboard",
-                "color0": {"type": "rgb", "value": list(ALBEDO["ground0"])},
-                "color1": {"type": "rgb", "value": list(ALBEDO["ground1"])},
-                # the checkerboard has 2x2 squares over the unit uv square
-                "to_uv": mi.ScalarTransform4f().scale([GROUND_CHECKS / 2, GROUND_CHECKS / 2, 1.0]),
-            }},
+        "light": {
+            "type": "point",
+            "position": LIGHT_POS.tolist(),
+            "intensity": {"type": "rgb", "value": [LIGHT_INTENSITY] * 3},
         },
-        "sphere": {"type": "sphere", "center": SPHERE_CENTER.tolist(), "radius": SPHERE_RADIUS,
-                   "bsdf": diffuse(ALBEDO["sphere"])},
+        "ground": {
+            "type": "rectangle",
+            "to_world": _transform(mi, g),
+            "bsdf": {
+                "type": "diffuse",
+                "reflectance": {
+                    "type": "checkerboard",
+                    "color0": {"type": "rgb", "value": list(ALBEDO["ground0"])},
+                    "color1": {"type": "rgb", "value": list(ALBEDO["ground1"])},
+                    # the checkerboard has 2x2 squares over the unit uv square
+                    "to_uv": mi.ScalarTransform4f().scale([GROUND_CHECKS / 2, GROUND_CHECKS / 2, 1.0]),
+                },
+            },
+        },
+        "sphere": {
+            "type": "sphere",
+            "center": SPHERE_CENTER.tolist(),
+            "radius": SPHERE_RADIUS,
+            "bsdf": diffuse(ALBEDO["sphere"]),
+        },
         "box": {"type": "cube", "to_world": _transform(mi, b), "bsdf": diffuse(ALBEDO["box"])},
-        "cylinder": {"type": "cylinder", "p0": CYL_BASE.tolist(),
-                     "p1": (CYL_BASE + np.array([0.0, CYL_HEIGHT, 0.0])).tolist(),
-                     "radius": CYL_RADIUS, "bsdf": cyl_bsdf},
+        "cylinder": {
+            "type": "cylinder",
+            "p0": CYL_BASE.tolist(),
+            "p1": (CYL_BASE + np.array([0.0, CYL_HEIGHT, 0.0])).tolist(),
+            "radius": CYL_RADIUS,
+            "bsdf": cyl_bsdf,
+        },
         "cylinder_cap": {"type": "disk", "to_world": _transform(mi, cap), "bsdf": cyl_bsdf},
     }
 
@@ -392,19 +421,27 @@ def mitsuba_scene_dict(mi):
 def mitsuba_sensor(mi, K, c2w_cv, width, height, fov_x):
     # Mitsuba's principal_point_offset_{x,y} move the principal point to
     # (W (1/2 - ox), H (1/2 - oy)) (checked numerically in verify()).
-    return mi.load_dict({
-        "type": "perspective",
-        "fov": math.degrees(fov_x),
-        "fov_axis": "x",
-        "principal_point_offset_x": -(K[0, 2] - width / 2.0) / width,
-        "principal_point_offset_y": -(K[1, 2] - height / 2.0) / height,
-        "near_clip": 0.01,
-        "far_clip": 100.0,
-        "to_world": _transform(mi, c2w_cv @ CV_TO_MITSUBA),
-        "film": {"type": "hdrfilm", "width": width, "height": height, "pixel_format": "rgba",
-                 "rfilter": {"type": "box"}, "sample_border": False},
-        "sampler": {"type": "independent", "sample_count": 1},
-    })
+    return mi.load_dict(
+        {
+            "type": "perspective",
+            "fov": math.degrees(fov_x),
+            "fov_axis": "x",
+            "principal_point_offset_x": -(K[0, 2] - width / 2.0) / width,
+            "principal_point_offset_y": -(K[1, 2] - height / 2.0) / height,
+            "near_clip": 0.01,
+            "far_clip": 100.0,
+            "to_world": _transform(mi, c2w_cv @ CV_TO_MITSUBA),
+            "film": {
+                "type": "hdrfilm",
+                "width": width,
+                "height": height,
+                "pixel_format": "rgba",
+                "rfilter": {"type": "box"},
+                "sample_border": False,
+            },
+            "sampler": {"type": "independent", "sample_count": 1},
+        }
+    )
 
 
 def linear_to_srgb(x):
@@ -425,14 +462,13 @@ def to_png_rgba(img):
 # Writers
 # --------------------------------------------------------------------------------------
 
+
 def write_transforms(path, fov_x, names, c2ws_cv, K, width, height):
-    frames = [{"file_path": f"images/{n}", "transform_matrix": (c @ CV_TO_GL).tolist()}
-              for n, c in zip(names, c2ws_cv)]
+    frames = [{"file_path": f"images/{n}", "transform_matrix": (c @ CV_TO_GL).tolist()} for n, c in zip(names, c2ws_cv)]
     data = {"camera_angle_x": fov_x}
     if abs(K[0, 2] - width / 2.0) > 1e-9 or abs(K[1, 2] - height / 2.0) > 1e-9:
         # off-centre principal point: add instant-ngp / nerfstudio style intrinsics
-        data.update(fl_x=float(K[0, 0]), fl_y=float(K[1, 1]), cx=float(K[0, 2]), cy=float(K[1, 2]),
-                    w=width, h=height)
+        data.update(fl_x=float(K[0, 0]), fl_y=float(K[1, 1]), cx=float(K[0, 2]), cy=float(K[1, 2]), w=width, h=height)
     data["frames"] = frames
     with open(path, "w") as fh:
         json.dump(data, fh, indent=1)
@@ -445,7 +481,9 @@ def write_colmap(folder, K, width, height, names, c2ws_cv, points, colors, error
         fh.write("# Camera list with one line of data per camera:\n")
         fh.write("#   CAMERA_ID, MODEL, WIDTH, HEIGHT, PARAMS[]\n")
         fh.write("# Number of cameras: 1\n")
-        fh.write(f"1 PINHOLE {width} {height} {float(K[0, 0])!r} {float(K[1, 1])!r} {float(K[0, 2])!r} {float(K[1, 2])!r}\n")
+        fh.write(
+            f"1 PINHOLE {width} {height} {float(K[0, 0])!r} {float(K[1, 1])!r} {float(K[0, 2])!r} {float(K[1, 2])!r}\n"
+        )
     with open(os.path.join(folder, "images.txt"), "w") as fh:
         fh.write("# Image list with two lines of data per image:\n")
         fh.write("#   IMAGE_ID, QW, QX, QY, QZ, TX, TY, TZ, CAMERA_ID, NAME\n")
@@ -483,8 +521,10 @@ def build_mesh(n_lat=16, n_lon=32, n_cyl=32):
         th = math.pi * a / n_lat
         for b in range(n_lon):
             ph = 2 * math.pi * b / n_lon
-            v.append(SPHERE_CENTER + SPHERE_RADIUS * np.array(
-                [math.sin(th) * math.cos(ph), math.cos(th), math.sin(th) * math.sin(ph)]))
+            v.append(
+                SPHERE_CENTER
+                + SPHERE_RADIUS * np.array([math.sin(th) * math.cos(ph), math.cos(th), math.sin(th) * math.sin(ph)])
+            )
     v.append(SPHERE_CENTER - [0, SPHERE_RADIUS, 0])
     f = []
     ring = lambda a, b: 1 + (a - 1) * n_lon + (b % n_lon)  # noqa: E731
@@ -538,6 +578,7 @@ def write_ply(path, verts, faces):
 # Surface sampling for the SfM-like point cloud
 # --------------------------------------------------------------------------------------
 
+
 def sample_surface(n, rng):
     """n points uniformly by area over the (possibly visible) surfaces."""
     box_faces = []  # (centre, axis u, axis v, area) of the 5 non-bottom faces, world
@@ -553,13 +594,15 @@ def sample_surface(n, rng):
             v = np.zeros(3)
             v[o2] = BOX_HALF[o2]
             box_faces.append((BOX_CENTER + BOX_ROT @ c, BOX_ROT @ u, BOX_ROT @ v, 4 * BOX_HALF[o1] * BOX_HALF[o2]))
-    areas = np.array([
-        (2 * GROUND_HALF) ** 2,
-        4 * math.pi * SPHERE_RADIUS**2,
-        sum(f[3] for f in box_faces),
-        2 * math.pi * CYL_RADIUS * CYL_HEIGHT,
-        math.pi * CYL_RADIUS**2,
-    ])
+    areas = np.array(
+        [
+            (2 * GROUND_HALF) ** 2,
+            4 * math.pi * SPHERE_RADIUS**2,
+            sum(f[3] for f in box_faces),
+            2 * math.pi * CYL_RADIUS * CYL_HEIGHT,
+            math.pi * CYL_RADIUS**2,
+        ]
+    )
     which = rng.choice(len(areas), size=n, p=areas / areas.sum())
     pts = np.zeros((n, 3))
     for k in range(n):
@@ -603,21 +646,33 @@ def visibility(points, K, c2w_cv, width, height):
 # Main
 # --------------------------------------------------------------------------------------
 
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--out", default="data/sample_scene", help="output folder (default: %(default)s)")
     p.add_argument("--width", type=int, default=64, help="image width in pixels (default: %(default)s)")
     p.add_argument("--height", type=int, default=None, help="image height (default: = width)")
     p.add_argument("--n-train", type=int, default=24, help="train views (default: %(default)s)")
     p.add_argument("--n-test", type=int, default=8, help="test views (default: %(default)s)")
     p.add_argument("--fov", type=float, default=45.0, help="horizontal field of view, degrees (default: %(default)s)")
-    p.add_argument("--principal-offset", type=float, nargs=2, default=(0.0, 0.0), metavar=("DX", "DY"),
-                   help="principal point offset from (W/2, H/2) in pixels (default: 0 0)")
+    p.add_argument(
+        "--principal-offset",
+        type=float,
+        nargs=2,
+        default=(0.0, 0.0),
+        metavar=("DX", "DY"),
+        help="principal point offset from (W/2, H/2) in pixels (default: 0 0)",
+    )
     p.add_argument("--spp", type=int, default=1024, help="path-tracer samples per pixel (default: %(default)s)")
     p.add_argument("--n-points", type=int, default=1000, help="COLMAP points (default: %(default)s)")
-    p.add_argument("--point-noise", type=float, default=0.01,
-                   help="std of the Gaussian noise added to the points (default: %(default)s)")
+    p.add_argument(
+        "--point-noise",
+        type=float,
+        default=0.01,
+        help="std of the Gaussian noise added to the points (default: %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=0, help="base seed (default: %(default)s)")
     p.add_argument("--no-mesh", action="store_true", help="do not write mesh.ply")
     p.add_argument("--verify-only", action="store_true", help="only verify an existing output folder")
@@ -644,8 +699,10 @@ def main(argv=None):
     test = camera_poses(args.n_test, seed=args.seed + 2, phase=0.5)
     # Test views: a second golden-angle spiral, shifted by half a step, so that
     # they fall between the train views.
-    names = {"train": [f"train_{k:03d}.png" for k in range(len(train))],
-             "test": [f"test_{k:03d}.png" for k in range(len(test))]}
+    names = {
+        "train": [f"train_{k:03d}.png" for k in range(len(train))],
+        "test": [f"test_{k:03d}.png" for k in range(len(test))],
+    }
     out = args.out
     os.makedirs(os.path.join(out, "images"), exist_ok=True)
 
@@ -711,6 +768,7 @@ def main(argv=None):
 # Verification (re-reads the written files; shares only the analytic scene)
 # --------------------------------------------------------------------------------------
 
+
 def read_colmap(folder):
     def lines(name):
         with open(os.path.join(folder, name)) as fh:
@@ -746,7 +804,9 @@ def read_transforms(path, size):
         d = json.load(fh)
     w, h = size
     f = (w / 2.0) / math.tan(d["camera_angle_x"] / 2.0)
-    K = np.array([[d.get("fl_x", f), 0, d.get("cx", w / 2.0)], [0, d.get("fl_y", f), d.get("cy", h / 2.0)], [0, 0, 1.0]])
+    K = np.array(
+        [[d.get("fl_x", f), 0, d.get("cx", w / 2.0)], [0, d.get("fl_y", f), d.get("cy", h / 2.0)], [0, 0, 1.0]]
+    )
     poses, raw = {}, {}
     for fr in d["frames"]:
         c2w_gl = np.array(fr["transform_matrix"], np.float64)
@@ -766,10 +826,10 @@ def _classify(rgb):
     sat = np.where(mx > 0, (mx - mn) / np.maximum(mx, 1e-12), 0.0)
     r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
     cls = np.full(rgb.shape[:-1], -1, np.int32)
-    cls[(r >= g) & (r >= b) & (g > b)] = OBJ_SPHERE     # orange
-    cls[(b >= r) & (b >= g)] = OBJ_BOX                   # blue
-    cls[(g > r) & (g > b)] = OBJ_CYLINDER                # green
-    cls[(sat < 0.25) | (mx < 0.08)] = OBJ_GROUND         # grey checker
+    cls[(r >= g) & (r >= b) & (g > b)] = OBJ_SPHERE  # orange
+    cls[(b >= r) & (b >= g)] = OBJ_BOX  # blue
+    cls[(g > r) & (g > b)] = OBJ_CYLINDER  # green
+    cls[(sat < 0.25) | (mx < 0.08)] = OBJ_GROUND  # grey checker
     return cls
 
 
@@ -787,8 +847,10 @@ def _nearest_object(p):
     d_box = np.abs(np.linalg.norm(np.maximum(q, 0.0), axis=1) + np.minimum(q.max(axis=1), 0.0))
     rad = np.hypot(p[:, 0] - CYL_BASE[0], p[:, 2] - CYL_BASE[2])
     y = p[:, 1] - CYL_BASE[1]
-    d_cyl = np.minimum(np.hypot(rad - CYL_RADIUS, np.maximum(np.maximum(-y, y - CYL_HEIGHT), 0.0)),
-                       np.hypot(np.maximum(rad - CYL_RADIUS, 0.0), y - CYL_HEIGHT))
+    d_cyl = np.minimum(
+        np.hypot(rad - CYL_RADIUS, np.maximum(np.maximum(-y, y - CYL_HEIGHT), 0.0)),
+        np.hypot(np.maximum(rad - CYL_RADIUS, 0.0), y - CYL_HEIGHT),
+    )
     d_ground = np.abs(p[:, 1])
     ids = np.array([OBJ_GROUND, OBJ_SPHERE, OBJ_BOX, OBJ_CYLINDER])
     return ids[np.argmin(np.stack([d_ground, d_sphere, d_box, d_cyl]), axis=0)]
@@ -811,20 +873,24 @@ def verify(out):
     for path, w2c in train_w2c.items():
         worst = max(worst, np.abs(w2c - colmap_w2c[os.path.basename(path)]).max())
     assert len(colmap_w2c) == len(train_w2c) and worst < 1e-6, worst
-    print(f"  [ok] COLMAP PINHOLE = JSON intrinsics (f = {K[0, 0]:.4f}, c = ({K[0, 2]}, {K[1, 2]})); "
-          f"JSON and COLMAP train poses agree (max |diff| {worst:.1e})")
+    print(
+        f"  [ok] COLMAP PINHOLE = JSON intrinsics (f = {K[0, 0]:.4f}, c = ({K[0, 2]}, {K[1, 2]})); "
+        f"JSON and COLMAP train poses agree (max |diff| {worst:.1e})"
+    )
 
     # Train views are checked with the COLMAP poses, test views with the JSON ones.
-    views = [(p, colmap_w2c[os.path.basename(p)], train_gl[p]) for p in sorted(train_w2c)] + \
-            [(p, test_w2c[p], test_gl[p]) for p in sorted(test_w2c)]
+    views = [(p, colmap_w2c[os.path.basename(p)], train_gl[p]) for p in sorted(train_w2c)] + [
+        (p, test_w2c[p], test_gl[p]) for p in sorted(test_w2c)
+    ]
 
     # 2. Mitsuba's camera rays equal the rays from K and the written pose, and also
     #    the NeRF rays built straight from the JSON matrix (x right, y up, -z forward);
     #    Mitsuba's ray intersection agrees with the analytic depth/normal maps.
     scene = mi.load_dict(mitsuba_scene_dict(mi))
     errs_dir, errs_nerf, errs_depth, errs_n = [], [], [], []
-    samples = [(0, 0), (H - 1, W - 1), (0, W - 1), (H - 1, 0), (H // 2, W // 2)] + \
-        [(a, b) for a in range(1, H, 7) for b in range(2, W, 9)]
+    samples = [(0, 0), (H - 1, W - 1), (0, W - 1), (H - 1, 0), (H // 2, W // 2)] + [
+        (a, b) for a in range(1, H, 7) for b in range(2, W, 9)
+    ]
     for path, w2c, c2w_gl in views:
         c2w = np.linalg.inv(w2c)
         sensor = mitsuba_sensor(mi, K, c2w, W, H, fov_x)
@@ -834,9 +900,10 @@ def verify(out):
             depth = np.load(os.path.join(out, f"{stem}_depth.npy"))
             normal = np.load(os.path.join(out, f"{stem}_normal.npy"))
         _, d, _ = pixel_rays(K, c2w, W, H)
-        for (i, j) in samples:
-            ray, _ = sensor.sample_ray(0.0, 0.5, mi.ScalarPoint2f((j + 0.5) / W, (i + 0.5) / H),
-                                       mi.ScalarPoint2f(0.5, 0.5))
+        for i, j in samples:
+            ray, _ = sensor.sample_ray(
+                0.0, 0.5, mi.ScalarPoint2f((j + 0.5) / W, (i + 0.5) / H), mi.ScalarPoint2f(0.5, 0.5)
+            )
             md = np.array(ray.d, np.float64)
             errs_dir.append(np.linalg.norm(md - d[i * W + j]))
             d_gl = c2w_gl[:3, :3] @ np.array([(j + 0.5 - K[0, 2]) / K[0, 0], -(i + 0.5 - K[1, 2]) / K[1, 1], -1.0])
@@ -851,10 +918,14 @@ def verify(out):
     assert errs_dir.max() < 1e-5, "Mitsuba camera and written COLMAP/JSON pose + intrinsics disagree"
     assert errs_nerf.max() < 1e-5, "Mitsuba camera and NeRF-convention JSON rays disagree"
     assert np.quantile(errs_depth, 0.98) < 1e-3 and errs_n.max() < 1e-4, "Mitsuba geometry and depth maps disagree"
-    print(f"  [ok] Mitsuba sensor rays at pixel centres vs rays from K + pose: max |d diff| {errs_dir.max():.1e}; "
-          f"vs NeRF rays from transform_matrix: {errs_nerf.max():.1e} ({len(errs_dir)} rays)")
-    print(f"  [ok] Mitsuba ray_intersect vs test depth maps: max |z diff| {errs_depth.max():.1e} "
-          f"(n={len(errs_depth)}); normals: max 1-|cos| {errs_n.max():.1e}")
+    print(
+        f"  [ok] Mitsuba sensor rays at pixel centres vs rays from K + pose: max |d diff| {errs_dir.max():.1e}; "
+        f"vs NeRF rays from transform_matrix: {errs_nerf.max():.1e} ({len(errs_dir)} rays)"
+    )
+    print(
+        f"  [ok] Mitsuba ray_intersect vs test depth maps: max |z diff| {errs_depth.max():.1e} "
+        f"(n={len(errs_depth)}); normals: max 1-|cos| {errs_n.max():.1e}"
+    )
 
     # 3. Test depth/normal maps: unproject every hit pixel with the written pose; it must
     #    lie on an analytic surface, and the normal must be that surface's.
@@ -870,8 +941,14 @@ def verify(out):
         assert normal.dtype == np.float32 and normal.shape == (H, W, 3)
         hit = depth.reshape(-1) > 0
         assert np.all(np.linalg.norm(normal.reshape(-1, 3)[~hit], axis=1) == 0)
-        cam = np.stack([(np.arange(W)[None, :] + 0.5 - K[0, 2]) / K[0, 0] * depth,
-                        (np.arange(H)[:, None] + 0.5 - K[1, 2]) / K[1, 1] * depth, depth], -1).reshape(-1, 3)
+        cam = np.stack(
+            [
+                (np.arange(W)[None, :] + 0.5 - K[0, 2]) / K[0, 0] * depth,
+                (np.arange(H)[:, None] + 0.5 - K[1, 2]) / K[1, 1] * depth,
+                depth,
+            ],
+            -1,
+        ).reshape(-1, 3)
         world = cam[hit] @ c2w[:3, :3].T + c2w[:3, 3]
         surf_err = max(surf_err, surface_distance(world).max())
         n_hit += hit.sum()
@@ -880,12 +957,15 @@ def verify(out):
         # finite-difference normal of the surface distance at a point nudged off the surface
         eps = 1e-4
         q = world + 10 * eps * nrm
-        grad = np.stack([(surface_distance(q + eps * e) - surface_distance(q - eps * e)) / (2 * eps)
-                         for e in np.eye(3)], axis=1)
+        grad = np.stack(
+            [(surface_distance(q + eps * e) - surface_distance(q - eps * e)) / (2 * eps) for e in np.eye(3)], axis=1
+        )
         n_err = max(n_err, np.quantile(1 - np.abs(np.einsum("ij,ij->i", grad, nrm)), 0.99))
     assert surf_err < 1e-4 and n_err < 1e-3, (surf_err, n_err)
-    print(f"  [ok] {n_hit} unprojected test depth pixels: max distance to analytic surfaces {surf_err:.1e}; "
-          f"normal vs surface gradient: 99% have 1-|cos| < {n_err:.1e}")
+    print(
+        f"  [ok] {n_hit} unprojected test depth pixels: max distance to analytic surfaces {surf_err:.1e}; "
+        f"normal vs surface gradient: 99% have 1-|cos| < {n_err:.1e}"
+    )
 
     # 4. The renders agree with the analytic silhouettes (alpha) and per-object masks,
     #    and the sphere centre projects to where the sphere appears.
@@ -917,10 +997,14 @@ def verify(out):
     assert max(centre_err) < 1.5  # a silhouette's centroid is not exactly the projected centre
     print(f"  [ok] rendered alpha >= 0.5 vs analytic hit mask: IoU min {min(alpha_ious):.4f} over {len(views)} views")
     for obj, v in ious.items():
-        print(f"  [ok] rendered {OBJ_NAMES[obj]:8s} pixels (by colour) vs analytic mask: IoU min {min(v):.3f}, "
-              f"mean {np.mean(v):.3f} ({len(v)} views)")
-    print(f"  [ok] sphere centre projected with the written pose vs centroid of the sphere's pixels: "
-          f"max {max(centre_err):.2f} px ({len(centre_err)} views where it is unoccluded)")
+        print(
+            f"  [ok] rendered {OBJ_NAMES[obj]:8s} pixels (by colour) vs analytic mask: IoU min {min(v):.3f}, "
+            f"mean {np.mean(v):.3f} ({len(v)} views)"
+        )
+    print(
+        f"  [ok] sphere centre projected with the written pose vs centroid of the sphere's pixels: "
+        f"max {max(centre_err):.2f} px ({len(centre_err)} views where it is unoccluded)"
+    )
 
     # 5. COLMAP points: near the surfaces, project onto non-empty pixels in the train
     #    views, and carry the colour of the surface they were sampled on.
@@ -938,9 +1022,11 @@ def verify(out):
     per_obj = {OBJ_NAMES[o]: int((_nearest_object(pts[:, :3]) == o).sum()) for o in OBJ_NAMES}
     assert pmask >= 0.995 * total  # noise can push a few points off a silhouette or the ground's edge
     assert colour_ok > 0.95
-    print(f"  [ok] COLMAP points: {pmask}/{total} projections into train frames land on non-empty pixels; "
-          f"distance to surfaces median {np.median(dist):.4f}, max {dist.max():.4f}; "
-          f"{100 * colour_ok:.1f}% coloured like their surface; per surface {per_obj}")
+    print(
+        f"  [ok] COLMAP points: {pmask}/{total} projections into train frames land on non-empty pixels; "
+        f"distance to surfaces median {np.median(dist):.4f}, max {dist.max():.4f}; "
+        f"{100 * colour_ok:.1f}% coloured like their surface; per surface {per_obj}"
+    )
     print("verify: all checks passed")
 
 

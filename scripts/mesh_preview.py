@@ -22,9 +22,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from test_view_figure import ground_truth_bgr, write_strip  # noqa: E402
+
 from splat.config import load_config  # noqa: E402
 from splat.data import load_scene_from_config  # noqa: E402
-from test_view_figure import ground_truth_bgr, write_strip  # noqa: E402
 
 
 def main(argv=None) -> None:

@@ -6,6 +6,7 @@
 See :func:`splat.rasterize` for the maths and :mod:`splat.conventions` for the
 camera and pixel conventions used everywhere.
 """
+
 import torch  # noqa: F401  (loads libtorch before the compiled extension)
 
 from .outputs import RasterOutput

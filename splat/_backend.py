@@ -1,9 +1,10 @@
 """Finds the compiled kernels: the installed extension ``splat._C``, or a JIT
 build with ninja (torch.utils.cpp_extension.load) when it is not installed."""
+
 from __future__ import annotations
 
 import os
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from splat._compile_flags import CXX_FLAGS, LINK_FLAGS
@@ -11,7 +12,7 @@ from splat._compile_flags import CXX_FLAGS, LINK_FLAGS
 _KERNELS = Path(__file__).resolve().parent / "kernels"
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_extension():
     """Returns the kernel module, building it just in time if needed.
 
@@ -23,7 +24,7 @@ def load_extension():
         return _C
     except ImportError as installed_error:
         if os.environ.get("SPLAT_NO_JIT") == "1":
-            raise ImportError(f"splat._C is not built and SPLAT_NO_JIT=1: {installed_error}")
+            raise ImportError(f"splat._C is not built and SPLAT_NO_JIT=1: {installed_error}") from None
     from torch.utils.cpp_extension import load
 
     # Every CPU source, as setup.py.

@@ -10,5 +10,6 @@ file without importing the package) and the JIT build in splat/_backend.py.
     conditionals over them become selects and the projection's surfel loops
     vectorise.  Neither flag changes any computed value.
 """
+
 CXX_FLAGS = ["-O3", "-std=c++17", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math"]
 LINK_FLAGS = ["-fopenmp"]

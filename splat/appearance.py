@@ -58,8 +58,13 @@ class AffineAppearance(nn.Module):
         """A_i as [N, 3, 3] (detached)."""
         return self.matrix.detach().reshape(-1, 3, 3)
 
-    def forward(self, rgb: torch.Tensor, index: int, alpha: Optional[torch.Tensor] = None,
-                background: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        rgb: torch.Tensor,
+        index: int,
+        alpha: Optional[torch.Tensor] = None,
+        background: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """``rgb`` [H, W, 3] as train image ``index`` saw it.
 
         Without ``alpha``: ``A rgb + b`` on every pixel.  With ``alpha`` [H, W]
@@ -84,8 +89,9 @@ def make_optimizer(appearance: AffineAppearance, lr: float) -> torch.optim.Optim
     return torch.optim.SparseAdam(list(appearance.parameters()), lr=lr)
 
 
-def make_appearance(train_cfg: Dict, num_images: int,
-                    device: torch.device | str | None = None) -> Optional[AffineAppearance]:
+def make_appearance(
+    train_cfg: Dict, num_images: int, device: torch.device | str | None = None
+) -> Optional[AffineAppearance]:
     """The correction ``train.appearance`` asks for (None for ``"none"``)."""
     mode = train_cfg["appearance"]
     if mode == "none":
@@ -95,8 +101,9 @@ def make_appearance(train_cfg: Dict, num_images: int,
     raise ValueError(f"train.appearance must be one of {APPEARANCE_MODES}, got {mode!r}")
 
 
-def fit_affine(pred: torch.Tensor, target: torch.Tensor,
-               mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def fit_affine(
+    pred: torch.Tensor, target: torch.Tensor, mask: Optional[torch.Tensor] = None
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Least-squares affine colour fit of ``pred`` to ``target`` (both [H, W, 3]).
 
     Returns ``(fitted, A, b)`` with ``fitted = pred @ A.T + b`` minimising

@@ -32,6 +32,7 @@ Resuming (:func:`load_latest_checkpoint`):
 
 Renderers and the viewer call it without a group and get the whole model.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,14 @@ import torch
 
 from .distributed.group import Group
 from .errors import RunStateError
-from .run_folder import (CKPT_PREFIX, _check_checkpoint, atomic_write, atomic_write_bytes, checkpoint_path,
-                         list_checkpoints)
+from .run_folder import (
+    CKPT_PREFIX,
+    _check_checkpoint,
+    atomic_write,
+    atomic_write_bytes,
+    checkpoint_path,
+    list_checkpoints,
+)
 from .state import PrimitiveState
 
 _MANIFEST_RE = re.compile(rf"^{CKPT_PREFIX}(\d+)_([0-9a-f]+)\.json$")
@@ -67,9 +74,17 @@ def shard_name(rank: int, world: int) -> str:
 
 
 # ------------------------------------------------------------------ layout
-def checkpoint_state(step: int, table: PrimitiveState, optimizers: Dict[str, torch.optim.Optimizer], strategy,
-                     appearance: Optional[torch.nn.Module], train_seconds: float, cfg: Dict, run_id: str,
-                     group: Group) -> dict:
+def checkpoint_state(
+    step: int,
+    table: PrimitiveState,
+    optimizers: Dict[str, torch.optim.Optimizer],
+    strategy,
+    appearance: Optional[torch.nn.Module],
+    train_seconds: float,
+    cfg: Dict,
+    run_id: str,
+    group: Group,
+) -> dict:
     """What a checkpoint of step ``step`` holds (see the module doc); on
     several processes, this rank's part."""
     state = {
@@ -77,8 +92,7 @@ def checkpoint_state(step: int, table: PrimitiveState, optimizers: Dict[str, tor
         "sh_degree": table.model.sh_degree,
         "optimizers": {k: o.state_dict() for k, o in optimizers.items()},
         "strategy": strategy.state_dict(),
-        "appearance": None if appearance is None else {
-            k: v.detach().cpu() for k, v in appearance.state_dict().items()},
+        "appearance": None if appearance is None else {k: v.detach().cpu() for k, v in appearance.state_dict().items()},
         "rng": rng_state(),
         "train_seconds": train_seconds,
         "config": cfg,
@@ -123,9 +137,12 @@ def save_sharded(out_dir: Path, state: dict, group: Group) -> Path:
     dist.all_gather_object(sizes, path.stat().st_size)  # also the barrier: every shard is on disk
     manifest = manifest_path(out_dir, step, run_id)
     if group.is_main:
-        body = {"step": step, "run_id": run_id, "world_size": group.world_size,
-                "shards": [{"file": shard_name(r, group.world_size), "bytes": sizes[r]}
-                           for r in range(group.world_size)]}
+        body = {
+            "step": step,
+            "run_id": run_id,
+            "world_size": group.world_size,
+            "shards": [{"file": shard_name(r, group.world_size), "bytes": sizes[r]} for r in range(group.world_size)],
+        }
         atomic_write_bytes(manifest, (json.dumps(body, indent=2) + "\n").encode())
     return manifest
 
@@ -136,12 +153,12 @@ def prune(out_dir: Path, run_id: str, step: int, keep: int) -> List[Path]:
     ones, and any shard folder without a manifest below ``step``.  Returns
     the deleted checkpoints' paths (files or manifests)."""
     complete = [c for c in _complete_checkpoints(out_dir, run_id) if c["step"] <= step]
-    removed = [c["path"] for c in complete[max(int(keep), 1):]]
+    removed = [c["path"] for c in complete[max(int(keep), 1) :]]
     for path in removed:
         _delete(path)
     d = Path(out_dir) / "checkpoints"
     for folder in d.glob(f"{CKPT_PREFIX}*_{run_id}.shards"):
-        s = int(folder.name[len(CKPT_PREFIX):].split("_")[0])
+        s = int(folder.name[len(CKPT_PREFIX) :].split("_")[0])
         if s < step and not manifest_path(out_dir, s, run_id).exists():
             shutil.rmtree(folder, ignore_errors=True)
     return removed
@@ -179,7 +196,7 @@ def _complete_checkpoints(out_dir: Path, run_id: Optional[str]) -> List[dict]:
 
 
 def _step_of(path: Path) -> int:
-    return int(Path(path).name[len(CKPT_PREFIX):].split("_")[0])
+    return int(Path(path).name[len(CKPT_PREFIX) :].split("_")[0])
 
 
 def _load(path: Path, run_id: Optional[str]) -> dict:
@@ -192,8 +209,9 @@ def _load(path: Path, run_id: Optional[str]) -> dict:
     return ckpt
 
 
-def load_latest_checkpoint(out_dir: Path, run_id: Optional[str] = None, group: Optional[Group] = None,
-                           quarantine: bool = False) -> Optional[dict]:
+def load_latest_checkpoint(
+    out_dir: Path, run_id: Optional[str] = None, group: Optional[Group] = None, quarantine: bool = False
+) -> Optional[dict]:
     """The newest complete checkpoint for this rank of ``group`` (default:
     one process, the whole model), or None; see the module doc.  With a
     group it is collective: rank 0 picks the checkpoint, every rank loads
@@ -223,8 +241,9 @@ def load_latest_checkpoint(out_dir: Path, run_id: Optional[str] = None, group: O
             if quarantine and c["path"].suffix == ".pt":
                 c["path"].replace(c["path"].with_name(c["path"].name + ".corrupt"))
                 note = " (renamed to *.corrupt)"
-            print(f"warning: skipping unreadable checkpoint {c['path']}: {type(e).__name__}: {e}{note}",
-                  file=sys.stderr)
+            print(
+                f"warning: skipping unreadable checkpoint {c['path']}: {type(e).__name__}: {e}{note}", file=sys.stderr
+            )
     return None
 
 
@@ -277,9 +296,7 @@ def rng_state() -> dict:
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     n = state["numpy"]
-    np.random.set_state(
-        ("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
-    )
+    np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     if state.get("cuda") and torch.cuda.is_available():

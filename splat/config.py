@@ -27,7 +27,12 @@ from typing import Dict, List, Literal, Optional, Sequence
 from .errors import ConfigError
 
 __all__ = [
-    "SplatConfig", "DEFAULT_CONFIG", "load_config", "check_config", "set_dotted", "config_to_yaml",
+    "SplatConfig",
+    "DEFAULT_CONFIG",
+    "load_config",
+    "check_config",
+    "set_dotted",
+    "config_to_yaml",
 ]
 
 
@@ -47,32 +52,50 @@ def _section(cls):
 class DataConfig:
     path: str = _f("data/sample_scene", "scene folder")
     layout: Literal["auto", "colmap", "transforms", "nerf"] = _f(
-        "auto", "COLMAP if sparse/ exists, else transforms.json (nerfstudio/instant-ngp), else NeRF-synthetic json")
+        "auto", "COLMAP if sparse/ exists, else transforms.json (nerfstudio/instant-ngp), else NeRF-synthetic json"
+    )
     downscale: int = _f(1, "images are area-averaged by this integer factor", ge=1)
     test_every: int = _f(8, "COLMAP test split: every n-th image (<= 0: no test split)")
-    background: List[float] = _f([1.0, 1.0, 1.0], "RGBA images are composited over this RGB; also the render "
-                                 "background", length=3, ge=0.0, le=1.0)
+    background: List[float] = _f(
+        [1.0, 1.0, 1.0],
+        "RGBA images are composited over this RGB; also the render background",
+        length=3,
+        ge=0.0,
+        le=1.0,
+    )
     random_background: bool = _f(False, "train on a random background each step (needs RGBA images)")
     masks: Literal["none", "background", "ignore"] = _f(
-        "none", "transforms.json mask_path: background = masked-out pixels become the background colour; "
-        "ignore = left out of the photometric loss")
+        "none",
+        "transforms.json mask_path: background = masked-out pixels become the background colour; "
+        "ignore = left out of the photometric loss",
+    )
     cache_dir: str = _f("", "undistorted-image cache ('' = $SPLAT_CACHE_DIR or ~/.cache/splat)")
-    undistort_blank_pixels: float = _f(0.0, "undistortion crop: 0 = valid pixels only (COLMAP's default), "
-                                       "1 = every source pixel, blank border", ge=0.0, le=1.0)
+    undistort_blank_pixels: float = _f(
+        0.0,
+        "undistortion crop: 0 = valid pixels only (COLMAP's default), 1 = every source pixel, blank border",
+        ge=0.0,
+        le=1.0,
+    )
 
 
 @dataclass
 class ModelConfig:
     primitive: Literal["2dgs", "3dgs"] = _f(
-        "2dgs", "2dgs: surfels (splat.rasterize); 3dgs: 3D Gaussians (splat.rasterize_3dgs)")
+        "2dgs", "2dgs: surfels (splat.rasterize); 3dgs: 3D Gaussians (splat.rasterize_3dgs)"
+    )
     sh_degree: int = _f(3, "max SH degree", ge=0, le=3)
     init: Literal["auto", "points", "triangulate", "stereo", "random"] = _f(
-        "auto", "auto: the scene's points if it has them, else triangulated (pycolmap), "
-        "else plane-sweep stereo, else random")
+        "auto",
+        "auto: the scene's points if it has them, else triangulated (pycolmap), else plane-sweep stereo, else random",
+    )
     init_num_stereo: int = _f(20000, "at most this many plane-sweep stereo points (model.init=stereo)", ge=1)
     init_num_random: int = _f(10000, "number of random points when there is no point cloud", ge=0)
-    init_fill_spacing: float = _f(1.0, "auto: thin each filling source to one point per cube this many coverage "
-                                  "cells wide at its depth; 0 keeps every point", ge=0.0)
+    init_fill_spacing: float = _f(
+        1.0,
+        "auto: thin each filling source to one point per cube this many coverage "
+        "cells wide at its depth; 0 keeps every point",
+        ge=0.0,
+    )
     init_random_min_views: float = _f(0.5, "random points are seen by this fraction of train cameras", ge=0.0, le=1.0)
     init_opacity: float = _f(0.1, "initial opacity", gt=0.0, lt=1.0)
     init_scale: float = _f(1.0, "x mean distance to the 3 nearest neighbours", gt=0.0)
@@ -92,12 +115,18 @@ class LrConfig:
 @dataclass
 class TrainConfig:
     iterations: int = _f(4000, "total optimisation steps", ge=0)
-    batch_size: int = _f(1, "training cameras per step; the loss is their mean, and each step takes the next "
-                         "batch_size views of the seeded view order", ge=1)
+    batch_size: int = _f(
+        1,
+        "training cameras per step; the loss is their mean, and each step takes the next "
+        "batch_size views of the seeded view order",
+        ge=1,
+    )
     sh_increase_every: int = _f(500, "one more SH degree every n steps", ge=0)
     appearance: Literal["none", "affine"] = _f(
-        "none", "affine: a learned per-train-image colour correction A rgb + b (exposure, white balance) "
-        "applied to the render before the loss (splat/appearance.py)")
+        "none",
+        "affine: a learned per-train-image colour correction A rgb + b (exposure, white balance) "
+        "applied to the render before the loss (splat/appearance.py)",
+    )
     appearance_lr: float = _f(5e-3, "(sparse) Adam learning rate of the appearance corrections", ge=0.0)
     lr: LrConfig = _section(LrConfig)
 
@@ -110,7 +139,8 @@ class LossConfig:
     normal_lambda: float = _f(0.05, "2DGS normal consistency weight", ge=0.0)
     normal_from: int = _f(1500, "step where the normal loss starts", ge=0)
     depth_for_normal: Literal["expected", "median"] = _f(
-        "expected", "rendered depth whose screen-space derivatives give the normal consistency's target normals")
+        "expected", "rendered depth whose screen-space derivatives give the normal consistency's target normals"
+    )
 
 
 @dataclass
@@ -121,25 +151,37 @@ class StrategyConfig:
 
     name: Literal["default", "none"] = _f("default", "3DGS clone/split/prune, or a fixed set")
     prune_opa: float = _f(0.005, "prune primitives whose opacity is below this", ge=0.0, le=1.0)
-    grow_grad2d: float = _f(0.0002, "grow (clone or split) primitives whose mean screen-space position gradient "
-                            "exceeds this", ge=0.0)
-    grow_scale3d: float = _f(0.01, "growing primitives with largest scale <= this x scene radius are cloned, "
-                             "larger ones split", ge=0.0)
-    grow_scale2d: float = _f(0.05, "before refine_scale2d_stop, also split primitives larger than this on screen",
-                             ge=0.0)
-    prune_scale3d: float = _f(0.1, "after the first opacity reset, prune primitives larger than this x scene radius",
-                              ge=0.0)
-    prune_scale2d: float = _f(0.15, "after the first opacity reset and before refine_scale2d_stop, prune "
-                              "primitives larger than this on screen", ge=0.0)
-    refine_scale2d_stop: int = _f(0, "step until which the screen-size rules (grow_scale2d, prune_scale2d) apply; "
-                                  "0: never", ge=0)
+    grow_grad2d: float = _f(
+        0.0002, "grow (clone or split) primitives whose mean screen-space position gradient exceeds this", ge=0.0
+    )
+    grow_scale3d: float = _f(
+        0.01, "growing primitives with largest scale <= this x scene radius are cloned, larger ones split", ge=0.0
+    )
+    grow_scale2d: float = _f(
+        0.05, "before refine_scale2d_stop, also split primitives larger than this on screen", ge=0.0
+    )
+    prune_scale3d: float = _f(
+        0.1, "after the first opacity reset, prune primitives larger than this x scene radius", ge=0.0
+    )
+    prune_scale2d: float = _f(
+        0.15,
+        "after the first opacity reset and before refine_scale2d_stop, prune primitives larger than this on screen",
+        ge=0.0,
+    )
+    refine_scale2d_stop: int = _f(
+        0, "step until which the screen-size rules (grow_scale2d, prune_scale2d) apply; 0: never", ge=0
+    )
     refine_start: int = _f(500, "first step that refines (grows and prunes)", ge=0)
     refine_stop: int = _f(2500, "refining and gradient statistics stop at this step", ge=0)
     refine_every: int = _f(100, "refine every n steps in [refine_start, refine_stop)", ge=1)
     reset_every: int = _f(1000, "clamp opacities to 2 x prune_opa every n steps (0: never)", ge=0)
     pause_refine_after_reset: int = _f(0, "no refining for this many steps after each opacity reset", ge=0)
-    max_gaussians: int = _f(0, "cap on the number of primitives; when growth would exceed it, only those with the "
-                            "largest gradients grow (0: no cap)", ge=0)
+    max_gaussians: int = _f(
+        0,
+        "cap on the number of primitives; when growth would exceed it, only those with the "
+        "largest gradients grow (0: no cap)",
+        ge=0,
+    )
     verbose: bool = _f(False, "print the counts cloned, split and pruned at each refinement")
 
 
@@ -147,8 +189,12 @@ class StrategyConfig:
 class RenderConfig:
     backend: Literal["auto", "cpu", "cuda", "torch"] = _f("auto", "passed to splat.rasterize")
     near: float = _f(0.2, "0 < near < far", gt=0.0)
-    far: float = _f(100.0, "far plane: primitives whose centre is beyond it are culled; the distortion loss "
-                    "works on m(z), 0 at near and 1 at far", gt=0.0)
+    far: float = _f(
+        100.0,
+        "far plane: primitives whose centre is beyond it are culled; the distortion loss "
+        "works on m(z), 0 at near and 1 at far",
+        gt=0.0,
+    )
     depth: Literal["expected", "median"] = _f("expected", "depth written by render.py and used for metrics/mesh")
 
 
@@ -169,11 +215,13 @@ class EvalConfig:
     views that have a mask; the whole-image figures are unchanged."""
 
     masked: Literal["auto", True, False] = _f(
-        "auto", "also report test PSNR / SSIM inside the object masks (test.psnr_masked, test.ssim_masked; "
+        "auto",
+        "also report test PSNR / SSIM inside the object masks (test.psnr_masked, test.ssim_masked; "
         "the whole-image figures are unchanged): PSNR of the MSE over the masked pixels, SSIM map averaged "
         "over them after compositing render and photo over data.background outside the mask. Masks: "
         "transforms.json mask_path, read for the test views whatever data.masks is (other layouts have none). "
-        "auto: when a test view has a mask; true: required (an error before training if none has); false: off")
+        "auto: when a test view has a mask; true: required (an error before training if none has); false: off",
+    )
 
 
 @dataclass
@@ -185,8 +233,10 @@ class CheckpointConfig:
 @dataclass
 class LogConfig:
     progress: Literal["auto", True, False] = _f(
-        "auto", "auto: a tqdm bar when stderr is a terminal, else plain log lines (logs, nohup, CI, pipes); "
-        "true: always the bar; false: always the log lines")
+        "auto",
+        "auto: a tqdm bar when stderr is a terminal, else plain log lines (logs, nohup, CI, pipes); "
+        "true: always the bar; false: always the log lines",
+    )
     every: int = _f(10, "progress-bar postfix refresh period (steps)", ge=1)
     interval_s: float = _f(30.0, "without the bar: a log line at most this often (seconds)", ge=0.0)
 
@@ -195,10 +245,18 @@ class LogConfig:
 class DistributedConfig:
     """Training on several processes (``torchrun ... train.py``; docs/distributed.md)."""
 
-    timeout_s: float = _f(60.0, "a rank that dies or hangs stops the others within about this many seconds, "
-                          "each with a one-line error naming it (a peer on the same machine: at once)", gt=0.0)
-    max_imbalance: float = _f(0.05, "after densification, surfels move between ranks when (largest shard - "
-                              "smallest) / mean shard exceeds this; they are then balanced to within one", ge=0.0)
+    timeout_s: float = _f(
+        60.0,
+        "a rank that dies or hangs stops the others within about this many seconds, "
+        "each with a one-line error naming it (a peer on the same machine: at once)",
+        gt=0.0,
+    )
+    max_imbalance: float = _f(
+        0.05,
+        "after densification, surfels move between ranks when (largest shard - "
+        "smallest) / mean shard exceeds this; they are then balanced to within one",
+        ge=0.0,
+    )
 
 
 @dataclass
@@ -275,9 +333,13 @@ def _check_scalar(value, tp, key: str):
 
 
 def _check_range(value, meta, key: str) -> None:
-    bounds = [("ge", ">=", lambda a, b: a >= b), ("gt", ">", lambda a, b: a > b),
-              ("le", "<=", lambda a, b: a <= b), ("lt", "<", lambda a, b: a < b)]
-    for name, sym, ok in bounds:
+    bounds = [
+        ("ge", ">=", lambda a, b: a >= b),
+        ("gt", ">", lambda a, b: a > b),
+        ("le", "<=", lambda a, b: a <= b),
+        ("lt", "<", lambda a, b: a < b),
+    ]
+    for name, _sym, ok in bounds:
         if name in meta and not ok(value, meta[name]):
             lo = [f"{s} {meta[n]}" for n, s, _ in bounds if n in meta]
             raise ConfigError(f"{key}: must be {' and '.join(lo)}, got {value!r}")

@@ -15,6 +15,7 @@ The same numbers appear in ``kernels/core.h`` (the kernels cannot
 import Python).  ``tests/test_conventions.py`` parses that header and checks
 that both agree, so they cannot drift apart.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -1,5 +1,6 @@
 """The compute device of a run and its memory figure (shared by the trainer,
 the viewer and the process-group setup of splat.distributed)."""
+
 from __future__ import annotations
 
 import resource

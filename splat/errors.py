@@ -11,8 +11,15 @@ from __future__ import annotations
 import sys
 from typing import Callable, Tuple
 
-__all__ = ["SplatInputError", "ConfigError", "RunStateError", "RankLostError", "format_error", "interrupt_behind",
-           "run_cli"]
+__all__ = [
+    "SplatInputError",
+    "ConfigError",
+    "RunStateError",
+    "RankLostError",
+    "format_error",
+    "interrupt_behind",
+    "run_cli",
+]
 
 
 class SplatInputError(ValueError):

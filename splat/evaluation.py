@@ -19,8 +19,7 @@ from .errors import ConfigError
 from .losses import masked_psnr, masked_ssim, psnr, ssim
 from .model_render import normalized_normals
 
-__all__ = ["ground_truth_geometry", "check_eval_masks", "evaluate_frames", "frame_metrics",
-           "combine_frame_metrics"]
+__all__ = ["ground_truth_geometry", "check_eval_masks", "evaluate_frames", "frame_metrics", "combine_frame_metrics"]
 
 
 def ground_truth_geometry(data_dir: Path, stem: str, H: int, W: int):
@@ -49,14 +48,24 @@ def check_eval_masks(cfg: Dict, scene) -> None:
     (``auto`` skips the masked figures instead)."""
     if cfg["eval"]["masked"] is not True or any(f.object_mask is not None for f in scene.test):
         return
-    what = (f"none of the {len(scene.test)} test view(s) has an object mask" if scene.test
-            else "the scene has no test views")
-    raise ConfigError(f"eval.masked=true: {what}; masks are read from transforms.json mask_path "
-                      "(data.layout=transforms); use eval.masked=auto to skip the masked figures")
+    what = (
+        f"none of the {len(scene.test)} test view(s) has an object mask"
+        if scene.test
+        else "the scene has no test views"
+    )
+    raise ConfigError(
+        f"eval.masked=true: {what}; masks are read from transforms.json mask_path "
+        "(data.layout=transforms); use eval.masked=auto to skip the masked figures"
+    )
 
 
-def evaluate_frames(cfg: Dict, background: torch.Tensor, frames: Sequence, render_views: Callable[[list], dict],
-                    group: Optional[Group] = None) -> dict:
+def evaluate_frames(
+    cfg: Dict,
+    background: torch.Tensor,
+    frames: Sequence,
+    render_views: Callable[[list], dict],
+    group: Optional[Group] = None,
+) -> dict:
     """Test figures of ``frames`` rendered by ``render_views(views)``, which
     renders a list of N views together (N = ``group.world_size``, 1 without
     a group) and returns {index in the list: output} for the ones this
@@ -81,9 +90,8 @@ def evaluate_frames(cfg: Dict, background: torch.Tensor, frames: Sequence, rende
     n = 1 if group is None else group.world_size
     rows = []
     for first in range(0, len(frames), n):
-        chunk = list(frames[first:first + n])
-        rows += [(first + i, frame_metrics(cfg, background, chunk[i], out))
-                 for i, out in render_views(chunk).items()]
+        chunk = list(frames[first : first + n])
+        rows += [(first + i, frame_metrics(cfg, background, chunk[i], out)) for i, out in render_views(chunk).items()]
     if group is not None:
         rows = [row for part in all_gather_objects(rows, group) for row in part]
     return combine_frame_metrics([row for _, row in sorted(rows, key=lambda r: r[0])])
@@ -94,9 +102,14 @@ def frame_metrics(cfg: Dict, background, f, out) -> dict:
     :func:`combine_frame_metrics` adds them up (so the views may be rendered
     on different processes and their figures combined anywhere)."""
     rgb = out.rgb.clamp(0, 1).cpu()
-    row = {"psnr": psnr(rgb, f.image), "ssim": float(ssim(rgb, f.image)),
-           "psnr_fit": psnr(fit_affine(rgb, f.image)[0], f.image),
-           "depth_err_sum": 0.0, "normal_err_sum": 0.0, "n_px": 0}
+    row = {
+        "psnr": psnr(rgb, f.image),
+        "ssim": float(ssim(rgb, f.image)),
+        "psnr_fit": psnr(fit_affine(rgb, f.image)[0], f.image),
+        "depth_err_sum": 0.0,
+        "normal_err_sum": 0.0,
+        "n_px": 0,
+    }
     m = f.object_mask if cfg["eval"]["masked"] is not False else None
     p_masked = None if m is None else masked_psnr(rgb, f.image, m)
     if p_masked is not None:  # an empty mask (all cropped away) has no figure
@@ -123,12 +136,19 @@ def combine_frame_metrics(rows) -> dict:
     """The test figures (see :func:`evaluate_frames`) of the views' :func:`frame_metrics`, in view order."""
     if not rows:
         return {}
-    res = {"psnr": float(np.mean([r["psnr"] for r in rows])), "ssim": float(np.mean([r["ssim"] for r in rows])),
-           "psnr_affine_fit": float(np.mean([r["psnr_fit"] for r in rows])), "num_views": len(rows)}
+    res = {
+        "psnr": float(np.mean([r["psnr"] for r in rows])),
+        "ssim": float(np.mean([r["ssim"] for r in rows])),
+        "psnr_affine_fit": float(np.mean([r["psnr_fit"] for r in rows])),
+        "num_views": len(rows),
+    }
     masked = [r for r in rows if "psnr_masked" in r]
     if masked:
-        res.update(psnr_masked=float(np.mean([r["psnr_masked"] for r in masked])),
-                   ssim_masked=float(np.mean([r["ssim_masked"] for r in masked])), num_views_masked=len(masked))
+        res.update(
+            psnr_masked=float(np.mean([r["psnr_masked"] for r in masked])),
+            ssim_masked=float(np.mean([r["ssim_masked"] for r in masked])),
+            num_views_masked=len(masked),
+        )
     n_px = sum(r["n_px"] for r in rows)
     if n_px > 0:
         res["depth_rel_err"] = sum(r["depth_err_sum"] for r in rows) / n_px

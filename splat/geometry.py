@@ -38,9 +38,15 @@ def quat_to_rotmat(quats: torch.Tensor) -> torch.Tensor:
     w, x, y, z = q.unbind(-1)
     R = torch.stack(
         [
-            1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
-            2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
-            2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
+            1 - 2 * (y * y + z * z),
+            2 * (x * y - w * z),
+            2 * (x * z + w * y),
+            2 * (x * y + w * z),
+            1 - 2 * (x * x + z * z),
+            2 * (y * z - w * x),
+            2 * (x * z - w * y),
+            2 * (y * z + w * x),
+            1 - 2 * (x * x + y * y),
         ],
         dim=-1,
     )
@@ -62,8 +68,9 @@ def pixel_rays(K: torch.Tensor, height: int, width: int) -> torch.Tensor:
     pixel (i, j) has its centre at (j + 0.5, i + 0.5)), row-major: ray
     ``i * width + j``; ``ray * z`` is the point at camera depth z.  [H*W, 3]"""
     c = pixel_centers_offset()
-    i, j = torch.meshgrid(torch.arange(height, dtype=K.dtype) + c, torch.arange(width, dtype=K.dtype) + c,
-                          indexing="ij")
+    i, j = torch.meshgrid(
+        torch.arange(height, dtype=K.dtype) + c, torch.arange(width, dtype=K.dtype) + c, indexing="ij"
+    )
     uv1 = torch.stack([j, i, torch.ones_like(i)], -1).view(-1, 3)
     return uv1 @ torch.linalg.inv(K).T
 
@@ -94,13 +101,14 @@ def seen_by(points: torch.Tensor, viewmats: torch.Tensor, Ks: torch.Tensor, widt
     w = torch.as_tensor(widths).reshape(-1).expand(C) if torch.is_tensor(widths) else [widths] * C
     h = torch.as_tensor(heights).reshape(-1).expand(C) if torch.is_tensor(heights) else [heights] * C
     for c in range(C):
-        uv, z = project_points(points, viewmats[c:c + 1], Ks[c:c + 1])
+        uv, z = project_points(points, viewmats[c : c + 1], Ks[c : c + 1])
         out[c] = in_image(uv[0], z[0], w[c], h[c])
     return out
 
 
-def uniform_in_ball(n: int, center: torch.Tensor, radius: float,
-                    generator: Optional[torch.Generator] = None) -> torch.Tensor:
+def uniform_in_ball(
+    n: int, center: torch.Tensor, radius: float, generator: Optional[torch.Generator] = None
+) -> torch.Tensor:
     """``n`` points uniform in the ball (``center`` [3], ``radius``): a uniform
     direction times ``radius * u^(1/3)``.  [n, 3]"""
     d = torch.randn(n, 3, generator=generator)

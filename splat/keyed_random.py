@@ -13,6 +13,7 @@ process or N, and after any resume:
 so two uses never share numbers.  Uniforms take the top 53 bits of the hash;
 normals come from two uniforms by the Box-Muller transform.
 """
+
 from __future__ import annotations
 
 import numpy as np

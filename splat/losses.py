@@ -79,8 +79,9 @@ def _cpu_kernels_take(*tensors) -> bool:
     """True when the fused C++ loss ops can run on these tensors: all on the
     CPU, of one float dtype, and the compiled kernels are available."""
     dtype = tensors[0].dtype
-    if not (dtype in (torch.float32, torch.float64)
-            and all(t.device.type == "cpu" and t.dtype == dtype for t in tensors)):
+    if not (
+        dtype in (torch.float32, torch.float64) and all(t.device.type == "cpu" and t.dtype == dtype for t in tensors)
+    ):
         return False
     from ._backend import has_extension  # lazy: losses must import without the kernels
 
@@ -88,8 +89,13 @@ def _cpu_kernels_take(*tensors) -> bool:
 
 
 def _fused_ssim_applies(img1, img2, reduce) -> bool:
-    return (reduce and img1.dim() == 3 and img1.shape == img2.shape and not img2.requires_grad
-            and _cpu_kernels_take(img1, img2))
+    return (
+        reduce
+        and img1.dim() == 3
+        and img1.shape == img2.shape
+        and not img2.requires_grad
+        and _cpu_kernels_take(img1, img2)
+    )
 
 
 class _FusedSsim(torch.autograd.Function):
@@ -177,8 +183,7 @@ def masked_psnr(pred: torch.Tensor, gt: torch.Tensor, mask: torch.Tensor) -> Opt
     return _mse_to_db(float((w * err).sum()) / total)
 
 
-def masked_ssim(pred: torch.Tensor, gt: torch.Tensor, mask: torch.Tensor,
-                background: torch.Tensor) -> Optional[float]:
+def masked_ssim(pred: torch.Tensor, gt: torch.Tensor, mask: torch.Tensor, background: torch.Tensor) -> Optional[float]:
     """SSIM inside ``mask`` (``eval.masked``): render and photo are both
     composited over ``background`` with the mask as alpha (``x m + bg (1 - m)``,
     as ``data.masks=background`` composites training images, so the table and
@@ -296,8 +301,13 @@ class _FusedNormalLoss(torch.autograd.Function):
     def forward(ctx, depth, normal, alpha, K, viewmat):
         from ._backend import load_extension
 
-        args = (depth.detach().contiguous(), normal.detach().contiguous(), alpha.contiguous(), K.detach(),
-                viewmat.detach())
+        args = (
+            depth.detach().contiguous(),
+            normal.detach().contiguous(),
+            alpha.contiguous(),
+            K.detach(),
+            viewmat.detach(),
+        )
         ctx.save_for_backward(*args)
         return load_extension().normal_loss_forward_cpu(*args)
 

@@ -60,18 +60,19 @@ class GaussianModel(nn.Module):
     surfel's fate does not depend on which process holds it.
     """
 
-    def __init__(self, params: Dict[str, torch.Tensor], sh_degree: int, ids: Optional[torch.Tensor] = None,
-                 next_id: Optional[int] = None):
+    def __init__(
+        self,
+        params: Dict[str, torch.Tensor],
+        sh_degree: int,
+        ids: Optional[torch.Tensor] = None,
+        next_id: Optional[int] = None,
+    ):
         super().__init__()
         self.sh_degree = int(sh_degree)  # maximum SH degree (size of shN)
         expected_rest = num_sh_bases(self.sh_degree) - 1
         if params["shN"].shape[1] != expected_rest:
-            raise ValueError(
-                f"shN has {params['shN'].shape[1]} coefficients, degree {sh_degree} needs {expected_rest}"
-            )
-        self.params = nn.ParameterDict(
-            {k: nn.Parameter(params[k].detach().float().contiguous()) for k in PARAM_NAMES}
-        )
+            raise ValueError(f"shN has {params['shN'].shape[1]} coefficients, degree {sh_degree} needs {expected_rest}")
+        self.params = nn.ParameterDict({k: nn.Parameter(params[k].detach().float().contiguous()) for k in PARAM_NAMES})
         n = self.num_gaussians
         self.ids = torch.arange(n, dtype=torch.int64) if ids is None else ids.detach().to(torch.int64).cpu()
         if self.ids.shape != (n,):
@@ -93,7 +94,7 @@ class GaussianModel(nn.Module):
 
     @property
     def primitive(self) -> str:
-        """"2dgs" (surfels: two scales) or "3dgs" (3D Gaussians: three)."""
+        """ "2dgs" (surfels: two scales) or "3dgs" (3D Gaussians: three)."""
         return "3dgs" if self.params["scales"].shape[1] == 3 else "2dgs"
 
     # The activations run in float64 and round to the parameters' dtype.  On
@@ -135,8 +136,9 @@ class GaussianModel(nn.Module):
         return {k: v.detach().clone() for k, v in self.params.items()}
 
     @classmethod
-    def from_raw_state(cls, state: Dict[str, torch.Tensor], sh_degree: int) -> "GaussianModel":
+    def from_raw_state(cls, state: Dict[str, torch.Tensor], sh_degree: int) -> GaussianModel:
         return cls(state, sh_degree)
+
 
 # ----------------------------------------------------------------- creation
 def random_quats(n: int, generator: Optional[torch.Generator] = None) -> torch.Tensor:

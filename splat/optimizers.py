@@ -1,5 +1,6 @@
 """The optimisers of a run: one Adam per parameter (so densification can
 edit one parameter's moments at a time) and the means' learning-rate decay."""
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """The rasterizer's output type and the final per-pixel composition shared by all backends."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,8 +33,9 @@ class RasterOutput:
     means2d: torch.Tensor  # [N, 2] projected centres; .grad = dL/d(screen translation), pixels
 
 
-def compose(color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth,
-            background, radii, means2d) -> RasterOutput:
+def compose(
+    color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth, background, radii, means2d
+) -> RasterOutput:
     """Turns the kernels' raw per-pixel sums into the public outputs.
 
     rgb = sum w c + T * background, alpha = 1 - T, depth = sum w z / alpha.
@@ -45,7 +47,16 @@ def compose(color_sum, transmittance, depth_sum, normal_sum, distortion, median_
     covered = alpha > 0
     # The safe denominator keeps 0/0 out of the graph: where() alone would
     # still send NaN gradients through the unused branch.
-    depth = torch.where(covered, depth_sum / torch.where(covered, alpha, torch.ones_like(alpha)),
-                        torch.zeros_like(alpha))
-    return RasterOutput(rgb=rgb, alpha=alpha, depth=depth, median_depth=median_depth,
-                        normal=normal_sum, distortion=distortion, radii=radii, means2d=means2d)
+    depth = torch.where(
+        covered, depth_sum / torch.where(covered, alpha, torch.ones_like(alpha)), torch.zeros_like(alpha)
+    )
+    return RasterOutput(
+        rgb=rgb,
+        alpha=alpha,
+        depth=depth,
+        median_depth=median_depth,
+        normal=normal_sum,
+        distortion=distortion,
+        radii=radii,
+        means2d=means2d,
+    )

@@ -73,8 +73,9 @@ def save_ply(model: GaussianModel, path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    PlyData([PlyElement.describe(arr, "vertex")],
-            comments=[f"{PLY_PRIMITIVE_COMMENT} {model.primitive}"]).write(str(tmp))
+    PlyData([PlyElement.describe(arr, "vertex")], comments=[f"{PLY_PRIMITIVE_COMMENT} {model.primitive}"]).write(
+        str(tmp)
+    )
     tmp.replace(path)  # never leave a half-written point_cloud.ply behind
 
 
@@ -103,8 +104,21 @@ def load_ply(path, primitive: Optional[str] = None) -> GaussianModel:
         raise SplatInputError(f"{path}: PLY has no 'vertex' element: not a Gaussian splat model")
     v = ply["vertex"]
     names = [p.name for p in v.properties]
-    required = ["x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2", "opacity", "scale_0", "scale_1",
-                "rot_0", "rot_1", "rot_2", "rot_3"]
+    required = [
+        "x",
+        "y",
+        "z",
+        "f_dc_0",
+        "f_dc_1",
+        "f_dc_2",
+        "opacity",
+        "scale_0",
+        "scale_1",
+        "rot_0",
+        "rot_1",
+        "rot_2",
+        "rot_3",
+    ]
     missing = [name for name in required if name not in names]
     if missing:
         raise SplatInputError(f"{path}: PLY vertex lacks attribute(s) {missing}: not a 3DGS/2DGS splat model")
@@ -143,8 +157,10 @@ def load_ply(path, primitive: Optional[str] = None) -> GaussianModel:
         huge = ~np.all(np.isfinite(np.exp(scales)), axis=1)
     if huge.any():
         row = int(np.argmax(huge))
-        raise SplatInputError(f"{path}: log-scale {scales[row].max()} at vertex {row} overflows float32 "
-                              "(scale_* hold log standard deviations)")
+        raise SplatInputError(
+            f"{path}: log-scale {scales[row].max()} at vertex {row} overflows float32 "
+            "(scale_* hold log standard deviations)"
+        )
     params = {
         "means": torch.from_numpy(means),
         "quats": torch.from_numpy(quats),
@@ -160,10 +176,11 @@ def _ply_primitive(path, ply, names, col) -> str:
     """The primitive a PLY holds (module doc): its comment, else its scales."""
     for comment in ply.comments:
         if comment.startswith(PLY_PRIMITIVE_COMMENT):
-            value = comment[len(PLY_PRIMITIVE_COMMENT):].strip()
+            value = comment[len(PLY_PRIMITIVE_COMMENT) :].strip()
             if value not in PRIMITIVE_SCALES:
-                raise SplatInputError(f"{path}: header comment names primitive {value!r}, "
-                                      f"expected one of {list(PRIMITIVE_SCALES)}")
+                raise SplatInputError(
+                    f"{path}: header comment names primitive {value!r}, expected one of {list(PRIMITIVE_SCALES)}"
+                )
             return value
     if "scale_2" not in names:
         return "2dgs"

@@ -49,8 +49,14 @@ class LogLines:
     passed since the last one, and at the last step; the rate is over the
     steps since the previous line (wall clock, hooks included)."""
 
-    def __init__(self, start_step: int, iterations: int, interval_s: float, file: TextIO | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        start_step: int,
+        iterations: int,
+        interval_s: float,
+        file: TextIO | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         self.iterations = int(iterations)
         self.interval_s = float(interval_s)
         self.file = file
@@ -68,8 +74,11 @@ class LogLines:
         rate = (step - self.last_step) / dt if dt > 0 else float("inf")
         eta = (self.iterations - step) / rate if rate > 0 else float("inf")
         eta_text = format_duration(eta) if math.isfinite(eta) else "?"
-        print(f"step {step}/{self.iterations}  loss {loss:.4f}  surfels {surfels:,}  {rate:.1f} it/s  "
-              f"eta {eta_text}", file=self.file or sys.stderr, flush=True)
+        print(
+            f"step {step}/{self.iterations}  loss {loss:.4f}  surfels {surfels:,}  {rate:.1f} it/s  eta {eta_text}",
+            file=self.file or sys.stderr,
+            flush=True,
+        )
         self.first = False
         self.last_step, self.last_time = step, now
         return True

@@ -5,6 +5,7 @@ PyTorch shared by the CPU and CUDA backends, so autograd differentiates it;
 the compiled kernels do the per-pixel work (binning, blending, and its exact
 back-to-front gradient).  ``backend="torch"`` runs :mod:`splat.reference`.
 """
+
 from __future__ import annotations
 
 import math
@@ -13,11 +14,10 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from . import _backend
-from . import conventions as cv
+from . import _backend, conventions as cv
 from ._backend import has_cuda_kernels, has_extension, load_extension
-from .outputs import RasterOutput, compose
 from .geometry import quat_to_rotmat
+from .outputs import RasterOutput, compose
 from .reference import camera_center, facing_normals, rasterize_reference
 from .sh import eval_sh, num_sh_bases
 
@@ -26,10 +26,22 @@ BACKENDS = ("auto", "cuda", "cpu", "torch")
 MAX_IMAGE_SIDE = 1 << 16
 
 
-def rasterize(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor, opacities: torch.Tensor,
-              colors: torch.Tensor, viewmat: torch.Tensor, K: torch.Tensor, width: int, height: int,
-              near: float = 0.2, far: float = 100.0, background: Optional[torch.Tensor] = None,
-              sh_degree: Optional[int] = None, backend: str = "auto") -> RasterOutput:
+def rasterize(
+    means: torch.Tensor,
+    quats: torch.Tensor,
+    scales: torch.Tensor,
+    opacities: torch.Tensor,
+    colors: torch.Tensor,
+    viewmat: torch.Tensor,
+    K: torch.Tensor,
+    width: int,
+    height: int,
+    near: float = 0.2,
+    far: float = 100.0,
+    background: Optional[torch.Tensor] = None,
+    sh_degree: Optional[int] = None,
+    backend: str = "auto",
+) -> RasterOutput:
     """Renders N 2D Gaussian surfels into a W x H image.
 
     Args:
@@ -61,8 +73,9 @@ def rasterize(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor, op
     Returns:
         :class:`RasterOutput`; gradients flow from any output to every input.
     """
-    _validate(means, quats, scales, opacities, colors, viewmat, K, width, height, near, far,
-              background, sh_degree, backend)
+    _validate(
+        means, quats, scales, opacities, colors, viewmat, K, width, height, near, far, background, sh_degree, backend
+    )
     backend = _resolve_backend(backend, means.device)
     n = means.shape[0]
     dtype, device = means.dtype, means.device
@@ -76,30 +89,55 @@ def rasterize(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor, op
 
     fused = backend == "cpu" and not (viewmat.requires_grad or K.requires_grad)
     proj, rgb_colors, means2d, Tuvw, center = project_for_kernels(
-        means, quats, scales, opacities, colors, viewmat, K, width, height, near, far, sh_degree, grad_enabled, fused)
+        means, quats, scales, opacities, colors, viewmat, K, width, height, near, far, sh_degree, grad_enabled, fused
+    )
 
     if backend == "torch":
-        sums = rasterize_reference(means, quats, scales, opacities, rgb_colors, viewmat, K,
-                                   width, height, near, far,
-                                   means2d=means2d if grad_enabled else None)
+        sums = rasterize_reference(
+            means,
+            quats,
+            scales,
+            opacities,
+            rgb_colors,
+            viewmat,
+            K,
+            width,
+            height,
+            near,
+            far,
+            means2d=means2d if grad_enabled else None,
+        )
     else:
-        sums = _RasterizeSurfels.apply(Tuvw, center, proj["normal"], rgb_colors, opacities,
-                                       proj["depth"], proj["pixel_rect"], width, height, near, far)
+        sums = _RasterizeSurfels.apply(
+            Tuvw,
+            center,
+            proj["normal"],
+            rgb_colors,
+            opacities,
+            proj["depth"],
+            proj["pixel_rect"],
+            width,
+            height,
+            near,
+            far,
+        )
     if grad_enabled:
         sums = _connect(sums, inputs + (means2d,))
     return compose(*sums, background=background, radii=proj["radii"], means2d=means2d)
 
 
-def project_for_kernels(means, quats, scales, opacities, colors, viewmat, K, width, height, near, far, sh_degree,
-                        grad_enabled, fused):
+def project_for_kernels(
+    means, quats, scales, opacities, colors, viewmat, K, width, height, near, far, sh_degree, grad_enabled, fused
+):
     """What the raster kernels take, per surfel: returns (proj as
     :func:`_project`'s, colours [N, 3], means2d [N, 2], Tuvw [N, 9],
     centre [N, 2]).  ``fused``: the one C++ op (CPU tensors, no viewmat/K
     gradient), else PyTorch.  With ``grad_enabled``, ``means2d.grad``
     becomes dL/d(screen translation) either way (:func:`fold_translation`)."""
     if fused:
-        proj, rgb, means2d = _project_cpu(means, quats, scales, opacities, colors, viewmat, K,
-                                          width, height, near, far, sh_degree, grad_enabled)
+        proj, rgb, means2d = _project_cpu(
+            means, quats, scales, opacities, colors, viewmat, K, width, height, near, far, sh_degree, grad_enabled
+        )
     else:
         rgb = _surfel_colors(means, colors, viewmat, sh_degree)
         proj = _project(means, quats, scales, opacities, viewmat, K, width, height, near, far)
@@ -156,23 +194,29 @@ def _project(means, quats, scales, opacities, viewmat, K, width, height, near, f
     safe_depth = torch.where(in_range, M[:, 2, 2], torch.ones_like(M[:, 2, 2]))  # [N]
     center = M[:, :2, 2] / safe_depth[:, None]  # [N, 2]; 0 for culled surfels
     with torch.no_grad():
-        pixel_rect, radii = _screen_bounds(M.detach(), center.detach(), opacities.detach(), in_range,
-                                          width, height)
+        pixel_rect, radii = _screen_bounds(M.detach(), center.detach(), opacities.detach(), in_range, width, height)
         drawn = (pixel_rect[:, 2] > pixel_rect[:, 0]) & (pixel_rect[:, 3] > pixel_rect[:, 1])
     _check_magnitude(M.detach(), in_range, drawn, width, height)
-    return {"Tuvw": M.reshape(-1, 9), "center": center, "depth": c[:, 2].detach().contiguous(),
-            "normal": facing_normals(quats, means, viewmat), "pixel_rect": pixel_rect, "radii": radii,
-            "fused": False}
+    return {
+        "Tuvw": M.reshape(-1, 9),
+        "center": center,
+        "depth": c[:, 2].detach().contiguous(),
+        "normal": facing_normals(quats, means, viewmat),
+        "pixel_rect": pixel_rect,
+        "radii": radii,
+        "fused": False,
+    }
 
 
 def _magnitude_limits(dtype):
     """(limit for surfels in the depth range, limit for drawn surfels): see _check_magnitude."""
     big = torch.finfo(dtype).max
-    return big, big ** 0.25 / 16
+    return big, big**0.25 / 16
 
 
-def _project_cpu(means, quats, scales, opacities, colors, viewmat, K, width, height, near, far, sh_degree,
-                 grad_enabled):
+def _project_cpu(
+    means, quats, scales, opacities, colors, viewmat, K, width, height, near, far, sh_degree, grad_enabled
+):
     """_project and _surfel_colors fused into one C++ op with an exact backward
     (splat/kernels/cpu/project_cpu.cpp), for CPU tensors when viewmat
     and K need no gradient.  Same outputs as the torch path up to float
@@ -184,14 +228,33 @@ def _project_cpu(means, quats, scales, opacities, colors, viewmat, K, width, hei
     means2d = torch.zeros(n, 2, dtype=means.dtype, requires_grad=grad_enabled)
     coeffs = colors if sh_degree is not None else colors.new_zeros(0, 0, 3)
     Tuvw, center, normal, color, depth, rect, radii, bad = _ProjectSurfels.apply(
-        means, quats, scales, opacities, coeffs, means2d, viewmat, K, width, height, near, far,
-        -1 if sh_degree is None else sh_degree)
+        means,
+        quats,
+        scales,
+        opacities,
+        coeffs,
+        means2d,
+        viewmat,
+        K,
+        width,
+        height,
+        near,
+        far,
+        -1 if sh_degree is None else sh_degree,
+    )
     if int(bad):  # let the torch path raise its error naming the rows
         _project(means, quats, scales, opacities, viewmat, K, width, height, near, far)
     with torch.no_grad():
         means2d.copy_(center)
-    proj = {"Tuvw": Tuvw, "center": center, "depth": depth, "normal": normal, "pixel_rect": rect,
-            "radii": radii, "fused": True}
+    proj = {
+        "Tuvw": Tuvw,
+        "center": center,
+        "depth": depth,
+        "normal": normal,
+        "pixel_rect": rect,
+        "radii": radii,
+        "fused": True,
+    }
     return proj, (colors if sh_degree is None else color), means2d
 
 
@@ -201,13 +264,13 @@ class _ProjectSurfels(torch.autograd.Function):
     (value unused) receives dL/d(screen translation)."""
 
     @staticmethod
-    def forward(ctx, means, quats, scales, opacities, coeffs, means2d, viewmat, K, width, height, near, far,
-                sh_degree):
+    def forward(ctx, means, quats, scales, opacities, coeffs, means2d, viewmat, K, width, height, near, far, sh_degree):
         ext = _backend.load_extension()  # not this module's name, which tests swap for the raster kernels
         args = [t.contiguous() for t in (means, quats, scales, opacities, coeffs)]
         cam = (viewmat.detach().contiguous(), K.detach().contiguous())
-        outs = ext.project_forward_cpu(*args, sh_degree, *cam, width, height, near, far,
-                                       *_magnitude_limits(means.dtype))
+        outs = ext.project_forward_cpu(
+            *args, sh_degree, *cam, width, height, near, far, *_magnitude_limits(means.dtype)
+        )
         ctx.save_for_backward(*args, *cam)
         ctx.image = (width, height, near, far)
         ctx.sh_degree = sh_degree
@@ -220,10 +283,35 @@ class _ProjectSurfels(torch.autograd.Function):
         means, quats, scales, opacities, coeffs, viewmat, K = ctx.saved_tensors
         width, height, near, far = ctx.image
         v_means, v_quats, v_scales, v_coeffs, v_means2d = ext.project_backward_cpu(
-            means, quats, scales, opacities, coeffs, ctx.sh_degree, viewmat, K, width, height, near, far,
-            *(_unit_column_stride(g) for g in (v_Tuvw, v_center, v_normal, v_color)))
-        return (v_means, v_quats, v_scales, None, v_coeffs if ctx.sh_degree >= 0 else None, v_means2d,
-                None, None, None, None, None, None, None)
+            means,
+            quats,
+            scales,
+            opacities,
+            coeffs,
+            ctx.sh_degree,
+            viewmat,
+            K,
+            width,
+            height,
+            near,
+            far,
+            *(_unit_column_stride(g) for g in (v_Tuvw, v_center, v_normal, v_color)),
+        )
+        return (
+            v_means,
+            v_quats,
+            v_scales,
+            None,
+            v_coeffs if ctx.sh_degree >= 0 else None,
+            v_means2d,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 def _broadcast_over_pixels(g):
@@ -262,7 +350,8 @@ def _check_magnitude(M, in_range, drawn, width, height):
         raise ValueError(
             f"surfels at rows {rows} project to screen coordinates of magnitude {float(h[bad].max()):.3g}, "
             f"beyond what {dtype} can rasterize (limit {limit:.3g}): their means or scales (or the viewmat "
-            f"translation, or K) are too large; rescale the scene or use float64")
+            f"translation, or K) are too large; rescale the scene or use float64"
+        )
 
 
 def depth_in_range(depth, near, far):
@@ -348,7 +437,7 @@ def raster_forward(ctx, kernel, inputs, width, height, near, far):
     outs = kernel(*inputs, width, height, near, far)
     named = dict(zip(_SUM_NAMES + _BINNING_NAMES, outs))
     state = RasterState(**{k: named[k] for k in RasterState._fields})
-    backend_state = outs[len(_SUM_NAMES) + len(_BINNING_NAMES):]
+    backend_state = outs[len(_SUM_NAMES) + len(_BINNING_NAMES) :]
     ctx.save_for_backward(*inputs, *state, *backend_state)
     ctx.num_inputs = len(inputs)
     ctx.image = (width, height, near, far)
@@ -357,7 +446,7 @@ def raster_forward(ctx, kernel, inputs, width, height, near, far):
 
 def saved_inputs(ctx):
     """The kernel inputs :func:`raster_forward` saved (contiguous)."""
-    return ctx.saved_tensors[:ctx.num_inputs]
+    return ctx.saved_tensors[: ctx.num_inputs]
 
 
 def raster_backward(ctx, kernel, v_sums):
@@ -366,9 +455,9 @@ def raster_backward(ctx, kernel, v_sums):
     :func:`raster_forward` saved and the six upstream gradients ``v_sums``;
     returns its per-primitive gradient records [N, record size]."""
     saved = ctx.saved_tensors
-    inputs = saved[:ctx.num_inputs]
-    state = RasterState(*saved[ctx.num_inputs:ctx.num_inputs + len(RasterState._fields)])
-    backend_state = saved[ctx.num_inputs + len(RasterState._fields):]
+    inputs = saved[: ctx.num_inputs]
+    state = RasterState(*saved[ctx.num_inputs : ctx.num_inputs + len(RasterState._fields)])
+    backend_state = saved[ctx.num_inputs + len(RasterState._fields) :]
     width, height = ctx.image[:2]
     upstream = upstream_grads(inputs[0], height, width, *v_sums)
     return kernel(*inputs, *ctx.image, *state, *upstream, *backend_state)
@@ -381,8 +470,9 @@ class _RasterizeSurfels(torch.autograd.Function):
     def forward(ctx, Tuvw, center, normal, color, opacity, depth, pixel_rect, width, height, near, far):
         ext = load_extension()
         kernel = ext.forward_cuda if Tuvw.is_cuda else ext.forward_cpu
-        return raster_forward(ctx, kernel, (Tuvw, center, normal, color, opacity, depth, pixel_rect),
-                              width, height, near, far)
+        return raster_forward(
+            ctx, kernel, (Tuvw, center, normal, color, opacity, depth, pixel_rect), width, height, near, far
+        )
 
     @staticmethod
     def backward(ctx, *v_sums):
@@ -398,6 +488,7 @@ def upstream_grads(like, H, W, v_color_sum, v_transmittance, v_depth_sum, v_norm
     takes them: None becomes zeros; the CPU kernels also read a gradient
     broadcast to every pixel (stride 0: autograd's gradient of a sum or
     mean, or those zeros) in place; anything else is made contiguous."""
+
     def grad_or_zeros(g, *shape):
         if g is None:
             g = like.new_zeros(()).expand(shape)
@@ -405,9 +496,14 @@ def upstream_grads(like, H, W, v_color_sum, v_transmittance, v_depth_sum, v_norm
             g = g.contiguous()
         return g
 
-    return (grad_or_zeros(v_color_sum, H, W, 3), grad_or_zeros(v_transmittance, H, W),
-            grad_or_zeros(v_depth_sum, H, W), grad_or_zeros(v_normal_sum, H, W, 3),
-            grad_or_zeros(v_distortion, H, W), grad_or_zeros(v_median, H, W))
+    return (
+        grad_or_zeros(v_color_sum, H, W, 3),
+        grad_or_zeros(v_transmittance, H, W),
+        grad_or_zeros(v_depth_sum, H, W),
+        grad_or_zeros(v_normal_sum, H, W, 3),
+        grad_or_zeros(v_distortion, H, W),
+        grad_or_zeros(v_median, H, W),
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -434,8 +530,9 @@ def _resolve_backend(backend, device):
             return "cuda"
         if device.type == "cpu" and has_extension():
             return "cpu"
-        warnings.warn("splat: compiled kernels unavailable for this device; using the slow torch reference",
-                      stacklevel=3)
+        warnings.warn(
+            "splat: compiled kernels unavailable for this device; using the slow torch reference", stacklevel=3
+        )
         return "torch"
     if backend == "cpu":
         if device.type != "cpu":
@@ -445,8 +542,10 @@ def _resolve_backend(backend, device):
         if device.type != "cuda":
             raise ValueError(f"backend='cuda' needs CUDA tensors, got tensors on {device}")
         if not has_cuda_kernels():
-            raise RuntimeError("backend='cuda': splat was built without CUDA kernels "
-                               "(reinstall with a CUDA build of torch and nvcc on the PATH)")
+            raise RuntimeError(
+                "backend='cuda': splat was built without CUDA kernels "
+                "(reinstall with a CUDA build of torch and nvcc on the PATH)"
+            )
     return backend
 
 
@@ -476,15 +575,30 @@ def _check_clip_range(near, far, dtype):
     info = torch.finfo(dtype)
     if far > info.max:
         raise ValueError(f"far={far!r} is beyond the range of {dtype} (max {info.max:.3g})")
-    if near < info.tiny ** 0.5:
-        raise ValueError(f"near={near!r} is too small for {dtype} (need near >= {info.tiny ** 0.5:.3g})")
+    if near < info.tiny**0.5:
+        raise ValueError(f"near={near!r} is too small for {dtype} (need near >= {info.tiny**0.5:.3g})")
     near_t, far_t = torch.tensor([near, far], dtype=torch.float64).to(dtype).tolist()
     if not near_t < far_t:
         raise ValueError(f"near={near!r} and far={far!r} round to the same {dtype} value; widen the range")
 
 
-def _validate(means, quats, scales, opacities, colors, viewmat, K, width, height, near, far,
-              background, sh_degree, backend, num_scales=2):
+def _validate(
+    means,
+    quats,
+    scales,
+    opacities,
+    colors,
+    viewmat,
+    K,
+    width,
+    height,
+    near,
+    far,
+    background,
+    sh_degree,
+    backend,
+    num_scales=2,
+):
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if not isinstance(means, torch.Tensor):
@@ -505,7 +619,9 @@ def _validate(means, quats, scales, opacities, colors, viewmat, K, width, height
             raise ValueError(f"sh_degree must be None or an int in 0..3, got {sh_degree!r}")
         if not isinstance(colors, torch.Tensor) or colors.dim() != 3 or colors.shape[1] < num_sh_bases(sh_degree):
             got = list(colors.shape) if isinstance(colors, torch.Tensor) else type(colors).__name__
-            raise ValueError(f"with sh_degree={sh_degree}, colors must be [N, >= {num_sh_bases(sh_degree)}, 3], got {got}")
+            raise ValueError(
+                f"with sh_degree={sh_degree}, colors must be [N, >= {num_sh_bases(sh_degree)}, 3], got {got}"
+            )
         _check_tensor("colors", colors, (n, None, 3), dtype, device)
     _check_tensor("viewmat", viewmat, (4, 4), dtype, device)
     _check_tensor("K", K, (3, 3), dtype, device)
@@ -515,8 +631,9 @@ def _validate(means, quats, scales, opacities, colors, viewmat, K, width, height
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
         if value > MAX_IMAGE_SIDE:
-            raise ValueError(f"{name}={value} is larger than {MAX_IMAGE_SIDE} pixels (pixel rectangles and tile "
-                             "counts are int32)")
+            raise ValueError(
+                f"{name}={value} is larger than {MAX_IMAGE_SIDE} pixels (pixel rectangles and tile counts are int32)"
+            )
     if not (isinstance(near, (int, float)) and isinstance(far, (int, float)) and 0 < near < far < math.inf):
         raise ValueError(f"need 0 < near < far < inf, got near={near!r}, far={far!r}")
     _check_clip_range(near, far, dtype)
@@ -524,11 +641,15 @@ def _validate(means, quats, scales, opacities, colors, viewmat, K, width, height
     tol = 1e-4 if dtype == torch.float64 else 1e-3
     bottom = viewmat.new_tensor([0, 0, 0, 1])
     rot = viewmat[:3, :3]
-    if not torch.allclose(viewmat[3], bottom) or not torch.allclose(rot @ rot.T, torch.eye(3, dtype=dtype, device=device), atol=tol):
+    if not torch.allclose(viewmat[3], bottom) or not torch.allclose(
+        rot @ rot.T, torch.eye(3, dtype=dtype, device=device), atol=tol
+    ):
         raise ValueError("viewmat must be a rigid world->camera transform: orthonormal rotation, last row (0, 0, 0, 1)")
     if float(torch.linalg.det(rot.detach().double())) < 0:
-        raise ValueError("viewmat must be a rigid world->camera transform, but its rotation has determinant -1 "
-                         "(a reflection: a handedness flip, e.g. OpenGL axes converted by negating one axis)")
+        raise ValueError(
+            "viewmat must be a rigid world->camera transform, but its rotation has determinant -1 "
+            "(a reflection: a handedness flip, e.g. OpenGL axes converted by negating one axis)"
+        )
     if not torch.equal(K[2], K.new_tensor([0, 0, 1])) or K[0, 0] <= 0 or K[1, 1] <= 0 or K[1, 0] != 0:
         raise ValueError(f"K must be [[fx, s, cx], [0, fy, cy], [0, 0, 1]] with fx, fy > 0, got {K.tolist()}")
     # Surfels
@@ -539,13 +660,19 @@ def _validate(means, quats, scales, opacities, colors, viewmat, K, width, height
         # Cheap whole-array tests first (one reduction each); rows only for the message.
         if float(quats.detach().abs().amax(dim=-1).amin()) < min_quat:
             zero_quat = quats.abs().amax(dim=-1) < min_quat
-            raise ValueError(f"quats has zero-length quaternions at rows {zero_quat.nonzero().flatten()[:5].tolist()} "
-                             f"(largest component below {min_quat:.2g}, too small to normalise in {dtype})")
+            raise ValueError(
+                f"quats has zero-length quaternions at rows {zero_quat.nonzero().flatten()[:5].tolist()} "
+                f"(largest component below {min_quat:.2g}, too small to normalise in {dtype})"
+            )
         if float(scales.detach().amin()) < 0:
-            raise ValueError(f"scales must be >= 0 (they are standard deviations, not log-scales); "
-                             f"negative at rows {(scales < 0).any(-1).nonzero().flatten()[:5].tolist()}")
+            raise ValueError(
+                f"scales must be >= 0 (they are standard deviations, not log-scales); "
+                f"negative at rows {(scales < 0).any(-1).nonzero().flatten()[:5].tolist()}"
+            )
         lo, hi = torch.aminmax(opacities.detach())
         if float(lo) < 0 or float(hi) > 1:
             bad_opacity = (opacities < 0) | (opacities > 1)
-            raise ValueError(f"opacities must lie in [0, 1] (probabilities, not logits); "
-                             f"out of range at rows {bad_opacity.nonzero().flatten()[:5].tolist()}")
+            raise ValueError(
+                f"opacities must lie in [0, 1] (probabilities, not logits); "
+                f"out of range at rows {bad_opacity.nonzero().flatten()[:5].tolist()}"
+            )

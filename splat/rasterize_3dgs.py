@@ -18,6 +18,7 @@ of the peak depth and normal) is plain PyTorch, so autograd differentiates
 it with respect to means, quats, scales, opacities, colours, viewmat and K;
 the compiled kernel does the per-pixel work and its exact backward.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -27,9 +28,17 @@ import torch
 from . import conventions as cv
 from ._backend import load_extension
 from .outputs import RasterOutput, compose
-from .rasterize import (_connect, _empty_sums, _surfel_colors, _validate, depth_in_range, raster_backward,
-                        raster_forward, saved_inputs)
-from .rasterize import _resolve_backend as resolve_backend
+from .rasterize import (
+    _connect,
+    _empty_sums,
+    _resolve_backend as resolve_backend,
+    _surfel_colors,
+    _validate,
+    depth_in_range,
+    raster_backward,
+    raster_forward,
+    saved_inputs,
+)
 from .reference_3dgs import project_gaussians, rasterize_reference_3dgs
 
 __all__ = ["rasterize_3dgs", "gaussian_kernel_inputs"]
@@ -38,10 +47,23 @@ __all__ = ["rasterize_3dgs", "gaussian_kernel_inputs"]
 _SYM3 = ([0, 0, 0, 1, 1, 2], [0, 1, 2, 1, 2, 2])
 
 
-def rasterize_3dgs(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor, opacities: torch.Tensor,
-                   colors: torch.Tensor, viewmat: torch.Tensor, K: torch.Tensor, width: int, height: int,
-                   near: float = 0.2, far: float = 100.0, background: Optional[torch.Tensor] = None,
-                   sh_degree: Optional[int] = None, backend: str = "auto", antialiased: bool = False) -> RasterOutput:
+def rasterize_3dgs(
+    means: torch.Tensor,
+    quats: torch.Tensor,
+    scales: torch.Tensor,
+    opacities: torch.Tensor,
+    colors: torch.Tensor,
+    viewmat: torch.Tensor,
+    K: torch.Tensor,
+    width: int,
+    height: int,
+    near: float = 0.2,
+    far: float = 100.0,
+    background: Optional[torch.Tensor] = None,
+    sh_degree: Optional[int] = None,
+    backend: str = "auto",
+    antialiased: bool = False,
+) -> RasterOutput:
     """Renders N 3D Gaussians into a W x H image.
 
     Args:
@@ -75,24 +97,67 @@ def rasterize_3dgs(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tenso
         ``means2d`` [N, 2] holds the projected centres, and its gradient is
         dL/d(translating the footprint by one pixel), as for surfels.
     """
-    return rasterize_3dgs_and_inputs(means, quats, scales, opacities, colors, viewmat, K, width, height, near,
-                                     far, background, sh_degree, backend, antialiased)[0]
+    return rasterize_3dgs_and_inputs(
+        means,
+        quats,
+        scales,
+        opacities,
+        colors,
+        viewmat,
+        K,
+        width,
+        height,
+        near,
+        far,
+        background,
+        sh_degree,
+        backend,
+        antialiased,
+    )[0]
 
 
-def rasterize_3dgs_and_inputs(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor,
-                              opacities: torch.Tensor, colors: torch.Tensor, viewmat: torch.Tensor, K: torch.Tensor,
-                              width: int, height: int, near: float = 0.2, far: float = 100.0,
-                              background: Optional[torch.Tensor] = None, sh_degree: Optional[int] = None,
-                              backend: str = "auto", antialiased: bool = False) -> Tuple[RasterOutput, dict]:
+def rasterize_3dgs_and_inputs(
+    means: torch.Tensor,
+    quats: torch.Tensor,
+    scales: torch.Tensor,
+    opacities: torch.Tensor,
+    colors: torch.Tensor,
+    viewmat: torch.Tensor,
+    K: torch.Tensor,
+    width: int,
+    height: int,
+    near: float = 0.2,
+    far: float = 100.0,
+    background: Optional[torch.Tensor] = None,
+    sh_degree: Optional[int] = None,
+    backend: str = "auto",
+    antialiased: bool = False,
+) -> Tuple[RasterOutput, dict]:
     """:func:`rasterize_3dgs`, and the :func:`gaussian_kernel_inputs` it
     rendered from (the drop-ins read conics and radii there instead of
     projecting again)."""
-    _validate(means, quats, scales, opacities, colors, viewmat, K, width, height, near, far,
-              background, sh_degree, backend, num_scales=3)
+    _validate(
+        means,
+        quats,
+        scales,
+        opacities,
+        colors,
+        viewmat,
+        K,
+        width,
+        height,
+        near,
+        far,
+        background,
+        sh_degree,
+        backend,
+        num_scales=3,
+    )
     if scales.numel() and float(scales.detach().amin()) <= 0:
         bad = (scales <= 0).any(-1).nonzero().flatten()[:5].tolist()
-        raise ValueError(f"scales must be > 0 for 3D Gaussians (their depth needs the inverse covariance); "
-                         f"not at rows {bad}")
+        raise ValueError(
+            f"scales must be > 0 for 3D Gaussians (their depth needs the inverse covariance); not at rows {bad}"
+        )
     backend = resolve_backend(backend, means.device)
     n, dtype, device = means.shape[0], means.dtype, means.device
     inputs = (means, quats, scales, opacities, colors, viewmat, K, background)
@@ -100,8 +165,7 @@ def rasterize_3dgs_and_inputs(means: torch.Tensor, quats: torch.Tensor, scales: 
     means2d = torch.zeros(n, 2, dtype=dtype, device=device)
     radii = torch.zeros(n, dtype=torch.int32, device=device)
     with torch.set_grad_enabled(torch.is_grad_enabled() and backend != "torch"):  # the reference projects itself
-        kin = gaussian_kernel_inputs(means, quats, scales, opacities, viewmat, K, width, height, near, far,
-                                     antialiased)
+        kin = gaussian_kernel_inputs(means, quats, scales, opacities, viewmat, K, width, height, near, far, antialiased)
     if n == 0:
         means2d.requires_grad_(grad_enabled)
         sums = _connect(_empty_sums(width, height, dtype, device), inputs + (means2d,))
@@ -114,23 +178,46 @@ def rasterize_3dgs_and_inputs(means: torch.Tensor, quats: torch.Tensor, scales: 
         radii[ids] = kin["radii"]
     means2d.requires_grad_(grad_enabled)
     if backend == "torch":
-        sums = rasterize_reference_3dgs(means, quats, scales, opacities, rgb_colors, viewmat, K, width, height,
-                                        near, far, means2d=means2d if grad_enabled else None,
-                                        antialiased=antialiased)
+        sums = rasterize_reference_3dgs(
+            means,
+            quats,
+            scales,
+            opacities,
+            rgb_colors,
+            viewmat,
+            K,
+            width,
+            height,
+            near,
+            far,
+            means2d=means2d if grad_enabled else None,
+            antialiased=antialiased,
+        )
     else:
         params = kin["params"]
         if grad_enabled:
             params = _shift_footprints(params, means2d[ids] - means2d[ids].detach())
-        sums = _RasterizeGaussians.apply(params, rgb_colors[ids], kin["depth"], kin["pixel_rect"],
-                                         width, height, near, far)
+        sums = _RasterizeGaussians.apply(
+            params, rgb_colors[ids], kin["depth"], kin["pixel_rect"], width, height, near, far
+        )
     if grad_enabled:
         sums = _connect(sums, inputs + (means2d,))
     return compose(*sums, background=background, radii=radii, means2d=means2d), kin
 
 
-def gaussian_kernel_inputs(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor, opacities: torch.Tensor,
-                           viewmat: torch.Tensor, K: torch.Tensor, width: int, height: int, near: float, far: float,
-                           antialiased: bool = False) -> dict:
+def gaussian_kernel_inputs(
+    means: torch.Tensor,
+    quats: torch.Tensor,
+    scales: torch.Tensor,
+    opacities: torch.Tensor,
+    viewmat: torch.Tensor,
+    K: torch.Tensor,
+    width: int,
+    height: int,
+    near: float,
+    far: float,
+    antialiased: bool = False,
+) -> dict:
     """The per-Gaussian rows the kernels read (core.h "3D Gaussians"), for the
     Gaussians that are not culled.
 
@@ -144,8 +231,9 @@ def gaussian_kernel_inputs(means: torch.Tensor, quats: torch.Tensor, scales: tor
     depth_all = means.detach() @ viewmat.detach()[2, :3] + viewmat.detach()[2, 3]
     keep = depth_in_range(depth_all, near, far) & (opacities.detach().double() >= cv.ALPHA_MIN)
     ids = keep.nonzero().flatten()
-    mu, precision, centre, conic, factor = project_gaussians(means[ids], quats[ids], scales[ids], viewmat, K,
-                                                             width, height, antialiased)
+    mu, precision, centre, conic, factor = project_gaussians(
+        means[ids], quats[ids], scales[ids], viewmat, K, width, height, antialiased
+    )
     opacity = opacities[ids] * factor  # [M]
     # The ray of pixel p = centre + delta is A (delta, 1) with
     # A = K^-1 [[1, 0, cx], [0, 1, cy], [0, 0, 1]]: columns K^-1 e_x, K^-1 e_y, K^-1 (centre, 1).
@@ -164,12 +252,20 @@ def gaussian_kernel_inputs(means: torch.Tensor, quats: torch.Tensor, scales: tor
     params = torch.cat([conic3, centre, opacity[:, None], peak_num, peak_den, normal_slope, normal_base], 1)
     if not bool(torch.isfinite(params.detach()).all()):
         bad = ids[~torch.isfinite(params.detach()).all(1)][:5].tolist()
-        raise ValueError(f"Gaussians at rows {bad} are too thin or too large for {means.dtype}: their inverse "
-                         f"covariance overflows (scales, or the scene's scale); rescale the scene or use float64")
+        raise ValueError(
+            f"Gaussians at rows {bad} are too thin or too large for {means.dtype}: their inverse "
+            f"covariance overflows (scales, or the scene's scale); rescale the scene or use float64"
+        )
     with torch.no_grad():
         rect, radii = _screen_bounds(conic3, centre, opacity, width, height)
-    return {"ids": ids, "params": params, "centre": centre, "depth": mu[:, 2].detach().contiguous(),
-            "pixel_rect": rect, "radii": radii}
+    return {
+        "ids": ids,
+        "params": params,
+        "centre": centre,
+        "depth": mu[:, 2].detach().contiguous(),
+        "pixel_rect": rect,
+        "radii": radii,
+    }
 
 
 def _shift_footprints(params, delta):
@@ -177,7 +273,7 @@ def _shift_footprints(params, delta):
     means2d).  The centre moves, and the depth and normal terms stay
     expressed in delta = p - centre, so the whole sample moves with it."""
     c = 3  # core.h kGaussCenter
-    return torch.cat([params[:, :c], params[:, c:c + 2] + delta, params[:, c + 2:]], 1)
+    return torch.cat([params[:, :c], params[:, c : c + 2] + delta, params[:, c + 2 :]], 1)
 
 
 def _screen_bounds(conic3, centre, opacity, width, height):

@@ -14,6 +14,7 @@ i + 0.5) and surfel i, sorted front to back by the camera depth of its centre:
     T_i      prod_{j<i} (1 - alpha_j),     stop before T would drop below 1e-4
     w_i      alpha_i T_i
 """
+
 from __future__ import annotations
 
 import torch
@@ -42,8 +43,21 @@ def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
     return torch.cumsum(x, dim=1) - x
 
 
-def rasterize_reference(means, quats, scales, opacities, colors, viewmat, K, width, height,
-                        near, far, means2d=None, max_pairs_per_chunk=1 << 22):
+def rasterize_reference(
+    means,
+    quats,
+    scales,
+    opacities,
+    colors,
+    viewmat,
+    K,
+    width,
+    height,
+    near,
+    far,
+    means2d=None,
+    max_pairs_per_chunk=1 << 22,
+):
     """Raw per-pixel sums, as the kernels produce them.
 
     colors [N, 3] are final colours (SH already evaluated).  ``means2d`` [N, 2]
@@ -78,13 +92,13 @@ def rasterize_reference(means, quats, scales, opacities, colors, viewmat, K, wid
     def per_pair(p, sel):
         """alpha, z, validity, normals for pixels p [P, 2] against the surfels ``sel``."""
         sample = p[:, None, :] - shift[sel][None]  # [P, n, 2] footprint moved by the shift
-        d = (sample[..., :1] * K_inv[:, 0] + sample[..., 1:] * K_inv[:, 1] + K_inv[:, 2])  # [P, n, 3]
+        d = sample[..., :1] * K_inv[:, 0] + sample[..., 1:] * K_inv[:, 1] + K_inv[:, 2]  # [P, n, 3]
         den = (d * n_cam[sel]).sum(-1)
         u_num = -(d * c_cross_b[sel]).sum(-1)
         v_num = (d * c_cross_a[sel]).sum(-1)
         offset = centre[sel][None] - p[:, None, :]
-        rho_2d = cv.LOWPASS_INV_VARIANCE * (offset ** 2).sum(-1)
-        use_3d = u_num ** 2 + v_num ** 2 < rho_2d * den ** 2  # u^2 + v^2 < rho_2d, no division
+        rho_2d = cv.LOWPASS_INV_VARIANCE * (offset**2).sum(-1)
+        use_3d = u_num**2 + v_num**2 < rho_2d * den**2  # u^2 + v^2 < rho_2d, no division
         den = torch.where(use_3d, den, torch.ones_like(den))
         u, v = u_num / den, v_num / den
         z_3d = (c[sel] * n_cam[sel]).sum(-1) / den * d[..., 2]
@@ -94,8 +108,7 @@ def rasterize_reference(means, quats, scales, opacities, colors, viewmat, K, wid
         valid = (alpha >= cv.ALPHA_MIN) & (z > near)
         return alpha, z, valid, normals[sel]
 
-    return composite_image(per_pair, ids.numel(), col, width, height, near, far, dtype, device,
-                           max_pairs_per_chunk)
+    return composite_image(per_pair, ids.numel(), col, width, height, near, far, dtype, device, max_pairs_per_chunk)
 
 
 def composite_image(per_pair, n, colors, width, height, near, far, dtype, device, max_pairs_per_chunk):
@@ -107,21 +120,29 @@ def composite_image(per_pair, n, colors, width, height, near, far, dtype, device
     ``sel`` (indices or a slice): (alpha [P, s], z [P, s], valid [P, s],
     normals [s, 3] or [P, s, 3]).  ``colors`` [n, 3].  Returns the six raw sums
     of :func:`rasterize_reference`, shaped as the image."""
-    rows, cols = torch.meshgrid(torch.arange(height, device=device, dtype=dtype),
-                                torch.arange(width, device=device, dtype=dtype), indexing="ij")
+    rows, cols = torch.meshgrid(
+        torch.arange(height, device=device, dtype=dtype), torch.arange(width, device=device, dtype=dtype), indexing="ij"
+    )
     pix = torch.stack([cols.reshape(-1), rows.reshape(-1)], -1) + cv.pixel_centers_offset()  # [HW, 2]
     n_pix = pix.shape[0]
     chunk = max(1, min(n_pix, max_pairs_per_chunk // max(1, n)))
     pieces = []
     for start in range(0, n_pix, chunk):
-        p = pix[start:start + chunk]
+        p = pix[start : start + chunk]
         with torch.no_grad():  # which primitives touch this chunk at all
             valid = per_pair(p, slice(None))[2]
             sel = torch.nonzero(valid.any(0)).squeeze(1)
         alpha, z, valid, normals = per_pair(p, sel)
         pieces.append(composite_samples(p.shape[0], alpha, z, valid, colors[sel], normals, near, far, dtype, device))
     outputs = [torch.cat(parts, 0) for parts in zip(*pieces)]
-    shapes = [(height, width, 3), (height, width), (height, width), (height, width, 3), (height, width), (height, width)]
+    shapes = [
+        (height, width, 3),
+        (height, width),
+        (height, width),
+        (height, width, 3),
+        (height, width),
+        (height, width),
+    ]
     return tuple(o.reshape(s) for o, s in zip(outputs, shapes))
 
 
@@ -132,8 +153,14 @@ def composite_samples(n_pix, alpha, z, valid, colors, normals, near, far, dtype,
     sample: 3D Gaussians, splat/reference_3dgs.py)."""
     if alpha.shape[1] == 0:
         zeros = torch.zeros(n_pix, dtype=dtype, device=device)
-        return (torch.zeros(n_pix, 3, dtype=dtype, device=device), torch.ones_like(zeros), zeros,
-                torch.zeros(n_pix, 3, dtype=dtype, device=device), zeros, zeros)
+        return (
+            torch.zeros(n_pix, 3, dtype=dtype, device=device),
+            torch.ones_like(zeros),
+            zeros,
+            torch.zeros(n_pix, 3, dtype=dtype, device=device),
+            zeros,
+            zeros,
+        )
     alpha = torch.where(valid, alpha, torch.zeros_like(alpha))
     # A pixel stops at the first surfel that would take T below the floor.
     stop = torch.cumprod(1 - alpha, dim=1) < cv.TRANSMITTANCE_MIN
@@ -143,8 +170,9 @@ def composite_samples(n_pix, alpha, z, valid, colors, normals, near, far, dtype,
     w = alpha * trans_before  # [P, n]
     z = torch.where(valid, z, torch.ones_like(z))
     m = cv.normalized_depth(z, near, far)
-    distortion = (w * (m * m * _exclusive_cumsum(w) + _exclusive_cumsum(w * m * m)
-                       - 2 * m * _exclusive_cumsum(w * m))).sum(1)
+    distortion = (
+        w * (m * m * _exclusive_cumsum(w) + _exclusive_cumsum(w * m * m) - 2 * m * _exclusive_cumsum(w * m))
+    ).sum(1)
     in_median = (w > 0) & (trans_before > cv.MEDIAN_TRANSMITTANCE)
     order = torch.arange(1, alpha.shape[1] + 1, device=device)
     last = (in_median * order).argmax(dim=1, keepdim=True)

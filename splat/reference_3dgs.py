@@ -48,6 +48,7 @@ and blended front to back in the order of their centre's depth, as the tile
 pipeline sorts them; from there on, the transmittance stop, the median and
 the distortion sum_i sum_{j<i} w_i w_j (m_i - m_j)^2 are the surfels'.
 """
+
 from __future__ import annotations
 
 import torch
@@ -114,8 +115,22 @@ def sample_depth_and_normal(rays, mu, precision):
     return t, n / n.norm(dim=-1, keepdim=True)
 
 
-def rasterize_reference_3dgs(means, quats, scales, opacities, colors, viewmat, K, width, height, near, far,
-                             means2d=None, antialiased: bool = False, max_pairs_per_chunk=1 << 21):
+def rasterize_reference_3dgs(
+    means,
+    quats,
+    scales,
+    opacities,
+    colors,
+    viewmat,
+    K,
+    width,
+    height,
+    near,
+    far,
+    means2d=None,
+    antialiased: bool = False,
+    max_pairs_per_chunk=1 << 21,
+):
     """Raw per-pixel sums for 3D Gaussians, in the form of
     :func:`splat.reference.rasterize_reference`.
 
@@ -133,7 +148,8 @@ def rasterize_reference_3dgs(means, quats, scales, opacities, colors, viewmat, K
     ids = torch.nonzero(keep).squeeze(1)
     ids = ids[torch.sort(depth[ids], stable=True).indices]  # front to back by centre depth
     mu, precision, centre, conic, factor = project_gaussians(
-        means[ids], quats[ids], scales[ids], viewmat, K, width, height, antialiased)
+        means[ids], quats[ids], scales[ids], viewmat, K, width, height, antialiased
+    )
     shift = torch.zeros_like(centre) if means2d is None else means2d[ids] - centre.detach()
     centre = centre + shift
     opac = opacities[ids] * factor

@@ -19,30 +19,64 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--model", required=True, help="training output folder (holds config.yaml)")
     p.add_argument("--data", default=None, help="scene folder (default: the one in OUT/config.yaml)")
-    p.add_argument("--split", choices=("test", "train"), default=None,
-                   help="views to render (default: test, unless only a mesh is asked)")
+    p.add_argument(
+        "--split",
+        choices=("test", "train"),
+        default=None,
+        help="views to render (default: test, unless only a mesh is asked)",
+    )
     m = p.add_argument_group("meshing (needs open3d: pip install open3d-cpu)")
     m.add_argument("--mesh", action="store_true", help="TSDF-fuse train-view depth into OUT/mesh.ply")
-    m.add_argument("--unbounded", action="store_true",
-                   help="mesh the whole scene, background included, into OUT/mesh_unbounded.ply")
-    m.add_argument("--mesh-res", type=int, default=None,
-                   help=f"voxels across depth_trunc (default {d.mesh_res}); with --unbounded, "
-                        "samples per edge of the contracted grid (default 512)")
-    m.add_argument("--depth-ratio", type=float, default=None,
-                   help="fused depth: 0 expected, 1 median, between: a mix (default: the run's render.depth)")
-    m.add_argument("--depth-trunc", type=float, default=None,
-                   help="bounded: ignore depth beyond this (default 2 x scene radius)")
-    m.add_argument("--alpha-min", type=float, default=d.alpha_min,
-                   help=f"fuse only pixels with at least this alpha (default {d.alpha_min})")
-    m.add_argument("--keep-clusters", type=int, default=d.max_clusters,
-                   help=f"keep the N largest connected clusters, 0 = all (default {d.max_clusters})")
-    m.add_argument("--keep-unseen", action="store_true",
-                   help="keep surfaces that lie behind what every view sees (removed by default)")
+    m.add_argument(
+        "--unbounded",
+        action="store_true",
+        help="mesh the whole scene, background included, into OUT/mesh_unbounded.ply",
+    )
+    m.add_argument(
+        "--mesh-res",
+        type=int,
+        default=None,
+        help=f"voxels across depth_trunc (default {d.mesh_res}); with --unbounded, "
+        "samples per edge of the contracted grid (default 512)",
+    )
+    m.add_argument(
+        "--depth-ratio",
+        type=float,
+        default=None,
+        help="fused depth: 0 expected, 1 median, between: a mix (default: the run's render.depth)",
+    )
+    m.add_argument(
+        "--depth-trunc", type=float, default=None, help="bounded: ignore depth beyond this (default 2 x scene radius)"
+    )
+    m.add_argument(
+        "--alpha-min",
+        type=float,
+        default=d.alpha_min,
+        help=f"fuse only pixels with at least this alpha (default {d.alpha_min})",
+    )
+    m.add_argument(
+        "--keep-clusters",
+        type=int,
+        default=d.max_clusters,
+        help=f"keep the N largest connected clusters, 0 = all (default {d.max_clusters})",
+    )
+    m.add_argument(
+        "--keep-unseen",
+        action="store_true",
+        help="keep surfaces that lie behind what every view sees (removed by default)",
+    )
     bar = p.add_mutually_exclusive_group()
-    bar.add_argument("--progress", dest="progress", action="store_const", const=True, default="auto",
-                     help="force the progress bar (default: only when stderr is a terminal)")
-    bar.add_argument("--no-progress", dest="progress", action="store_const", const=False,
-                     help="never draw the progress bar")
+    bar.add_argument(
+        "--progress",
+        dest="progress",
+        action="store_const",
+        const=True,
+        default="auto",
+        help="force the progress bar (default: only when stderr is a terminal)",
+    )
+    bar.add_argument(
+        "--no-progress", dest="progress", action="store_const", const=False, help="never draw the progress bar"
+    )
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     p.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. render.depth=expected")
     return p
@@ -57,9 +91,14 @@ def mesh_options(args, unbounded: bool):
         raise ValueError(f"--depth-ratio: {args.depth_ratio} is not in [0, 1]")
     if args.keep_clusters < 0:
         raise ValueError(f"--keep-clusters: {args.keep_clusters} is negative")
-    options = MeshOptions(mesh_res=res, depth_ratio=args.depth_ratio, alpha_min=args.alpha_min,
-                          depth_trunc=args.depth_trunc, keep_unseen=args.keep_unseen,
-                          max_clusters=args.keep_clusters)
+    options = MeshOptions(
+        mesh_res=res,
+        depth_ratio=args.depth_ratio,
+        alpha_min=args.alpha_min,
+        depth_trunc=args.depth_trunc,
+        keep_unseen=args.keep_unseen,
+        max_clusters=args.keep_clusters,
+    )
     check_options(options)
     return options
 
@@ -92,13 +131,15 @@ def main(argv=None) -> int:
         if args.mesh:
             from .mesh.extract import extract_mesh
 
-            extract_mesh(args.model, args.data, args.overrides, unbounded=False, options=options[False],
-                         progress=args.progress)
+            extract_mesh(
+                args.model, args.data, args.overrides, unbounded=False, options=options[False], progress=args.progress
+            )
         if args.unbounded:
             from .mesh.extract import extract_mesh
 
-            extract_mesh(args.model, args.data, args.overrides, unbounded=True, options=options[True],
-                         progress=args.progress)
+            extract_mesh(
+                args.model, args.data, args.overrides, unbounded=True, options=options[True], progress=args.progress
+            )
         return 0
 
     from .sfm.sigterm import sigterm_as_interrupt

@@ -52,8 +52,7 @@ def _render_outputs(model, cfg, frame):
     return rgb.numpy(), depth.numpy(), normal.numpy(), alpha.numpy()
 
 
-def render_split(model_dir, data: Optional[str] = None, split: str = "test", overrides=(),
-                 progress="auto") -> Path:
+def render_split(model_dir, data: Optional[str] = None, split: str = "test", overrides=(), progress="auto") -> Path:
     """Write rgb/depth/normal/alpha for every view of ``split``; returns the folder.
 
     ``progress``: ``"auto"`` (a tqdm bar only when stderr is a terminal),

@@ -105,7 +105,14 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 #:   it reads are not training data).
 #: - ``data.path``: where the data lives; its content is fingerprinted.
 RESUMABLE_KEYS = (
-    "train.iterations", "checkpoint", "log", "device", "render.backend", "render.depth", "eval", "data.path",
+    "train.iterations",
+    "checkpoint",
+    "log",
+    "device",
+    "render.backend",
+    "render.depth",
+    "eval",
+    "data.path",
     "distributed",
 )
 
@@ -169,8 +176,11 @@ def _flatten(d: Dict, prefix: str = "") -> Dict:
 def describe_difference(old: Dict, new: Dict) -> str:
     """Human-readable difference of two :func:`run_identity` results."""
     a, b = _flatten(old.get("config", {})), _flatten(new["config"])
-    parts = [f"{k}: {a.get(k, '<unset>')!r} there, {b.get(k, '<unset>')!r} now"
-             for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    parts = [
+        f"{k}: {a.get(k, '<unset>')!r} there, {b.get(k, '<unset>')!r} now"
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k)
+    ]
     if old.get("data_fingerprint") != new["data_fingerprint"]:
         parts.append("the training data (images, cameras or points) differ")
     return "; ".join(parts[:6]) + (f"; and {len(parts) - 6} more" if len(parts) > 6 else "") or "nothing known"
@@ -288,8 +298,11 @@ def claim_out_dir(out_dir: Path, identity: Dict, resume: bool, overwrite: bool) 
             what = "this run already"
         else:
             what = f"another run ({old['run_id']}; differs in {describe_difference(old, identity)})"
-        hint = "use --resume to continue it, or --overwrite to start again" if same else (
-            "choose another --out, or --overwrite to delete it")
+        hint = (
+            "use --resume to continue it, or --overwrite to start again"
+            if same
+            else ("choose another --out, or --overwrite to delete it")
+        )
         raise RunStateError(f"{out_dir}: holds {what}: {hint}")
     atomic_write_bytes(out_dir / RUN_FILE, (json.dumps(identity, indent=2, sort_keys=True) + "\n").encode())
 

@@ -3,6 +3,7 @@
 Colour follows the 3DGS convention: ``rgb = max(SH(dir) + 0.5, 0)``, so the
 degree-0 term alone is ``C0 * sh0 + 0.5`` (:func:`sh_to_rgb`).
 """
+
 from __future__ import annotations
 
 import torch

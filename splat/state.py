@@ -36,6 +36,7 @@ returns None, and it is neither moved nor saved; its owner starts it afresh.
 Every edit copies rows exactly (indexing, concatenation), so an edit made
 through the table gives the same bits as the same edit made by hand.
 """
+
 from __future__ import annotations
 
 import copy
@@ -144,10 +145,13 @@ class PrimitiveState:
         self._drop_stale()
         for name in list(self.model.params.keys()):
             prefix = f"moment/{name}/"
-            moments = {k[len(prefix):]: v for k, v in rows.items() if k.startswith(prefix)}
+            moments = {k[len(prefix) :]: v for k, v in rows.items() if k.startswith(prefix)}
             if f"param/{name}" in rows:
-                self._replace(name, lambda p, name=name: rows[f"param/{name}"],
-                              lambda key, v: moments.get(key, v))
+                self._replace(
+                    name,
+                    lambda p, name=name: rows[f"param/{name}"],
+                    lambda key, v, moments=moments: moments.get(key, v),
+                )
             elif moments:
                 state = self.optimizers[name].state[self.model.params[name]]
                 for key, v in moments.items():
@@ -156,7 +160,7 @@ class PrimitiveState:
             self.model.ids = rows["ids"].cpu()
         for key, v in rows.items():
             if key.startswith("stat/"):
-                self._stats[key[len("stat/"):]] = v
+                self._stats[key[len("stat/") :]] = v
 
     @torch.no_grad()
     def keep(self, index: Index) -> None:
@@ -182,9 +186,12 @@ class PrimitiveState:
             new = rows.get(key)
             return torch.cat([v, new if new is not None else v.new_zeros((added,) + tuple(v.shape[1:]))])
 
-        self._apply(None, param_fn=lambda name, p: grown(f"param/{name}", p),
-                    moment_fn=lambda name, key, v: grown(f"moment/{name}/{key}", v),
-                    stat_fn=lambda name, v: grown(f"stat/{name}", v))
+        self._apply(
+            None,
+            param_fn=lambda name, p: grown(f"param/{name}", p),
+            moment_fn=lambda name, key, v: grown(f"moment/{name}/{key}", v),
+            stat_fn=lambda name, v: grown(f"stat/{name}", v),
+        )
         self.model.ids = torch.cat([self.model.ids, ids.cpu()])
 
     def reserve_ids(self, count: int) -> int:
@@ -197,14 +204,18 @@ class PrimitiveState:
         return first
 
     @torch.no_grad()
-    def edit_params(self, param_fn: Callable[[str, torch.Tensor], torch.Tensor],
-                    moment_fn: Callable[[str, torch.Tensor], torch.Tensor], names=None) -> None:
+    def edit_params(
+        self,
+        param_fn: Callable[[str, torch.Tensor], torch.Tensor],
+        moment_fn: Callable[[str, torch.Tensor], torch.Tensor],
+        names=None,
+    ) -> None:
         """Replaces parameters ``names`` (default: all) by ``param_fn(name, p)``
         and their moments by ``moment_fn(key, v)``, leaving ids and statistics
         as they are: for edits that keep the rows (e.g. clamping values).  An
         edit that changes the row count this way leaves the ids and statistics
         stale (see :meth:`check_ids`)."""
-        for name in (list(self.model.params.keys()) if names is None else names):
+        for name in list(self.model.params.keys()) if names is None else names:
             self._replace(name, lambda p, name=name: param_fn(name, p), moment_fn)
 
     def check_ids(self, distributed: bool) -> None:
@@ -217,8 +228,10 @@ class PrimitiveState:
         if len(self.model.ids) == n:
             return
         if distributed:
-            raise RunStateError("the strategy changed the number of surfels without their ids (model.ids), which "
-                                "several processes need: edit rows through splat.state.PrimitiveState")
+            raise RunStateError(
+                "the strategy changed the number of surfels without their ids (model.ids), which "
+                "several processes need: edit rows through splat.state.PrimitiveState"
+            )
         self.model.ids = torch.arange(n)
         self.model.next_id = n
 
@@ -285,8 +298,12 @@ class PrimitiveState:
         return part
 
     # ---------------------------------------------------------- internals
-    def _replace(self, name: str, param_fn: Callable[[torch.Tensor], torch.Tensor],
-                 moment_fn: Callable[[str, torch.Tensor], torch.Tensor]) -> None:
+    def _replace(
+        self,
+        name: str,
+        param_fn: Callable[[torch.Tensor], torch.Tensor],
+        moment_fn: Callable[[str, torch.Tensor], torch.Tensor],
+    ) -> None:
         """Parameter ``name`` becomes a new ``nn.Parameter`` ``param_fn(p)``;
         its optimiser's per-row state ``v`` becomes ``moment_fn(key, v)``
         and follows it (scalar state unchanged)."""
@@ -311,14 +328,16 @@ class PrimitiveState:
         self._drop_stale()
         fresh = dict(self._stats)
         for name in list(self.model.params.keys()):
-            self._replace(name, (lambda p, name=name: param_fn(name, p)) if param_fn else fn,
-                          (lambda key, v, name=name: moment_fn(name, key, v)) if moment_fn else (lambda _k, v: fn(v)))
+            self._replace(
+                name,
+                (lambda p, name=name: param_fn(name, p)) if param_fn else fn,
+                (lambda key, v, name=name: moment_fn(name, key, v)) if moment_fn else (lambda _k, v: fn(v)),
+            )
         for name, v in fresh.items():
             if v is not None:
                 self._stats[name] = stat_fn(name, v) if stat_fn else fn(v)
         if fn is not None:
             self.model.ids = fn(self.model.ids)
-
 
     def _drop_stale(self) -> None:
         """Forgets stale statistics before an edit, so that none looks fresh
@@ -351,10 +370,14 @@ def _row_entries(ckpt: dict) -> List[Tuple[Callable, Callable]]:
         entries.append((lambda c, k=name: c["params"][k], lambda c, v, k=name: c["params"].__setitem__(k, v)))
     for name in ckpt["params"]:
         state = ckpt.get("optimizers", {}).get(name, {}).get("state", {})
-        for key, v in (state[0].items() if 0 in state else ()):
+        for key, v in state[0].items() if 0 in state else ():
             if _is_row_moment(key, v):
-                entries.append((lambda c, n=name, k=key: c["optimizers"][n]["state"][0][k],
-                                lambda c, v, n=name, k=key: c["optimizers"][n]["state"][0].__setitem__(k, v)))
+                entries.append(
+                    (
+                        lambda c, n=name, k=key: c["optimizers"][n]["state"][0][k],
+                        lambda c, v, n=name, k=key: c["optimizers"][n]["state"][0].__setitem__(k, v),
+                    )
+                )
     n = ckpt["params"]["means"].shape[0]
     stats = ckpt.get("row_stats") or {}
     for key, v in stats.items():

@@ -1,4 +1,5 @@
 """Scene generators for tests and benchmarks (no data files needed)."""
+
 from __future__ import annotations
 
 import math
@@ -7,9 +8,12 @@ from typing import Any, Dict, Sequence, Tuple
 import torch
 
 
-def look_at_viewmat(eye: Sequence[float] | torch.Tensor, target: Sequence[float] | torch.Tensor,
-                    up: Sequence[float] | torch.Tensor = (0.0, -1.0, 0.0),
-                    dtype: torch.dtype = torch.float64) -> torch.Tensor:
+def look_at_viewmat(
+    eye: Sequence[float] | torch.Tensor,
+    target: Sequence[float] | torch.Tensor,
+    up: Sequence[float] | torch.Tensor = (0.0, -1.0, 0.0),
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
     """World->camera [4, 4], OpenCV convention, camera at ``eye`` looking at ``target``.
 
     ``up`` is the world direction that should appear towards the top of the
@@ -29,20 +33,28 @@ def look_at_viewmat(eye: Sequence[float] | torch.Tensor, target: Sequence[float]
     return viewmat
 
 
-def intrinsics(width: int, height: int, fov_x_deg: float = 50.0, principal_offset: Tuple[float, float] = (0.0, 0.0),
-               aspect: float = 1.0, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+def intrinsics(
+    width: int,
+    height: int,
+    fov_x_deg: float = 50.0,
+    principal_offset: Tuple[float, float] = (0.0, 0.0),
+    aspect: float = 1.0,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
     fx = width / (2 * math.tan(math.radians(fov_x_deg) / 2))
-    return torch.tensor([[fx, 0, width / 2 + principal_offset[0]],
-                         [0, fx * aspect, height / 2 + principal_offset[1]],
-                         [0, 0, 1]], dtype=dtype)
+    return torch.tensor(
+        [[fx, 0, width / 2 + principal_offset[0]], [0, fx * aspect, height / 2 + principal_offset[1]], [0, 0, 1]],
+        dtype=dtype,
+    )
 
 
 def quats_from_normals(normals: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """Quaternions [N, 4] (w, x, y, z) whose rotation's third column is ``normals`` [N, 3],
     with a random twist about the normal."""
     n = normals / normals.norm(dim=-1, keepdim=True)
-    helper = torch.where(n[:, :1].abs() < 0.9, torch.tensor([1.0, 0, 0], dtype=n.dtype),
-                         torch.tensor([0, 1.0, 0], dtype=n.dtype))
+    helper = torch.where(
+        n[:, :1].abs() < 0.9, torch.tensor([1.0, 0, 0], dtype=n.dtype), torch.tensor([0, 1.0, 0], dtype=n.dtype)
+    )
     t = torch.linalg.cross(helper, n)
     t = t / t.norm(dim=-1, keepdim=True)
     angle = torch.rand(n.shape[0], 1, generator=generator, dtype=n.dtype) * 2 * math.pi
@@ -56,21 +68,56 @@ def rotmat_to_quat(R: torch.Tensor) -> torch.Tensor:
     """Quaternions [N, 4] (w, x, y, z) from rotation matrices [N, 3, 3] (Shepperd's method)."""
     m = R
     trace = m[:, 0, 0] + m[:, 1, 1] + m[:, 2, 2]
-    candidates = torch.stack([
-        torch.stack([1 + trace, m[:, 2, 1] - m[:, 1, 2], m[:, 0, 2] - m[:, 2, 0], m[:, 1, 0] - m[:, 0, 1]], -1),
-        torch.stack([m[:, 2, 1] - m[:, 1, 2], 1 + m[:, 0, 0] - m[:, 1, 1] - m[:, 2, 2], m[:, 0, 1] + m[:, 1, 0], m[:, 0, 2] + m[:, 2, 0]], -1),
-        torch.stack([m[:, 0, 2] - m[:, 2, 0], m[:, 0, 1] + m[:, 1, 0], 1 - m[:, 0, 0] + m[:, 1, 1] - m[:, 2, 2], m[:, 1, 2] + m[:, 2, 1]], -1),
-        torch.stack([m[:, 1, 0] - m[:, 0, 1], m[:, 0, 2] + m[:, 2, 0], m[:, 1, 2] + m[:, 2, 1], 1 - m[:, 0, 0] - m[:, 1, 1] + m[:, 2, 2]], -1),
-    ], 1)  # [N, 4, 4]
+    candidates = torch.stack(
+        [
+            torch.stack([1 + trace, m[:, 2, 1] - m[:, 1, 2], m[:, 0, 2] - m[:, 2, 0], m[:, 1, 0] - m[:, 0, 1]], -1),
+            torch.stack(
+                [
+                    m[:, 2, 1] - m[:, 1, 2],
+                    1 + m[:, 0, 0] - m[:, 1, 1] - m[:, 2, 2],
+                    m[:, 0, 1] + m[:, 1, 0],
+                    m[:, 0, 2] + m[:, 2, 0],
+                ],
+                -1,
+            ),
+            torch.stack(
+                [
+                    m[:, 0, 2] - m[:, 2, 0],
+                    m[:, 0, 1] + m[:, 1, 0],
+                    1 - m[:, 0, 0] + m[:, 1, 1] - m[:, 2, 2],
+                    m[:, 1, 2] + m[:, 2, 1],
+                ],
+                -1,
+            ),
+            torch.stack(
+                [
+                    m[:, 1, 0] - m[:, 0, 1],
+                    m[:, 0, 2] + m[:, 2, 0],
+                    m[:, 1, 2] + m[:, 2, 1],
+                    1 - m[:, 0, 0] - m[:, 1, 1] + m[:, 2, 2],
+                ],
+                -1,
+            ),
+        ],
+        1,
+    )  # [N, 4, 4]
     best = torch.stack([trace, m[:, 0, 0], m[:, 1, 1], m[:, 2, 2]], -1).argmax(-1)
     q = candidates[torch.arange(R.shape[0]), best]
     q = q / q.norm(dim=-1, keepdim=True)
     return q * torch.where(q[:, :1] < 0, -1.0, 1.0)
 
 
-def random_scene(n: int, width: int, height: int, dtype: torch.dtype = torch.float64, seed: int = 0,
-                 principal_offset: Tuple[float, float] = (0.0, 0.0), aspect: float = 1.0,
-                 scale_range: Tuple[float, float] = (0.05, 0.35), depth: float = 4.0) -> Dict[str, Any]:
+def random_scene(
+    n: int,
+    width: int,
+    height: int,
+    dtype: torch.dtype = torch.float64,
+    seed: int = 0,
+    principal_offset: Tuple[float, float] = (0.0, 0.0),
+    aspect: float = 1.0,
+    scale_range: Tuple[float, float] = (0.05, 0.35),
+    depth: float = 4.0,
+) -> Dict[str, Any]:
     """Random surfels in a cube of side ~2 in front of a camera at distance ``depth``.
 
     Returns a dict of the rasterize arguments.  Random orientations give
@@ -92,9 +139,13 @@ def random_scene(n: int, width: int, height: int, dtype: torch.dtype = torch.flo
     return scene
 
 
-def random_gaussians(n: int, seed: int = 0, dtype: torch.dtype = torch.float64,
-                     spread: Tuple[float, float, float] = (1.3, 1.0, 0.8),
-                     scale_range: Tuple[float, float] = (0.05, 0.3)) -> Dict[str, torch.Tensor]:
+def random_gaussians(
+    n: int,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+    spread: Tuple[float, float, float] = (1.3, 1.0, 0.8),
+    scale_range: Tuple[float, float] = (0.05, 0.3),
+) -> Dict[str, torch.Tensor]:
     """n random 3D Gaussians (means, quats, scales [n, 3], opacities, colors)
     in a box of half-sides ``spread`` around the origin, where
     :func:`random_scene`'s camera looks."""
@@ -109,8 +160,9 @@ def random_gaussians(n: int, seed: int = 0, dtype: torch.dtype = torch.float64,
     )
 
 
-def surface_scene(n: int, width: int, height: int, dtype: torch.dtype = torch.float32, seed: int = 0,
-                  distance: float = 3.0) -> Dict[str, Any]:
+def surface_scene(
+    n: int, width: int, height: int, dtype: torch.dtype = torch.float32, seed: int = 0, distance: float = 3.0
+) -> Dict[str, Any]:
     """Surfels on surfaces, with sizes and opacities like a trained model's.
 
     A ground plane and four spheres, surfels tangent to the surface, scales
@@ -118,10 +170,11 @@ def surface_scene(n: int, width: int, height: int, dtype: torch.dtype = torch.fl
     mostly high with a tail of faint ones.  For benchmarks.
     """
     g = torch.Generator().manual_seed(seed)
-    spheres = torch.tensor([[0.0, -0.5, 0.0, 0.5], [0.9, -0.35, 0.4, 0.35], [-0.8, -0.3, -0.3, 0.3],
-                            [0.2, -0.25, -0.9, 0.25]])
+    spheres = torch.tensor(
+        [[0.0, -0.5, 0.0, 0.5], [0.9, -0.35, 0.4, 0.35], [-0.8, -0.3, -0.3, 0.3], [0.2, -0.25, -0.9, 0.25]]
+    )
     plane_half = 2.0
-    areas = torch.cat([torch.tensor([4 * plane_half ** 2]), 4 * math.pi * spheres[:, 3] ** 2])
+    areas = torch.cat([torch.tensor([4 * plane_half**2]), 4 * math.pi * spheres[:, 3] ** 2])
     counts = torch.floor(areas / areas.sum() * n).long()
     counts[0] += n - counts.sum()
     pts, nrm = [], []
@@ -140,7 +193,14 @@ def surface_scene(n: int, width: int, height: int, dtype: torch.dtype = torch.fl
     faint = torch.rand(n, generator=g) < 0.25
     opac = torch.where(faint, torch.rand(n, generator=g) * 0.5 + 0.02, 0.75 + 0.25 * torch.rand(n, generator=g))
     eye = (distance * 0.8, -distance * 0.45, -distance * 0.6)
-    return dict(means=means.to(dtype), quats=quats_from_normals(normals.double(), g).to(dtype),
-                scales=scales.to(dtype), opacities=opac.to(dtype), colors=torch.rand(n, 3, generator=g).to(dtype),
-                viewmat=look_at_viewmat(eye, (0.0, -0.3, 0.0), dtype=dtype),
-                K=intrinsics(width, height, 55.0, dtype=dtype), width=width, height=height)
+    return dict(
+        means=means.to(dtype),
+        quats=quats_from_normals(normals.double(), g).to(dtype),
+        scales=scales.to(dtype),
+        opacities=opac.to(dtype),
+        colors=torch.rand(n, 3, generator=g).to(dtype),
+        viewmat=look_at_viewmat(eye, (0.0, -0.3, 0.0), dtype=dtype),
+        K=intrinsics(width, height, 55.0, dtype=dtype),
+        width=width,
+        height=height,
+    )

@@ -17,11 +17,11 @@ def load_run(model_dir, data: Optional[str] = None, overrides=()):
     the data folder recorded in ``config.yaml``.  A model with no surfels is
     a SplatInputError naming its file.
     """
+    from .checkpoints import load_latest_checkpoint
+    from .config import load_config
     from .data import load_scene_from_config
     from .model import GaussianModel, load_ply
     from .run_folder import read_run_file
-    from .checkpoints import load_latest_checkpoint
-    from .config import load_config
 
     model_dir = Path(model_dir)
     cfg_path = model_dir / "config.yaml"

@@ -52,24 +52,31 @@ from typing import Callable, Dict, Sequence
 
 import torch
 
-from .run_folder import (RunLock, atomic_write_bytes, check_out_dir, claim_out_dir, clean_temp_files, run_identity,
-                         save_config)
 from .appearance import make_appearance, make_optimizer
-from .config import check_config
-from .distributed import Group, from_environment, leave
 from .checkpoints import checkpoint_state, load_latest_checkpoint, save_checkpoint, seed_everything, set_rng_state
+from .config import check_config
+from .devices import peak_memory_mb, resolve_device  # noqa: F401 (re-exported)
+from .distributed import Group, from_environment, leave
 from .distributed.collectives import all_counts
 from .distributed.group import all_gather_objects, on_main
-from .distributed.sharded_model import whole_model
 from .distributed.shard import rebalance
-from .evaluation import check_eval_masks, evaluate_frames
+from .distributed.sharded_model import whole_model
 from .errors import RunStateError, SplatInputError
+from .evaluation import check_eval_masks, evaluate_frames
 from .model import GaussianModel
-from .ply import save_ply
-from .optimizers import make_optimizers  # noqa: F401 (re-exported)
-from .progress import LogLines, format_duration, summary_line, use_progress_bar  # noqa: F401 (re-exported)
-from .devices import peak_memory_mb, resolve_device  # noqa: F401 (re-exported)
 from .model_render import render_frame
+from .optimizers import make_optimizers  # noqa: F401 (re-exported)
+from .ply import save_ply
+from .progress import LogLines, format_duration, summary_line, use_progress_bar  # noqa: F401 (re-exported)
+from .run_folder import (
+    RunLock,
+    atomic_write_bytes,
+    check_out_dir,
+    claim_out_dir,
+    clean_temp_files,
+    run_identity,
+    save_config,
+)
 from .state import PrimitiveState
 from .strategy import make_strategy
 from .training.batch_rendering import camera_of, make_batch_rendering
@@ -77,7 +84,6 @@ from .training.capability import check_distributed
 from .training.initial_model import initial_shard
 from .training.step import BatchStep, sh_degree_at
 from .training.triage import explain
-
 
 # ---------------------------------------------------------------- trainer
 #: A per-step hook: ``callback(trainer, step, terms)`` runs after every
@@ -95,8 +101,16 @@ class Trainer:
     one torchrun started it in (joined here, left by :meth:`close`), or one
     process."""
 
-    def __init__(self, cfg: Dict, out_dir, resume: bool = False, scene=None,
-                 callbacks: Sequence[StepCallback] = (), overwrite: bool = False, group: Group | None = None):
+    def __init__(
+        self,
+        cfg: Dict,
+        out_dir,
+        resume: bool = False,
+        scene=None,
+        callbacks: Sequence[StepCallback] = (),
+        overwrite: bool = False,
+        group: Group | None = None,
+    ):
         from .data import load_scene_from_config
 
         cfg = check_config(cfg)
@@ -125,8 +139,9 @@ class Trainer:
         self.device = self.group.device if self.group.distributed else resolve_device(cfg["device"])
         dcfg = cfg["data"]
         self.background = torch.tensor(dcfg["background"], dtype=torch.float32).reshape(3)
-        self.scene = scene if scene is not None else load_scene_from_config(
-            dcfg, eval_masks=cfg["eval"]["masked"] is not False)
+        self.scene = (
+            scene if scene is not None else load_scene_from_config(dcfg, eval_masks=cfg["eval"]["masked"] is not False)
+        )
         if not self.scene.train:
             raise SplatInputError(f"{dcfg['path']}: no training images")
         check_eval_masks(cfg, self.scene)  # before the (long) training, not at its end
@@ -140,8 +155,9 @@ class Trainer:
         self.run_id = self.identity["run_id"]
         self._start(resume, overwrite)
         self.rendering = make_batch_rendering(self.model.primitive, cfg["render"], self.device, self.group)
-        self.batch_step = BatchStep(cfg, self.scene, self.background, self.scene_radius, self.device,
-                                    self.rendering, self.group)
+        self.batch_step = BatchStep(
+            cfg, self.scene, self.background, self.scene_radius, self.device, self.rendering, self.group
+        )
 
     def _claim(self, resume: bool, overwrite: bool) -> None:
         """Lock and claim the output folder (rank 0 only: the others share it)."""
@@ -159,11 +175,14 @@ class Trainer:
         if resume and ckpt is None and self.group.is_main:
             print(f"no checkpoint in {self.out_dir / 'checkpoints'}: starting from scratch", file=sys.stderr)
         if ckpt is not None and int(ckpt["step"]) > cfg["train"]["iterations"]:
-            raise RunStateError(f"{ckpt['path']}: checkpoint is at step {ckpt['step']}, beyond "
-                                f"train.iterations={cfg['train']['iterations']}")
+            raise RunStateError(
+                f"{ckpt['path']}: checkpoint is at step {ckpt['step']}, beyond "
+                f"train.iterations={cfg['train']['iterations']}"
+            )
         if ckpt is not None:
-            self.model = GaussianModel(ckpt["params"], ckpt["sh_degree"], ids=ckpt.get("ids"),
-                                       next_id=ckpt.get("next_id"))
+            self.model = GaussianModel(
+                ckpt["params"], ckpt["sh_degree"], ids=ckpt.get("ids"), next_id=ckpt.get("next_id")
+            )
         else:
             self.model = initial_shard(cfg, self.scene, self.background, self.group)
         self.model.to(self.device)
@@ -207,8 +226,14 @@ class Trainer:
         r = self.cfg["render"]
         bg = self.background if background is None else background
         return render_frame(
-            self.model, frame, bg.to(self.device), sh_degree=sh_degree,
-            backend=r["backend"], near=r["near"], far=r["far"], device=self.device,
+            self.model,
+            frame,
+            bg.to(self.device),
+            sh_degree=sh_degree,
+            backend=r["backend"],
+            near=r["near"],
+            far=r["far"],
+            device=self.device,
         )
 
     def sh_degree_at(self, step: int) -> int:
@@ -314,8 +339,17 @@ class Trainer:
         """Writes this step's checkpoint (several processes: this rank's shard,
         and the manifest from rank 0 once all are written) and deletes the
         ones beyond ``checkpoint.keep``."""
-        state = checkpoint_state(self.step, self.state, self.optimizers, self.strategy, self.appearance,
-                                 self.train_seconds, self.cfg, self.run_id, self.group)
+        state = checkpoint_state(
+            self.step,
+            self.state,
+            self.optimizers,
+            self.strategy,
+            self.appearance,
+            self.train_seconds,
+            self.cfg,
+            self.run_id,
+            self.group,
+        )
         return save_checkpoint(self.out_dir, state, self.cfg["checkpoint"]["keep"], self.group)
 
     # ------------------------------------------------------- evaluation
@@ -335,13 +369,18 @@ class Trainer:
             metrics["peak_memory_mb_per_rank"] = all_gather_objects(metrics["peak_memory_mb"], self.group)
             steps = max(self.step - self._first_step, 1)
             metrics["exchange_mb_per_step"] = round(self.exchange_bytes / steps / 2**20, 3)
-        test = evaluate_frames(self.cfg, self.background, frames, lambda views: self.rendering.render_views(
-            self.model, [camera_of(f, self.background, self.device) for f in views], self.model.sh_degree),
-            self.group)
+        test = evaluate_frames(
+            self.cfg,
+            self.background,
+            frames,
+            lambda views: self.rendering.render_views(
+                self.model, [camera_of(f, self.background, self.device) for f in views], self.model.sh_degree
+            ),
+            self.group,
+        )
         metrics.update({f"test.{k}": v for k, v in test.items()})
         metrics["test"] = test  # nested copy too: metrics["test"]["psnr"]
         return metrics
-
 
 
 def train(cfg: Dict, out_dir, resume: bool = False, callbacks: Sequence[StepCallback] = ()) -> dict:

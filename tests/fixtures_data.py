@@ -189,7 +189,8 @@ def write_colmap_text(sparse: Path, scene: Scene) -> None:
         f.write("# 3D point list with one line of data per point:\n")
         for k, (p, c) in enumerate(zip(scene.xyz, scene.rgb)):
             track = " ".join(f"{v.id} {j}" for j, v in enumerate(scene.views[:2]))
-            f.write(f"{k + 1} {float(p[0])!r} {float(p[1])!r} {float(p[2])!r} {int(c[0])} {int(c[1])} {int(c[2])} 0.5 {track}\n")
+            xyz = f"{float(p[0])!r} {float(p[1])!r} {float(p[2])!r}"
+            f.write(f"{k + 1} {xyz} {int(c[0])} {int(c[1])} {int(c[2])} 0.5 {track}\n")
 
 
 def write_colmap_binary(sparse: Path, scene: Scene) -> None:
@@ -268,9 +269,13 @@ def write_nerf_scene(
         return name if with_ext else name[: -len(".png")]
 
     split = len(scene.views) - n_test
-    write_nerf_json(root / "transforms_train.json", [(fp(v), c2w_cv_to_gl(v.c2w_cv)) for v in scene.views[:split]], **top)
+    write_nerf_json(
+        root / "transforms_train.json", [(fp(v), c2w_cv_to_gl(v.c2w_cv)) for v in scene.views[:split]], **top
+    )
     if n_test:
-        write_nerf_json(root / "transforms_test.json", [(fp(v), c2w_cv_to_gl(v.c2w_cv)) for v in scene.views[split:]], **top)
+        write_nerf_json(
+            root / "transforms_test.json", [(fp(v), c2w_cv_to_gl(v.c2w_cv)) for v in scene.views[split:]], **top
+        )
     return root
 
 
@@ -304,5 +309,6 @@ def write_png(path: Path, pixels: np.ndarray, size=None) -> None:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
 
     ihdr = struct.pack(">IIBBBBB", W, H, depth, color_type, 0, 0, 0)
-    Path(path).write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(data))
-                           + chunk(b"IEND", b""))
+    Path(path).write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(data)) + chunk(b"IEND", b"")
+    )

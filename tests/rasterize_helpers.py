@@ -1,4 +1,5 @@
 """Shared helpers for the rasterizer tests."""
+
 from __future__ import annotations
 
 import torch
@@ -27,8 +28,10 @@ def camera(scene, dtype=None):
 def cotangents(out, seed=1):
     """Fixed random weights per output, so a loss touches every pixel and channel."""
     g = torch.Generator().manual_seed(seed)
-    return {k: torch.rand(getattr(out, k).shape, generator=g, dtype=torch.float64).to(getattr(out, k).dtype) - 0.3
-            for k in OUTPUTS}
+    return {
+        k: torch.rand(getattr(out, k).shape, generator=g, dtype=torch.float64).to(getattr(out, k).dtype) - 0.3
+        for k in OUTPUTS
+    }
 
 
 def weighted_loss(out, weights, names=OUTPUTS):
@@ -36,9 +39,20 @@ def weighted_loss(out, weights, names=OUTPUTS):
 
 
 def render(params, cam, backend, **kw):
-    return splat.rasterize(params["means"], params["quats"], params["scales"], params["opacities"],
-                           params["colors"], cam["viewmat"], cam["K"], cam["width"], cam["height"],
-                           background=params.get("background"), backend=backend, **kw)
+    return splat.rasterize(
+        params["means"],
+        params["quats"],
+        params["scales"],
+        params["opacities"],
+        params["colors"],
+        cam["viewmat"],
+        cam["K"],
+        cam["width"],
+        cam["height"],
+        background=params.get("background"),
+        backend=backend,
+        **kw,
+    )
 
 
 def all_grads(params, cam, backend, weights, names=OUTPUTS, **kw):

@@ -1,5 +1,6 @@
 """3D Gaussians in the model, the PLY files, the renderer and the trainer
 (``model.primitive=3dgs``, issue 22)."""
+
 from __future__ import annotations
 
 import math
@@ -7,15 +8,14 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_train import tiny_config, tiny_scene  # noqa: F401 (fixture)
 
 from splat.errors import SplatInputError
 from splat.geometry import quat_to_rotmat
 from splat.model import create_from_points
-from splat.ply import PLY_THIN_FACTOR, load_ply, ply_attribute_names, save_ply
 from splat.model_render import render_frame
+from splat.ply import PLY_THIN_FACTOR, load_ply, ply_attribute_names, save_ply
 from splat.trainer import Trainer
-
-from test_train import tiny_config, tiny_scene  # noqa: F401 (fixture)
 
 
 def _model(primitive, n=50, seed=0):
@@ -36,8 +36,9 @@ def test_create_from_points_gives_three_isotropic_scales():
 def test_normals_of_3d_gaussians_are_their_shortest_axis():
     m = _model("3dgs", n=4)
     with torch.no_grad():
-        m.params["scales"][:] = torch.log(torch.tensor([[0.3, 0.01, 0.2], [0.01, 0.2, 0.3], [0.2, 0.3, 0.01],
-                                                         [0.3, 0.2, 0.01]]))
+        m.params["scales"][:] = torch.log(
+            torch.tensor([[0.3, 0.01, 0.2], [0.01, 0.2, 0.3], [0.2, 0.3, 0.01], [0.3, 0.2, 0.01]])
+        )
     rot = quat_to_rotmat(m.params["quats"].detach())
     expected = torch.stack([rot[0, :, 1], rot[1, :, 0], rot[2, :, 2], rot[3, :, 2]])
     assert torch.allclose(m.normals().detach(), expected)
@@ -111,7 +112,9 @@ def test_training_3d_gaussians_improves_test_psnr(tiny_scene, tmp_path):  # noqa
     model = load_ply(tmp_path / "run" / "point_cloud.ply")
     assert model.primitive == "3dgs" and model.num_gaussians == m["n_gaussians"]
     out = render_frame(model, trainer.scene.test[0], torch.ones(3))
-    assert torch.isfinite(out.depth).all() and torch.isfinite(out.normal).all() and float(out.alpha.detach().max()) > 0.5
+    assert (
+        torch.isfinite(out.depth).all() and torch.isfinite(out.normal).all() and float(out.alpha.detach().max()) > 0.5
+    )
     assert m["n_gaussians"] != 0 and np.isfinite(m["test.depth_rel_err"])
 
 

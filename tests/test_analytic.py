@@ -1,4 +1,5 @@
 """Closed-form cases, on every backend available here."""
+
 import pytest
 import torch
 
@@ -19,8 +20,17 @@ def _facing(zs, opacities, scale=50.0, width=8, height=6, cx=3.5, cy=2.5, f=10.0
     opac = torch.tensor(opacities, dtype=f64)
     colors = torch.rand(n, 3, generator=torch.Generator().manual_seed(0), dtype=f64)
     K = torch.tensor([[f, 0, cx], [0, f, cy], [0, 0, 1]], dtype=f64)
-    return dict(means=means, quats=quats, scales=scales, opacities=opac, colors=colors,
-                viewmat=torch.eye(4, dtype=f64), K=K, width=width, height=height)
+    return dict(
+        means=means,
+        quats=quats,
+        scales=scales,
+        opacities=opac,
+        colors=colors,
+        viewmat=torch.eye(4, dtype=f64),
+        K=K,
+        width=width,
+        height=height,
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -88,15 +98,32 @@ def test_single_ray_back_to_front_recurrence_with_many_layers(backend):
     # Gradients of each quantity w.r.t. opacities, depths, colours and background.
     params = {k: s[k].clone().requires_grad_(True) for k in ("means", "opacities", "colors")}
     bg_p = bg.clone().requires_grad_(True)
-    out = splat.rasterize(params["means"], s["quats"], s["scales"], params["opacities"], params["colors"],
-                          s["viewmat"], s["K"], 1, 1, near=near, far=far, background=bg_p, backend=backend)
-    for name, value in (("rgb", out.rgb[0, 0].sum()), ("alpha", out.alpha[0, 0]),
-                        ("depth", out.depth[0, 0]), ("distortion", out.distortion[0, 0])):
+    out = splat.rasterize(
+        params["means"],
+        s["quats"],
+        s["scales"],
+        params["opacities"],
+        params["colors"],
+        s["viewmat"],
+        s["K"],
+        1,
+        1,
+        near=near,
+        far=far,
+        background=bg_p,
+        backend=backend,
+    )
+    for name, value in (
+        ("rgb", out.rgb[0, 0].sum()),
+        ("alpha", out.alpha[0, 0]),
+        ("depth", out.depth[0, 0]),
+        ("distortion", out.distortion[0, 0]),
+    ):
         wrt = [params["opacities"], params["means"], params["colors"], bg_p]
         grads = torch.autograd.grad(value, wrt, retain_graph=True, allow_unused=True)
         grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, wrt)]
 
-        def f(o, z, c, b):
+        def f(o, z, c, b, name=name):
             r = loop(o, z, c, b)
             return {"rgb": r[0].sum(), "alpha": r[1], "depth": r[2], "distortion": r[3]}[name]
 
@@ -111,7 +138,10 @@ def test_single_ray_back_to_front_recurrence_with_many_layers(backend):
                 minus[arg].reshape(-1)[i] -= h
                 numeric = (f(*plus) - f(*minus)) / (2 * h)
                 assert float(analytic.reshape(-1)[i]) == pytest.approx(float(numeric), rel=1e-5, abs=1e-8), (
-                    name, arg, i)
+                    name,
+                    arg,
+                    i,
+                )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

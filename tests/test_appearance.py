@@ -13,7 +13,6 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-
 from test_train import make_tiny_scene, teacher_model, tiny_config  # tests/ is on sys.path under pytest
 
 from splat.appearance import AffineAppearance, fit_affine
@@ -127,11 +126,27 @@ def test_training_recovers_known_gains_and_offsets(tmp_path):
     identity is 0.101 off), the largest matrix/offset entry error is 0.016.
     Bounds: 0.04 RMS and 0.05 per entry (1.6x and 3x the measurements)."""
     scene_dir = make_tiny_scene(tmp_path / "scene", n_views=4)
-    cfg = tiny_config(scene_dir, 400, [
-        "data.test_every=0", "train.appearance=affine", "train.appearance_lr=0.03", "model.sh_degree=0",
-        "strategy.name=none", "loss.ssim_lambda=0", "loss.dist_lambda=0", "loss.normal_lambda=0",
-        "train.lr.means=1e-30", "train.lr.means_final=1e-30", "train.lr.sh0=0", "train.lr.shN=0",
-        "train.lr.opacities=0", "train.lr.scales=0", "train.lr.quats=0"])
+    cfg = tiny_config(
+        scene_dir,
+        400,
+        [
+            "data.test_every=0",
+            "train.appearance=affine",
+            "train.appearance_lr=0.03",
+            "model.sh_degree=0",
+            "strategy.name=none",
+            "loss.ssim_lambda=0",
+            "loss.dist_lambda=0",
+            "loss.normal_lambda=0",
+            "train.lr.means=1e-30",
+            "train.lr.means_final=1e-30",
+            "train.lr.sh0=0",
+            "train.lr.shN=0",
+            "train.lr.opacities=0",
+            "train.lr.scales=0",
+            "train.lr.quats=0",
+        ],
+    )
     scene, gains, offsets = recoloured_scene(cfg)
     trainer = Trainer(cfg, tmp_path / "run", scene=scene)
     teacher = teacher_model()
@@ -149,8 +164,9 @@ def test_training_recovers_known_gains_and_offsets(tmp_path):
         colour_rms.append(float(((c @ A[i].T + b[i] - true) ** 2).mean().sqrt()))
         identity_rms.append(float(((c - true) ** 2).mean().sqrt()))
         entry_err.append(max(float((A[i] - G).abs().max()), float((b[i] - o).abs().max())))
-    print(f"colour RMS {max(colour_rms):.4f} (identity {min(identity_rms):.4f}), "
-          f"largest entry error {max(entry_err):.4f}")
+    print(
+        f"colour RMS {max(colour_rms):.4f} (identity {min(identity_rms):.4f}), largest entry error {max(entry_err):.4f}"
+    )
     assert max(colour_rms) < 0.04 < min(identity_rms)
     assert max(entry_err) < 0.05
 
@@ -169,8 +185,9 @@ def test_appearance_lowers_the_loss_and_metrics_report_the_fit(scene_dir, tmp_pa
         cfg = tiny_config(scene_dir, 150, [f"train.appearance={mode}", "train.appearance_lr=5e-3"])
         scene, _, _ = recoloured_scene(cfg)
         seen = []
-        trainer = Trainer(cfg, tmp_path / mode, scene=scene,
-                          callbacks=[lambda t, s, terms, seen=seen: seen.append(terms["photo"])])
+        trainer = Trainer(
+            cfg, tmp_path / mode, scene=scene, callbacks=[lambda t, s, terms, seen=seen: seen.append(terms["photo"])]
+        )
         metrics[mode] = trainer.train()
         losses[mode] = float(np.mean(seen[-20:]))
     print(f"photometric loss over the last 20 steps: none {losses['none']:.4f}, affine {losses['affine']:.4f}")

@@ -1,11 +1,11 @@
 """Bad input gets a clear error, or documented behaviour; never a crash or silent NaN."""
+
 import pytest
 import torch
+from rasterize_helpers import PARAMS, camera, leaves, render
 
 import splat
 from splat.testing import random_scene
-
-from rasterize_helpers import PARAMS, camera, leaves, render
 
 BACKENDS = ["cpu", "torch"]
 
@@ -18,21 +18,32 @@ def scene():
 def _call(scene, **overrides):
     args = dict(scene)
     args.update(overrides)
-    return splat.rasterize(args["means"], args["quats"], args["scales"], args["opacities"], args["colors"],
-                           args["viewmat"], args["K"], args["width"], args["height"],
-                           **{k: v for k, v in overrides.items() if k in ("near", "far", "background",
-                                                                       "sh_degree", "backend")})
+    return splat.rasterize(
+        args["means"],
+        args["quats"],
+        args["scales"],
+        args["opacities"],
+        args["colors"],
+        args["viewmat"],
+        args["K"],
+        args["width"],
+        args["height"],
+        **{k: v for k, v in overrides.items() if k in ("near", "far", "background", "sh_degree", "backend")},
+    )
 
 
-@pytest.mark.parametrize("name,bad,message", [
-    ("means", lambda s: s["means"][:, :2], "means must have shape"),
-    ("quats", lambda s: s["quats"][:-1], "quats must have shape"),
-    ("scales", lambda s: torch.cat([s["scales"], s["scales"][:, :1]], 1), "scales must have shape"),
-    ("opacities", lambda s: s["opacities"][:, None], "opacities must have shape"),
-    ("colors", lambda s: s["colors"][:, :2], "colors must have shape"),
-    ("viewmat", lambda s: s["viewmat"][:3], "viewmat must have shape"),
-    ("K", lambda s: s["K"][:2], "K must have shape"),
-])
+@pytest.mark.parametrize(
+    "name,bad,message",
+    [
+        ("means", lambda s: s["means"][:, :2], "means must have shape"),
+        ("quats", lambda s: s["quats"][:-1], "quats must have shape"),
+        ("scales", lambda s: torch.cat([s["scales"], s["scales"][:, :1]], 1), "scales must have shape"),
+        ("opacities", lambda s: s["opacities"][:, None], "opacities must have shape"),
+        ("colors", lambda s: s["colors"][:, :2], "colors must have shape"),
+        ("viewmat", lambda s: s["viewmat"][:3], "viewmat must have shape"),
+        ("K", lambda s: s["K"][:2], "K must have shape"),
+    ],
+)
 def test_wrong_shapes_name_the_tensor(scene, name, bad, message):
     with pytest.raises(ValueError, match=message):
         _call(scene, **{name: bad(scene)})
@@ -137,13 +148,15 @@ def test_camera_inside_the_scene(scene, backend):
     intersection lies before near are skipped; everything stays finite."""
     g = torch.Generator().manual_seed(3)
     n = 40
-    inside = dict(scene,
-                  means=torch.randn(n, 3, generator=g, dtype=torch.float64) * 0.6,
-                  quats=torch.randn(n, 4, generator=g, dtype=torch.float64),
-                  scales=torch.rand(n, 2, generator=g, dtype=torch.float64) * 0.8 + 0.1,
-                  opacities=torch.rand(n, generator=g, dtype=torch.float64),
-                  colors=torch.rand(n, 3, generator=g, dtype=torch.float64),
-                  viewmat=torch.eye(4, dtype=torch.float64))
+    inside = dict(
+        scene,
+        means=torch.randn(n, 3, generator=g, dtype=torch.float64) * 0.6,
+        quats=torch.randn(n, 4, generator=g, dtype=torch.float64),
+        scales=torch.rand(n, 2, generator=g, dtype=torch.float64) * 0.8 + 0.1,
+        opacities=torch.rand(n, generator=g, dtype=torch.float64),
+        colors=torch.rand(n, 3, generator=g, dtype=torch.float64),
+        viewmat=torch.eye(4, dtype=torch.float64),
+    )
     out = _finite_outputs_and_grads(inside, backend)
     assert float(out.alpha.detach().max()) > 0
     assert float(out.depth.detach()[out.alpha > 0].min()) > 0.2
@@ -194,11 +207,22 @@ def _grads_of_everything(scene, backend):
     (viewmat, K and means2d included), via backward() as a user calls it."""
     s = _on(scene, backend)
     params = {k: s[k].detach().clone().requires_grad_(True) for k in PARAMS + ("viewmat", "K")}
-    out = splat.rasterize(params["means"], params["quats"], params["scales"], params["opacities"],
-                          params["colors"], params["viewmat"], params["K"], s["width"], s["height"],
-                          backend=backend)
-    loss = sum((getattr(out, k) * (1 + i)).sum()
-               for i, k in enumerate(("rgb", "alpha", "depth", "median_depth", "normal", "distortion")))
+    out = splat.rasterize(
+        params["means"],
+        params["quats"],
+        params["scales"],
+        params["opacities"],
+        params["colors"],
+        params["viewmat"],
+        params["K"],
+        s["width"],
+        s["height"],
+        backend=backend,
+    )
+    loss = sum(
+        (getattr(out, k) * (1 + i)).sum()
+        for i, k in enumerate(("rgb", "alpha", "depth", "median_depth", "normal", "distortion"))
+    )
     out.means2d.retain_grad()
     loss.backward()
     grads = {k: p.grad for k, p in params.items()}

@@ -6,11 +6,11 @@ The tiny scene of tests/test_train.py; every check runs a step or two."""
 from __future__ import annotations
 
 import torch
+from test_train import tiny_config, tiny_scene  # noqa: F401 (fixture)
 
 from splat.trainer import Trainer
 from splat.training.step import camera_loss
 from splat.training.views import view_index
-from test_train import tiny_config, tiny_scene  # noqa: F401 (fixture)
 
 #: The loss terms all switched on from step 1, so every gradient path is in the batch.
 ALL_TERMS = ["loss.dist_from=0", "loss.normal_from=0"]
@@ -65,7 +65,9 @@ def test_steps_take_the_next_views_of_the_seeded_order(tiny_scene, tmp_path):  #
 
     def record(model, cameras, *args):
         for camera in cameras:
-            rendered.append(next(i for i, f in enumerate(trainer.scene.train) if torch.equal(f.viewmat, camera.viewmat)))
+            rendered.append(
+                next(i for i, f in enumerate(trainer.scene.train) if torch.equal(f.viewmat, camera.viewmat))
+            )
         return backward(model, cameras, *args)
 
     trainer.rendering.backward = record

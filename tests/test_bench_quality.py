@@ -16,8 +16,13 @@ def _run(config, init, psnr, depth, **extra):
 
 
 def test_flags_drops_and_ignores_ablations():
-    baseline = {"runs": [_run("fast", "auto", 37.0, 0.009), _run("fast", "auto", 30.0, 0.05, ablation=True),
-                         _run("default", "auto", 39.0, 0.005)]}
+    baseline = {
+        "runs": [
+            _run("fast", "auto", 37.0, 0.009),
+            _run("fast", "auto", 30.0, 0.05, ablation=True),
+            _run("default", "auto", 39.0, 0.005),
+        ]
+    }
     runs = [_run("fast", "auto", 36.4, 0.009), _run("default", "auto", 39.0, 0.0155)]
     flags = quality["compare"](runs, baseline)
     assert len(flags) == 2, flags  # the ablation (listed last) does not replace the real fast run
@@ -28,8 +33,12 @@ def test_flags_drops_and_ignores_ablations():
 
 
 def test_newest_baseline_is_by_date_then_name_not_file_time(tmp_path):
-    for name, date in (("quality_b.json", "2026-11-24"), ("quality_a.json", "2026-11-25"),
-                       ("quality_c.json", "2026-11-25"), ("quality_new.json", "2026-11-26")):
+    for name, date in (
+        ("quality_b.json", "2026-11-24"),
+        ("quality_a.json", "2026-11-25"),
+        ("quality_c.json", "2026-11-25"),
+        ("quality_new.json", "2026-11-26"),
+    ):
         (tmp_path / name).write_text(json.dumps({"date": date, "runs": []}))
     os.utime(tmp_path / "quality_b.json", (2e9, 2e9))  # the newest file time, the oldest date
     newest = quality["_newest_baseline"]
@@ -38,8 +47,12 @@ def test_newest_baseline_is_by_date_then_name_not_file_time(tmp_path):
 
 
 def test_time_to_reach_needs_every_target_at_once():
-    curve = [[250, 20.0, 30.0, 0.02, 9.0], [500, 40.0, 34.0, 0.009, 5.0], [750, 60.0, 33.5, 0.008, 4.8],
-             [1000, 80.0, 35.0, 0.007, 4.0]]
+    curve = [
+        [250, 20.0, 30.0, 0.02, 9.0],
+        [500, 40.0, 34.0, 0.009, 5.0],
+        [750, 60.0, 33.5, 0.008, 4.8],
+        [1000, 80.0, 35.0, 0.007, 4.0],
+    ]
     reach = quality["time_to_reach"]
     assert reach(curve, 33.7) == 40.0
     # 750's errors are good enough but its PSNR is not: the first row with all three is 1000

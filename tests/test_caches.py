@@ -96,8 +96,19 @@ needs_pycolmap = pytest.mark.skipif(not pycolmap_available(), reason="triangulat
 def _frames():
     g = torch.Generator().manual_seed(0)
     K = torch.tensor([[20.0, 0, 8], [0, 20.0, 6], [0, 0, 1]])
-    return [Frame(stem=f"f{i}", image_path=None, image=torch.rand(12, 16, 3, generator=g), mask=None,
-                  viewmat=torch.eye(4), K=K, width=16, height=12) for i in range(2)]
+    return [
+        Frame(
+            stem=f"f{i}",
+            image_path=None,
+            image=torch.rand(12, 16, 3, generator=g),
+            mask=None,
+            viewmat=torch.eye(4),
+            K=K,
+            width=16,
+            height=12,
+        )
+        for i in range(2)
+    ]
 
 
 XYZ = np.arange(12, dtype=np.float64).reshape(4, 3)
@@ -139,8 +150,9 @@ def _corrupt(path, damage):
 
 
 @needs_pycolmap
-@pytest.mark.parametrize("damage", ["truncated", "not_a_zip", "empty", "missing_key", "wrong_shape",
-                                    "mismatched_lengths", "nan", "pickled"])
+@pytest.mark.parametrize(
+    "damage", ["truncated", "not_a_zip", "empty", "missing_key", "wrong_shape", "mismatched_lengths", "nan", "pickled"]
+)
 def test_corrupt_triangulation_cache_entry_is_recomputed(tmp_path, capsys, fake_triangulation, damage):
     from splat.data.triangulate import triangulate_scene
 

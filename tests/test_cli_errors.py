@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from test_train import TINY_OVERRIDES, make_tiny_scene  # tests/ is on sys.path under pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,16 +53,19 @@ def _base(scene, out, *extra):
     return ["--data", scene, "--out", out, "--iterations", 2, "--no-progress", *TINY_OVERRIDES, *extra]
 
 
-@pytest.mark.parametrize("extra, words", [
-    (["model.sh_degree=5"], ["model.sh_degree", "5"]),
-    (["data.downscale=0"], ["data.downscale", ">= 1", "0"]),
-    (["render.near=2", "render.far=1"], ["render.near", "render.far"]),
-    (["train.iterations=-3"], ["train.iterations", "-3"]),
-    (["model.init_opacity=1.5"], ["model.init_opacity", "1.5"]),
-    (["data.background=[1,1]"], ["data.background", "3 values"]),
-    (["model.colour=3"], ["unknown config key", "model.colour"]),
-    (["model.init=random", "model.init_num_random=0"], ["model.init_num_random=0", "no surfels"]),
-])
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["model.sh_degree=5"], ["model.sh_degree", "5"]),
+        (["data.downscale=0"], ["data.downscale", ">= 1", "0"]),
+        (["render.near=2", "render.far=1"], ["render.near", "render.far"]),
+        (["train.iterations=-3"], ["train.iterations", "-3"]),
+        (["model.init_opacity=1.5"], ["model.init_opacity", "1.5"]),
+        (["data.background=[1,1]"], ["data.background", "3 values"]),
+        (["model.colour=3"], ["unknown config key", "model.colour"]),
+        (["model.init=random", "model.init_num_random=0"], ["model.init_num_random=0", "no surfels"]),
+    ],
+)
 def test_train_bad_values(capsys, scene, tmp_path, extra, words):
     code, err = _train(capsys, *_base(scene, tmp_path / "out", *extra))
     assert code == 1
@@ -121,8 +123,17 @@ def test_train_missing_data(capsys, tmp_path):
 
 def test_overrides_may_stand_between_flags_and_runs_are_guarded(capsys, scene, tmp_path):
     out = tmp_path / "out"
-    args = ["--data", scene, "train.iterations=2", "--out", out, *TINY_OVERRIDES[:3], "--no-progress",
-            *TINY_OVERRIDES[3:], "checkpoint.every=1"]
+    args = [
+        "--data",
+        scene,
+        "train.iterations=2",
+        "--out",
+        out,
+        *TINY_OVERRIDES[:3],
+        "--no-progress",
+        *TINY_OVERRIDES[3:],
+        "checkpoint.every=1",
+    ]
     code, err = _train(capsys, *args)
     assert code == 0, err
     assert "done: 2 steps" in err
@@ -147,8 +158,9 @@ def test_debug_keeps_the_traceback(capsys, scene, tmp_path):
 
 
 def _render(*args):
-    return subprocess.run([sys.executable, str(ROOT / "render.py"), *map(str, args)],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "render.py"), *map(str, args)], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_render_errors(tmp_path, scene):
@@ -157,8 +169,12 @@ def test_render_errors(tmp_path, scene):
     _one_error_line(res.stderr, "config.yaml", "not found")
     # a run folder whose only checkpoint has no parameters
     out = tmp_path / "run"
-    res = subprocess.run([sys.executable, str(ROOT / "train.py"), *map(str, _base(scene, out, "--iterations", 1))],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *map(str, _base(scene, out, "--iterations", 1))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     (out / "point_cloud.ply").unlink()
     ckpt = next((out / "checkpoints").glob("ckpt_*.pt"))
@@ -205,15 +221,22 @@ def _signal_after_line(cmd, line: str, sig, **popen) -> tuple:
     return proc.returncode, err
 
 
-@pytest.mark.parametrize("script, args", [
-    ("view.py", ["--model", "m"]),
-    ("convert.py", ["--images", "i", "--out", "o"]),
-    ("train.py", ["--data", "d", "--out", "o"]),
-    ("render.py", ["--model", "m"]),
-])
+@pytest.mark.parametrize(
+    "script, args",
+    [
+        ("view.py", ["--model", "m"]),
+        ("convert.py", ["--images", "i", "--out", "o"]),
+        ("train.py", ["--data", "d", "--out", "o"]),
+        ("render.py", ["--model", "m"]),
+    ],
+)
 def test_ctrl_c_during_start_up_is_one_line(script, args, tmp_path):
-    code, err = _signal_after_line([sys.executable, "-c", _HOLD_TORCH_IMPORT, str(ROOT / script), *args],
-                                   "importing torch\n", signal.SIGINT, cwd=tmp_path)
+    code, err = _signal_after_line(
+        [sys.executable, "-c", _HOLD_TORCH_IMPORT, str(ROOT / script), *args],
+        "importing torch\n",
+        signal.SIGINT,
+        cwd=tmp_path,
+    )
     assert (code, err) == (130, "error: interrupted\n"), err
 
 
@@ -225,14 +248,16 @@ def _native_dump(err: str) -> bool:
 def test_sigterm_after_importing_pycolmap_is_one_line():
     """The handler comes back after pycolmap's import replaced it (import after the handler is set)."""
     pytest.importorskip("pycolmap")
-    code = ("import sys, time\n"
-            f"sys.path.insert(0, {str(ROOT)!r})\n"
-            "from splat.sfm.sigterm import sigterm_as_interrupt\n"
-            "def work():\n"
-            "    import pycolmap  # installs glog's failure-signal handler, SIGTERM included\n"
-            "    print('imported', flush=True)\n"
-            "    time.sleep(120)\n"
-            "sys.exit(sigterm_as_interrupt(work)())\n")
+    code = (
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from splat.sfm.sigterm import sigterm_as_interrupt\n"
+        "def work():\n"
+        "    import pycolmap  # installs glog's failure-signal handler, SIGTERM included\n"
+        "    print('imported', flush=True)\n"
+        "    time.sleep(120)\n"
+        "sys.exit(sigterm_as_interrupt(work)())\n"
+    )
     code, err = _signal_after_line([sys.executable, "-c", code], "imported\n", signal.SIGTERM)
     assert not _native_dump(err), err
     assert (code, err) == (143, "error: terminated (SIGTERM)\n"), err
@@ -245,13 +270,19 @@ def test_train_sigterm_is_one_line_and_keeps_checkpoints(scene, tmp_path):
     from splat.run_folder import list_checkpoints
 
     out = tmp_path / "out"
-    code = ("import runpy, sys\n"
-            "import pycolmap  # installs glog's failure-signal handler, SIGTERM included\n"
-            "sys.argv = sys.argv[1:]\n"
-            "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    code = (
+        "import runpy, sys\n"
+        "import pycolmap  # installs glog's failure-signal handler, SIGTERM included\n"
+        "sys.argv = sys.argv[1:]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
     args = [str(a) for a in _base(scene, out, "--iterations", 100000, "checkpoint.every=5")]
-    proc = subprocess.Popen([sys.executable, "-c", code, str(ROOT / "train.py"), *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(ROOT / "train.py"), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 300  # a safety net: the first checkpoint takes seconds
         while not list_checkpoints(out) and proc.poll() is None and time.monotonic() < deadline:
@@ -282,6 +313,7 @@ def test_an_error_raised_while_handling_an_interrupt_is_the_interrupt(capsys):
                 raise interrupt
             finally:
                 raise RuntimeError("unexpected pos 100096 vs 99984")
+
         return fn
 
     assert run_cli(failing_cleanup(KeyboardInterrupt())) == 130

@@ -9,6 +9,7 @@ return shapes, INRIA's radii and inverse depth on known Gaussians, the
 means2D gradient in NDC units, one-line errors, and the installable
 distribution.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,10 +34,20 @@ def _scene(n=12, seed=3):
 
 
 def _settings(cam, antialiasing="absent", bg=(0.2, 0.4, 0.6), **kw):
-    fields = dict(image_height=cam.image_height, image_width=cam.image_width, tanfovx=math.tan(cam.FoVx * 0.5),
-                  tanfovy=math.tan(cam.FoVy * 0.5), bg=torch.tensor(bg, dtype=torch.float64), scale_modifier=1.0,
-                  viewmatrix=cam.world_view_transform, projmatrix=cam.full_proj_transform, sh_degree=0,
-                  campos=cam.camera_center, prefiltered=False, debug=False)
+    fields = dict(
+        image_height=cam.image_height,
+        image_width=cam.image_width,
+        tanfovx=math.tan(cam.FoVx * 0.5),
+        tanfovy=math.tan(cam.FoVy * 0.5),
+        bg=torch.tensor(bg, dtype=torch.float64),
+        scale_modifier=1.0,
+        viewmatrix=cam.world_view_transform,
+        projmatrix=cam.full_proj_transform,
+        sh_degree=0,
+        campos=cam.camera_center,
+        prefiltered=False,
+        debug=False,
+    )
     fields.update(kw)
     if antialiasing != "absent":
         fields["antialiasing"] = antialiasing
@@ -46,18 +57,38 @@ def _settings(cam, antialiasing="absent", bg=(0.2, 0.4, 0.6), **kw):
 def _shim(settings, s, means2D=None, **kw):
     n = s["means"].shape[0]
     means2D = torch.zeros(n, 3, dtype=torch.float64) if means2D is None else means2D
-    return GaussianRasterizer(settings)(s["means"], means2D, s["opacities"][:, None], colors_precomp=s["colors"],
-                                        scales=s["scales"], rotations=s["quats"], **kw)
+    return GaussianRasterizer(settings)(
+        s["means"],
+        means2D,
+        s["opacities"][:, None],
+        colors_precomp=s["colors"],
+        scales=s["scales"],
+        rotations=s["quats"],
+        **kw,
+    )
 
 
 def _splat(s, cam, bg=(0.2, 0.4, 0.6), **kw):
     """splat.rasterize_3dgs on the camera INRIA's settings describe (K from INRIA's own quantities)."""
     W, H = cam.image_width, cam.image_height
-    K = torch.tensor([[fov2focal(cam.FoVx, W), 0, W / 2], [0, fov2focal(cam.FoVy, H), H / 2], [0, 0, 1]],
-                     dtype=torch.float64)
-    return splat.rasterize_3dgs(s["means"], s["quats"], s["scales"], s["opacities"], s["colors"],
-                                cam.world_view_transform.T.double(), K, W, H, near=0.2, far=1e10,
-                                background=torch.tensor(bg, dtype=torch.float64), **kw)
+    K = torch.tensor(
+        [[fov2focal(cam.FoVx, W), 0, W / 2], [0, fov2focal(cam.FoVy, H), H / 2], [0, 0, 1]], dtype=torch.float64
+    )
+    return splat.rasterize_3dgs(
+        s["means"],
+        s["quats"],
+        s["scales"],
+        s["opacities"],
+        s["colors"],
+        cam.world_view_transform.T.double(),
+        K,
+        W,
+        H,
+        near=0.2,
+        far=1e10,
+        background=torch.tensor(bg, dtype=torch.float64),
+        **kw,
+    )
 
 
 def test_original_and_current_module_return_shapes():
@@ -117,22 +148,36 @@ def test_means2d_gradient_is_the_translation_gradient_in_ndc_units():
     assert not torch.allclose(inv_only, means2D.grad)
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    (dict(cov3D_precomp=torch.zeros(12, 6, dtype=torch.float64)), "cov3D_precomp"),
-])
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(cov3D_precomp=torch.zeros(12, 6, dtype=torch.float64)), "cov3D_precomp"),
+    ],
+)
 def test_arguments_it_cannot_take_raise_one_line_errors(kwargs, name):
     s = _scene()
     cam = cam_from_viewmat(s["viewmat"], W0, H0, FOV0)
     n = s["means"].shape[0]
     with pytest.raises(ValueError, match=name) as e:
-        GaussianRasterizer(_settings(cam))(s["means"], torch.zeros(n, 3), s["opacities"][:, None],
-                                           colors_precomp=s["colors"], **kwargs)
+        GaussianRasterizer(_settings(cam))(
+            s["means"], torch.zeros(n, 3), s["opacities"][:, None], colors_precomp=s["colors"], **kwargs
+        )
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match=r"scales must have shape \[12, 3\]"):
-        GaussianRasterizer(_settings(cam))(s["means"], torch.zeros(n, 3), s["opacities"][:, None],
-                                           colors_precomp=s["colors"], scales=s["scales"][:, :2], rotations=s["quats"])
+        GaussianRasterizer(_settings(cam))(
+            s["means"],
+            torch.zeros(n, 3),
+            s["opacities"][:, None],
+            colors_precomp=s["colors"],
+            scales=s["scales"][:, :2],
+            rotations=s["quats"],
+        )
 
 
 def test_shim_distribution_installs_offline_and_imports_splats_classes(tmp_path):
-    assert_shim_installs(tmp_path, "diff-gaussian-rasterization", "diff_gaussian_rasterization",
-                         ("GaussianRasterizer", "GaussianRasterizationSettings", "rasterize_gaussians"))
+    assert_shim_installs(
+        tmp_path,
+        "diff-gaussian-rasterization",
+        "diff_gaussian_rasterization",
+        ("GaussianRasterizer", "GaussianRasterizationSettings", "rasterize_gaussians"),
+    )

@@ -8,13 +8,10 @@ against splat.rasterize on the converted camera, a float64 central difference
 through the shim (means2D included), the installable distribution, and a short
 training loop in the style of 2DGS's train.py.
 """
+
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -99,11 +96,31 @@ def test_settings_and_forward_have_2dgs_fields_and_signature():
     import inspect
 
     assert GaussianRasterizationSettings._fields == (
-        "image_height", "image_width", "tanfovx", "tanfovy", "bg", "scale_modifier", "viewmatrix", "projmatrix",
-        "sh_degree", "campos", "prefiltered", "debug")
+        "image_height",
+        "image_width",
+        "tanfovx",
+        "tanfovy",
+        "bg",
+        "scale_modifier",
+        "viewmatrix",
+        "projmatrix",
+        "sh_degree",
+        "campos",
+        "prefiltered",
+        "debug",
+    )
     params = list(inspect.signature(GaussianRasterizer.forward).parameters)
-    assert params == ["self", "means3D", "means2D", "opacities", "shs", "colors_precomp", "scales", "rotations",
-                      "cov3D_precomp"]
+    assert params == [
+        "self",
+        "means3D",
+        "means2D",
+        "opacities",
+        "shs",
+        "colors_precomp",
+        "scales",
+        "rotations",
+        "cov3D_precomp",
+    ]
     assert issubclass(GaussianRasterizer, torch.nn.Module) and hasattr(GaussianRasterizer, "markVisible")
 
 
@@ -122,8 +139,9 @@ def test_camera_conversion_matches_2dgs_formulas():
     assert torch.allclose(conv.viewmat, torch.tensor(getWorld2View2(R, T), dtype=torch.float64), atol=1e-6)
     # FoV to K: fx = fov2focal(FoVx, W); principal point at the image centre (W/2, H/2) in splat's pixels.
     fx, fy = fov2focal(fovx, W), fov2focal(fovy, H)
-    assert torch.allclose(conv.K, torch.tensor([[fx, 0, W / 2], [0, fy, H / 2], [0, 0, 1]], dtype=torch.float64),
-                          rtol=1e-12, atol=1e-12)
+    assert torch.allclose(
+        conv.K, torch.tensor([[fx, 0, W / 2], [0, fy, H / 2], [0, 0, 1]], dtype=torch.float64), rtol=1e-12, atol=1e-12
+    )
     assert conv.campos_is_centre
     # Pixel centres: 2DGS's kernel projects with full_proj_transform and ndc2Pix
     # (pixel j's centre at j); splat's K puts it at j + 1/2.
@@ -147,20 +165,22 @@ def test_off_centre_projection_is_honoured():
     ndc = hom[:, :2] / hom[:, 3:]
     c = pts @ conv.viewmat[:3, :3].T + conv.viewmat[:3, 3]
     px_splat = (c @ conv.K.T)[:, :2] / c[:, 2:]
-    assert torch.allclose(px_splat, torch.stack([ndc2pix(ndc[:, 0], W), ndc2pix(ndc[:, 1], H)], -1) + 0.5,
-                          atol=1e-4)
+    assert torch.allclose(px_splat, torch.stack([ndc2pix(ndc[:, 0], W), ndc2pix(ndc[:, 1], H)], -1) + 0.5, atol=1e-4)
 
 
-@pytest.mark.parametrize("change, name", [
-    (dict(tanfovx=0.9), "tanfovx"),
-    (dict(tanfovy=2.0), "tanfovy"),
-    (dict(viewmatrix="untransposed"), "viewmatrix"),
-    (dict(projmatrix="orthographic"), "projmatrix"),
-    (dict(bg=torch.zeros(4)), "bg"),
-    (dict(scale_modifier=-1.0), "scale_modifier"),
-    (dict(sh_degree=4), "sh_degree"),
-    (dict(prefiltered=True), "prefiltered"),
-])
+@pytest.mark.parametrize(
+    "change, name",
+    [
+        (dict(tanfovx=0.9), "tanfovx"),
+        (dict(tanfovy=2.0), "tanfovy"),
+        (dict(viewmatrix="untransposed"), "viewmatrix"),
+        (dict(projmatrix="orthographic"), "projmatrix"),
+        (dict(bg=torch.zeros(4)), "bg"),
+        (dict(scale_modifier=-1.0), "scale_modifier"),
+        (dict(sh_degree=4), "sh_degree"),
+        (dict(prefiltered=True), "prefiltered"),
+    ],
+)
 def test_settings_it_cannot_honour_raise_one_line_errors_naming_them(change, name):
     s, cam = scene_and_cam()
     s["means"][0] = torch.tensor([0.0, 0.0, -100.0], dtype=torch.float64)  # behind the camera
@@ -178,13 +198,16 @@ def test_settings_it_cannot_honour_raise_one_line_errors_naming_them(change, nam
     assert name in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("args, name", [
-    (dict(scales="3d"), "scales"),
-    (dict(shs="and colors"), "shs"),
-    (dict(cov3D_precomp="and scales"), "cov3D_precomp"),
-    (dict(opacities="flat2"), "opacities"),
-    (dict(means2D="wrong"), "means2D"),
-])
+@pytest.mark.parametrize(
+    "args, name",
+    [
+        (dict(scales="3d"), "scales"),
+        (dict(shs="and colors"), "shs"),
+        (dict(cov3D_precomp="and scales"), "cov3D_precomp"),
+        (dict(opacities="flat2"), "opacities"),
+        (dict(means2D="wrong"), "means2D"),
+    ],
+)
 def test_arguments_it_cannot_take_raise_one_line_errors_naming_them(args, name):
     s, cam = scene_and_cam()
     n = s["means"].shape[0]
@@ -209,18 +232,27 @@ def test_an_empty_model_renders_the_background_and_backpropagates(path):
     _, cam = scene_and_cam()
     empty = torch.zeros(0, 3, dtype=torch.float64, requires_grad=True)
     means2D = torch.zeros(0, 3, dtype=torch.float64, requires_grad=True)
-    kw = (dict(scales=torch.zeros(0, 2, dtype=torch.float64), rotations=torch.zeros(0, 4, dtype=torch.float64))
-          if path == "scales" else dict(cov3D_precomp=torch.zeros(0, 9, dtype=torch.float64)))
+    kw = (
+        dict(scales=torch.zeros(0, 2, dtype=torch.float64), rotations=torch.zeros(0, 4, dtype=torch.float64))
+        if path == "scales"
+        else dict(cov3D_precomp=torch.zeros(0, 9, dtype=torch.float64))
+    )
     color, radii, allmap = GaussianRasterizer(settings_for(cam, bg=(0.1, 0.2, 0.3), dtype=torch.float64))(
-        empty, means2D, torch.zeros(0, 1, dtype=torch.float64), colors_precomp=torch.zeros(0, 3, dtype=torch.float64),
-        **kw)
+        empty,
+        means2D,
+        torch.zeros(0, 1, dtype=torch.float64),
+        colors_precomp=torch.zeros(0, 3, dtype=torch.float64),
+        **kw,
+    )
     (color.sum() + allmap.sum()).backward()
     assert radii.shape == (0,) and torch.equal(allmap, torch.zeros(7, H0, W0, dtype=torch.float64))
     assert torch.allclose(color, torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)[:, None, None].expand(3, H0, W0))
     assert empty.grad.shape == (0, 3) and means2D.grad.shape == (0, 3)
 
 
-@pytest.mark.skipif(not (torch.cuda.is_available() and has_cuda_kernels()), reason="needs a GPU and splat's CUDA kernels")
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and has_cuda_kernels()), reason="needs a GPU and splat's CUDA kernels"
+)
 @pytest.mark.parametrize("path", ["scales", "cov3D_precomp"])
 def test_cuda_tensors_run_on_cuda_and_agree_with_the_cpu(path):
     """2DGS's float32 inputs on the GPU (its .cuda() calls): the same images and gradients as on the CPU."""
@@ -229,11 +261,15 @@ def test_cuda_tensors_run_on_cuda_and_agree_with_the_cpu(path):
     for device in ("cpu", "cuda"):
         means = s["means"].to(device).requires_grad_(True)
         means2D = torch.zeros(14, 3, device=device, requires_grad=True)
-        kw = (dict(scales=s["scales"].to(device), rotations=s["quats"].to(device)) if path == "scales" else
-              dict(cov3D_precomp=two_dgs_transform(cam, s["means"], s["quats"], s["scales"]).to(device)))
+        kw = (
+            dict(scales=s["scales"].to(device), rotations=s["quats"].to(device))
+            if path == "scales"
+            else dict(cov3D_precomp=two_dgs_transform(cam, s["means"], s["quats"], s["scales"]).to(device))
+        )
         settings = settings_for(cam, sh_degree=1)._replace(bg=torch.tensor([0.2, 0.3, 0.4], device=device))
         color, radii, allmap = GaussianRasterizer(settings)(
-            means, means2D, s["opacities"][:, None].to(device), shs=torch.ones(14, 4, 3, device=device) * 0.3, **kw)
+            means, means2D, s["opacities"][:, None].to(device), shs=torch.ones(14, 4, 3, device=device) * 0.3, **kw
+        )
         (color.sum() + allmap[:2].sum()).backward()
         assert color.device.type == device and radii.device.type == device
         results.append([t.detach().cpu() for t in (color, allmap, means.grad, means2D.grad)] + [radii.cpu()])
@@ -258,8 +294,20 @@ def test_outputs_have_2dgs_layout_and_meaning():
     bg = (0.2, 0.5, 0.1)
     color, radii, allmap = render_shim(settings_for(cam, bg=bg, dtype=torch.float64), s)
     viewmat, K = splat_camera(cam, torch.float64)
-    out = splat.rasterize(s["means"], s["quats"], s["scales"], s["opacities"], s["colors"], viewmat, K,
-                          W0, H0, near=0.2, far=1e10, background=torch.tensor(bg, dtype=torch.float64))
+    out = splat.rasterize(
+        s["means"],
+        s["quats"],
+        s["scales"],
+        s["opacities"],
+        s["colors"],
+        viewmat,
+        K,
+        W0,
+        H0,
+        near=0.2,
+        far=1e10,
+        background=torch.tensor(bg, dtype=torch.float64),
+    )
     assert color.shape == (3, H0, W0) and allmap.shape == (7, H0, W0) and radii.shape == (14,)
     assert radii.dtype == torch.int32
     assert torch.allclose(color, out.rgb.permute(2, 0, 1), atol=1e-6)
@@ -272,8 +320,9 @@ def test_outputs_have_2dgs_layout_and_meaning():
     assert torch.allclose(world, out.normal.permute(2, 0, 1), atol=1e-5)
     assert torch.allclose(allmap[5], out.median_depth, atol=1e-6)
     # 6: 2DGS's m(z) = 100/99.8 (1 - 0.2/z), splat's distortion at far = 100.
-    out100 = splat.rasterize(s["means"], s["quats"], s["scales"], s["opacities"], s["colors"], viewmat, K,
-                             W0, H0, near=0.2, far=100.0)
+    out100 = splat.rasterize(
+        s["means"], s["quats"], s["scales"], s["opacities"], s["colors"], viewmat, K, W0, H0, near=0.2, far=100.0
+    )
     assert out100.distortion.max() > 1e-6
     assert torch.allclose(allmap[6], out100.distortion, rtol=1e-9, atol=1e-12)
     assert torch.equal(radii > 0, out.radii > 0)
@@ -283,11 +332,13 @@ def test_allmap_channels_on_two_known_surfels():
     """Two camera-facing discs on the axis at z = 2 and z = 3: the centre pixel's values by hand."""
     W = H = 16
     cam = Cam(np.eye(3), np.zeros(3), math.radians(60.0), math.radians(60.0), W, H)
-    s = dict(means=torch.tensor([[0.0, 0.0, 2.0], [0.0, 0.0, 3.0]], dtype=torch.float64),
-             quats=torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]], dtype=torch.float64),  # normals +-z
-             scales=torch.full((2, 2), 5.0, dtype=torch.float64),
-             opacities=torch.tensor([0.4, 0.5], dtype=torch.float64),
-             colors=torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], dtype=torch.float64))
+    s = dict(
+        means=torch.tensor([[0.0, 0.0, 2.0], [0.0, 0.0, 3.0]], dtype=torch.float64),
+        quats=torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]], dtype=torch.float64),  # normals +-z
+        scales=torch.full((2, 2), 5.0, dtype=torch.float64),
+        opacities=torch.tensor([0.4, 0.5], dtype=torch.float64),
+        colors=torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], dtype=torch.float64),
+    )
     color, radii, allmap = render_shim(settings_for(cam, dtype=torch.float64), s)
     # The centre pixel (7, 7) of the 16-pixel image: centre at 7.5 in splat's pixels, 0.5 px off axis.
     x = 0.5 / fov2focal(cam.FoVx, W)
@@ -346,21 +397,29 @@ def test_precomputed_transform_renders_as_scales_and_rotations():
 def test_means2d_gradient_is_splats_translation_gradient_in_ndc_units():
     s, cam = scene_and_cam()
     g = torch.Generator().manual_seed(7)
-    wc, wa = torch.rand(3, H0, W0, generator=g, dtype=torch.float64), torch.rand(7, H0, W0, generator=g,
-                                                                                  dtype=torch.float64)
+    wc, wa = (
+        torch.rand(3, H0, W0, generator=g, dtype=torch.float64),
+        torch.rand(7, H0, W0, generator=g, dtype=torch.float64),
+    )
     means2D = torch.zeros(14, 3, dtype=torch.float64, requires_grad=True) + 0
     means2D.retain_grad()  # as 2DGS's render() does
     color, _, allmap = render_shim(settings_for(cam, dtype=torch.float64), s, means2D=means2D)
     ((color * wc).sum() + (allmap * wa).sum()).backward()
     viewmat, K = splat_camera(cam, torch.float64)
     means = s["means"].clone().requires_grad_(True)  # splat draws its handle for a graph
-    out = splat.rasterize(means, s["quats"], s["scales"], s["opacities"], s["colors"], viewmat, K,
-                          W0, H0, near=0.2, far=1e10)
+    out = splat.rasterize(
+        means, s["quats"], s["scales"], s["opacities"], s["colors"], viewmat, K, W0, H0, near=0.2, far=1e10
+    )
     depth_sum = out.depth * out.alpha
     normal_view = (out.normal @ viewmat[:3, :3].T).permute(2, 0, 1)
-    loss = ((out.rgb.permute(2, 0, 1) * wc).sum() + (depth_sum * wa[0]).sum() + (out.alpha * wa[1]).sum()
-            + (normal_view * wa[2:5]).sum() + (out.median_depth * wa[5]).sum()
-            + (out.distortion * dsr.DISTORTION_SCALE * wa[6]).sum())
+    loss = (
+        (out.rgb.permute(2, 0, 1) * wc).sum()
+        + (depth_sum * wa[0]).sum()
+        + (out.alpha * wa[1]).sum()
+        + (normal_view * wa[2:5]).sum()
+        + (out.median_depth * wa[5]).sum()
+        + (out.distortion * dsr.DISTORTION_SCALE * wa[6]).sum()
+    )
     loss.backward()
     assert out.means2d.grad.abs().max() > 1e-3
     expected = out.means2d.grad * torch.tensor([W0 / 2, H0 / 2], dtype=torch.float64)
@@ -383,6 +442,7 @@ def _loss_fn(cam, settings, weights, n):
         else:
             color, _, allmap = rast(means, m2d, opac, shs=shs, cov3D_precomp=transforms)
         return (color * weights[0]).sum() + (allmap * weights[1]).sum()
+
     return loss
 
 
@@ -406,8 +466,10 @@ def _fd_scene():
     s, cam = scene_and_cam(n=8, seed=3, width=20, height=16)
     g = torch.Generator().manual_seed(2)
     shs = torch.randn(8, 4, 3, generator=g, dtype=torch.float64) * 0.3
-    weights = (torch.rand(3, 16, 20, generator=g, dtype=torch.float64) - 0.3,
-               torch.rand(7, 16, 20, generator=g, dtype=torch.float64) - 0.3)
+    weights = (
+        torch.rand(3, 16, 20, generator=g, dtype=torch.float64) - 0.3,
+        torch.rand(7, 16, 20, generator=g, dtype=torch.float64) - 0.3,
+    )
     return s, cam, shs, weights
 
 
@@ -442,11 +504,13 @@ def test_float64_central_differences_of_means2d_gradient():
     f(*base, transforms=transforms, m2d=m2d).backward()
     assert m2d.grad[:, :2].abs().max() > 1e-2
     for axis, half in ((0, W / 2), (1, H / 2)):
+
         def moved(d, axis=axis):  # every surfel i moved by d[i] pixels along the axis
             shift = torch.zeros(8, 3, 3, dtype=torch.float64)
             shift[:, axis, 2] = d
             M = transforms.reshape(8, 3, 3)
             return f(*base, transforms=(M + shift @ M).reshape(8, 9))
+
         numeric = _central(moved, torch.zeros(8, dtype=torch.float64)) * half
         assert torch.allclose(m2d.grad[:, axis], numeric, rtol=1e-5, atol=1e-6), axis
     # The scales/rotations path: moving the principal point moves every footprint.
@@ -455,6 +519,7 @@ def test_float64_central_differences_of_means2d_gradient():
     # p = 0.05 (W/2 p = 0.5 px > SNAP_PIXELS) so that no step is snapped.
     R, T = cam.world_view_transform.T.numpy()[:3, :3].T, cam.world_view_transform.T.numpy()[:3, 3]
     for axis in (0, 1):
+
         def at(p, axis=axis):
             shift = (p, 0.0) if axis == 0 else (0.0, p)
             return Cam(R, T, cam.FoVx, cam.FoVy, W, H, shift=shift, dtype=torch.float64)
@@ -462,7 +527,9 @@ def test_float64_central_differences_of_means2d_gradient():
         def loss_at(p, m2d=None):
             c = at(p)
             return _loss_fn(c, settings_for(c, sh_degree=1, dtype=torch.float64), weights, 8)(
-                s["means"], s["opacities"][:, None], s["scales"], s["quats"], shs, m2d=m2d)
+                s["means"], s["opacities"][:, None], s["scales"], s["quats"], shs, m2d=m2d
+            )
+
         m2d = torch.zeros(8, 3, dtype=torch.float64, requires_grad=True)
         loss_at(0.05, m2d).backward()
         with torch.no_grad():
@@ -474,8 +541,12 @@ def test_float64_central_differences_of_means2d_gradient():
 # Installing the shim distribution, debug snapshots
 # ---------------------------------------------------------------------------
 def test_shim_distribution_installs_offline_and_imports_splats_classes(tmp_path):
-    assert_shim_installs(tmp_path, "diff-surfel-rasterization", "diff_surfel_rasterization",
-                         ("GaussianRasterizer", "GaussianRasterizationSettings", "rasterize_gaussians"))
+    assert_shim_installs(
+        tmp_path,
+        "diff-surfel-rasterization",
+        "diff_surfel_rasterization",
+        ("GaussianRasterizer", "GaussianRasterizationSettings", "rasterize_gaussians"),
+    )
 
 
 def test_debug_saves_a_snapshot_of_the_inputs_on_error(tmp_path, monkeypatch):
@@ -504,8 +575,9 @@ def _fixture_views(n_views=8, size=40, fov_deg=55.0):
         cam = cam_from_viewmat(viewmat, size, size, fov)
         c2w = torch.linalg.inv(viewmat)
         f = fov2focal(fov, size)
-        jj, ii = torch.meshgrid(torch.arange(size, dtype=torch.float64), torch.arange(size, dtype=torch.float64),
-                                indexing="xy")
+        jj, ii = torch.meshgrid(
+            torch.arange(size, dtype=torch.float64), torch.arange(size, dtype=torch.float64), indexing="xy"
+        )
         d_cam = torch.stack([(jj + 0.5 - size / 2) / f, (ii + 0.5 - size / 2) / f, torch.ones_like(jj)], -1)
         d = d_cam @ c2w[:3, :3].T
         d = d / d.norm(dim=-1, keepdim=True)
@@ -515,14 +587,15 @@ def _fixture_views(n_views=8, size=40, fov_deg=55.0):
         t_floor = (0.5 - o[1]) / d[..., 1]
         p = o + t_floor[..., None] * d
         on_floor = (t_floor > 0) & (p[..., 0].abs() < 1.5) & (p[..., 2].abs() < 1.5)
-        tex = 0.5 + 0.35 * torch.stack([torch.sin(3 * p[..., 0]), torch.cos(3 * p[..., 2]),
-                                        torch.sin(2 * (p[..., 0] + p[..., 2]))], -1)
+        tex = 0.5 + 0.35 * torch.stack(
+            [torch.sin(3 * p[..., 0]), torch.cos(3 * p[..., 2]), torch.sin(2 * (p[..., 0] + p[..., 2]))], -1
+        )
         color = torch.where(on_floor[..., None], tex, color)
         # sphere at (0, 0.05, 0), radius 0.45
         centre = torch.tensor([0.0, 0.05, 0.0], dtype=torch.float64)
         oc = o - centre
         b = (d * oc).sum(-1)
-        disc = b * b - (oc * oc).sum() + 0.45 ** 2
+        disc = b * b - (oc * oc).sum() + 0.45**2
         t_sph = -b - torch.sqrt(torch.clamp_min(disc, 0.0))
         hit = (disc > 0) & (t_sph > 0) & (~on_floor | (t_sph < t_floor))
         n = (o + t_sph[..., None] * d - centre) / 0.45
@@ -535,10 +608,12 @@ def _fixture_views(n_views=8, size=40, fov_deg=55.0):
 def _surface_points(n, g):
     """Points near the fixture's surfaces with their colours: a stand-in for an SfM cloud."""
     k = n // 2
-    floor = torch.cat([torch.rand(k, 1, generator=g) * 3 - 1.5, torch.full((k, 1), 0.5),
-                       torch.rand(k, 1, generator=g) * 3 - 1.5], 1)
-    floor_rgb = 0.5 + 0.35 * torch.stack([torch.sin(3 * floor[:, 0]), torch.cos(3 * floor[:, 2]),
-                                          torch.sin(2 * (floor[:, 0] + floor[:, 2]))], -1)
+    floor = torch.cat(
+        [torch.rand(k, 1, generator=g) * 3 - 1.5, torch.full((k, 1), 0.5), torch.rand(k, 1, generator=g) * 3 - 1.5], 1
+    )
+    floor_rgb = 0.5 + 0.35 * torch.stack(
+        [torch.sin(3 * floor[:, 0]), torch.cos(3 * floor[:, 2]), torch.sin(2 * (floor[:, 0] + floor[:, 2]))], -1
+    )
     d = torch.randn(n - k, 3, generator=g)
     d = d / d.norm(dim=-1, keepdim=True)
     sphere = torch.tensor([0.0, 0.05, 0.0]) + 0.45 * d
@@ -566,13 +641,23 @@ def test_training_loop_in_2dgs_style_through_the_shim_reaches_its_psnr():
     points, colors = _surface_points(600, g)
     centres = torch.stack([v.camera_center for v in views])
     extent = float((centres - centres.mean(0)).norm(dim=-1).max()) * 1.1  # getNerfppNorm's radius
-    opt = OptimizationParams(iterations=300, position_lr_max_steps=300, lambda_dist=100.0, dist_from=30,
-                             normal_from=70, sh_up_every=100, densify_from_iter=50, densification_interval=50,
-                             densify_until_iter=250, opacity_reset_interval=10**9)
+    opt = OptimizationParams(
+        iterations=300,
+        position_lr_max_steps=300,
+        lambda_dist=100.0,
+        dist_from=30,
+        normal_from=70,
+        sh_up_every=100,
+        densify_from_iter=50,
+        densification_interval=50,
+        densify_until_iter=250,
+        opacity_reset_interval=10**9,
+    )
     model, counters = train(views, create_from_pcd(points, colors, g), opt, g, torch.zeros(3), extent)
     with torch.no_grad():
-        mse = torch.stack([((render(v, model, torch.zeros(3))["render"] - v.original_image) ** 2).mean()
-                           for v in views])
+        mse = torch.stack(
+            [((render(v, model, torch.zeros(3))["render"] - v.original_image) ** 2).mean() for v in views]
+        )
     psnr = float((-10 * torch.log10(mse)).mean())
     print(f"PSNR {psnr:.2f} dB, {model['xyz'].shape[0]} surfels, {counters}")
     assert counters["cloned"] > 0 and counters["split"] > 0 and counters["grad_peak"] > 0.0002

@@ -5,6 +5,7 @@ splat.rasterize, float64 central differences run through the shim (including
 the meta["gradient_2dgs"] densification gradient), and meta is fed to gsplat's
 own DefaultStrategy where gsplat is installed (a pure-Python import on CPU).
 """
+
 import math
 
 import pytest
@@ -34,26 +35,55 @@ def _scene(n=14, seed=3, dtype=torch.float64):
     s = random_scene(n, WIDTH, HEIGHT, seed=seed, principal_offset=(4.3, -3.1), aspect=1.15)
     second = look_at_viewmat((-0.6, 0.4, -4.2), (0.1, 0.0, 0.0))
     scales = torch.cat([s["scales"], torch.full((n, 1), 0.5, dtype=torch.float64)], dim=1)  # third unused
-    p = dict(means=s["means"], quats=s["quats"], scales=scales, opacities=s["opacities"], colors=s["colors"],
-             viewmats=torch.stack([s["viewmat"], second]),
-             Ks=torch.stack([s["K"], intrinsics(WIDTH, HEIGHT, 55.0, (-1.2, 0.7))]),
-             backgrounds=torch.tensor([[0.3, 0.6, 0.2], [0.9, 0.1, 0.4]], dtype=torch.float64))
+    p = dict(
+        means=s["means"],
+        quats=s["quats"],
+        scales=scales,
+        opacities=s["opacities"],
+        colors=s["colors"],
+        viewmats=torch.stack([s["viewmat"], second]),
+        Ks=torch.stack([s["K"], intrinsics(WIDTH, HEIGHT, 55.0, (-1.2, 0.7))]),
+        backgrounds=torch.tensor([[0.3, 0.6, 0.2], [0.9, 0.1, 0.4]], dtype=torch.float64),
+    )
     return {k: v.to(dtype) for k, v in p.items()}
 
 
 def _call(p, **kw):
     kw.setdefault("near_plane", 0.2)
     kw.setdefault("far_plane", 100.0)
-    return shim.rasterization_2dgs(p["means"], p["quats"], p["scales"], p["opacities"], p["colors"], p["viewmats"],
-                                   p["Ks"], WIDTH, HEIGHT, backgrounds=p.get("backgrounds"), **kw)
+    return shim.rasterization_2dgs(
+        p["means"],
+        p["quats"],
+        p["scales"],
+        p["opacities"],
+        p["colors"],
+        p["viewmats"],
+        p["Ks"],
+        WIDTH,
+        HEIGHT,
+        backgrounds=p.get("backgrounds"),
+        **kw,
+    )
 
 
 def _single(p, c, **kw):
     """splat.rasterize for camera c, the ground truth of every layout claim."""
     bg = p.get("backgrounds")
-    return splat.rasterize(p["means"], p["quats"], p["scales"][:, :2], p["opacities"], p["colors"], p["viewmats"][c],
-                           p["Ks"][c], WIDTH, HEIGHT, near=0.2, far=100.0, background=None if bg is None else bg[c],
-                           **kw)
+    return splat.rasterize(
+        p["means"],
+        p["quats"],
+        p["scales"][:, :2],
+        p["opacities"],
+        p["colors"],
+        p["viewmats"][c],
+        p["Ks"][c],
+        WIDTH,
+        HEIGHT,
+        near=0.2,
+        far=100.0,
+        background=None if bg is None else bg[c],
+        **kw,
+    )
 
 
 def _leaves(p):
@@ -215,8 +245,7 @@ def test_gradient_2dgs_is_the_screen_translation_gradient_in_pixels(packed):
     q = _leaves(p)
     outs = _call(q, render_mode="RGB+ED", packed=packed)
     g = torch.Generator().manual_seed(7)
-    weights = [torch.rand(o.shape, generator=g, dtype=torch.float64) - 0.3 if o is not None else None
-               for o in outs[:6]]
+    weights = [torch.rand(o.shape, generator=g, dtype=torch.float64) - 0.3 if o is not None else None for o in outs[:6]]
     _translation_loss_terms(outs, weights).backward()
     meta = outs[6]
     grad = meta["gradient_2dgs"].grad
@@ -225,7 +254,8 @@ def test_gradient_2dgs_is_the_screen_translation_gradient_in_pixels(packed):
         rows = meta["camera_ids"] == c if packed else c
         for axis in range(2):
             numeric = _principal_point_derivative(
-                p, c, axis, lambda r: _translation_loss_terms(_call(r, render_mode="RGB+ED"), weights))
+                p, c, axis, lambda r: _translation_loss_terms(_call(r, render_mode="RGB+ED"), weights)
+            )
             analytic = float(grad[rows][..., axis].sum())
             assert abs(analytic - numeric) <= ATOL + RTOL * abs(analytic), (c, axis, analytic, numeric)
             assert abs(analytic) > 1e-3
@@ -263,8 +293,19 @@ def test_pixel_centres_and_fov_to_K():
     quats = torch.tensor([[1.0, 0.0, 0.0, 0.0]] * 2, dtype=torch.float64)
     scales = torch.tensor([[0.4, 0.4, 1.0], [1e-3, 1e-3, 1.0]], dtype=torch.float64)
     ops = torch.tensor([0.9, 0.0], dtype=torch.float64)  # the edge surfel is only projected
-    rgb, _, _, _, _, _, meta = shim.rasterization_2dgs(means, quats, scales, ops, torch.ones(2, 3, dtype=torch.float64),
-                                                       viewmat, K, W, H, near_plane=0.2, far_plane=100.0)
+    rgb, _, _, _, _, _, meta = shim.rasterization_2dgs(
+        means,
+        quats,
+        scales,
+        ops,
+        torch.ones(2, 3, dtype=torch.float64),
+        viewmat,
+        K,
+        W,
+        H,
+        near_plane=0.2,
+        far_plane=100.0,
+    )
     torch.testing.assert_close(meta["means2d"][0, 0], torch.tensor([2.5, 2.0], dtype=torch.float64))
     # the fov edge lands on the image edge x = W - 0.5 + 0.5 + (cx - W / 2) = cx + W / 2
     torch.testing.assert_close(meta["means2d"][0, 1], torch.tensor([2.5 + W / 2, 2.0 + H / 2], dtype=torch.float64))
@@ -312,36 +353,43 @@ def test_finite_differences_through_the_shim(mode, depth_mode):
             numeric = (vals[0] - vals[1]) / (2 * H_STEP)
             err = abs(float(analytic[i]) - numeric)
             assert err <= ATOL + RTOL * abs(float(analytic[i])), (
-                f"d/d{key}[{i}]: analytic {float(analytic[i]):.6e}, numeric {numeric:.6e}")
+                f"d/d{key}[{i}]: analytic {float(analytic[i]):.6e}, numeric {numeric:.6e}"
+            )
 
 
 # --------------------------------------------------------------------------- errors
-@pytest.mark.parametrize("kwargs,name", [
-    (dict(absgrad=True), "absgrad"),
-    (dict(sparse_grad=True), "sparse_grad"),
-    (dict(render_mode="RGB+N"), "render_mode"),
-    (dict(depth_mode="mean"), "depth_mode"),
-    (dict(distloss=True), "distloss"),  # with the default render_mode "RGB"
-    (dict(tile_size=0), "tile_size"),
-    (dict(radius_clip=-1.0), "radius_clip"),
-    (dict(eps2d=float("nan")), "eps2d"),
-    (dict(near_plane=0.0), "near_plane"),
-    (dict(packed=1), "packed"),
-    (dict(render_mode="D"), "backgrounds"),  # _scene() has backgrounds
-])
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        (dict(absgrad=True), "absgrad"),
+        (dict(sparse_grad=True), "sparse_grad"),
+        (dict(render_mode="RGB+N"), "render_mode"),
+        (dict(depth_mode="mean"), "depth_mode"),
+        (dict(distloss=True), "distloss"),  # with the default render_mode "RGB"
+        (dict(tile_size=0), "tile_size"),
+        (dict(radius_clip=-1.0), "radius_clip"),
+        (dict(eps2d=float("nan")), "eps2d"),
+        (dict(near_plane=0.0), "near_plane"),
+        (dict(packed=1), "packed"),
+        (dict(render_mode="D"), "backgrounds"),  # _scene() has backgrounds
+    ],
+)
 def test_unsupported_arguments_raise_naming_them(kwargs, name):
     with pytest.raises(ValueError, match=name):
         _call(_scene(), **kwargs)
 
 
-@pytest.mark.parametrize("change,name", [
-    (lambda p: dict(p, means=p["means"][None]), "means"),
-    (lambda p: dict(p, colors=torch.ones(14, 4, dtype=torch.float64)), "colors"),
-    (lambda p: dict(p, viewmats=p["viewmats"][0]), "viewmats"),
-    (lambda p: dict(p, Ks=p["Ks"][:1]), "Ks"),
-    (lambda p: dict(p, scales=p["scales"][:, :1]), "scales"),
-    (lambda p: dict(p, backgrounds=p["backgrounds"][:1]), "backgrounds"),
-])
+@pytest.mark.parametrize(
+    "change,name",
+    [
+        (lambda p: dict(p, means=p["means"][None]), "means"),
+        (lambda p: dict(p, colors=torch.ones(14, 4, dtype=torch.float64)), "colors"),
+        (lambda p: dict(p, viewmats=p["viewmats"][0]), "viewmats"),
+        (lambda p: dict(p, Ks=p["Ks"][:1]), "Ks"),
+        (lambda p: dict(p, scales=p["scales"][:, :1]), "scales"),
+        (lambda p: dict(p, backgrounds=p["backgrounds"][:1]), "backgrounds"),
+    ],
+)
 def test_bad_layouts_raise_naming_the_argument(change, name):
     with pytest.raises(ValueError, match=name):
         _call(change(_scene()))
@@ -361,16 +409,33 @@ def test_errors_are_one_line():
 def _gsplat_style_params(p):
     """gsplat's trainer layout: log-scales [N, 3], logit opacities, float32 (gsplat's
     strategy keeps its running sums in float32)."""
-    return torch.nn.ParameterDict({
-        "means": p["means"].float(), "quats": p["quats"].float(), "scales": p["scales"].float().log(),
-        "opacities": torch.logit(p["opacities"].float()), "colors": p["colors"].float()})
+    return torch.nn.ParameterDict(
+        {
+            "means": p["means"].float(),
+            "quats": p["quats"].float(),
+            "scales": p["scales"].float().log(),
+            "opacities": torch.logit(p["opacities"].float()),
+            "colors": p["colors"].float(),
+        }
+    )
 
 
 def _render_params(params, p, packed):
-    return shim.rasterization_2dgs(params["means"], params["quats"], params["scales"].exp(),
-                                   torch.sigmoid(params["opacities"]), params["colors"], p["viewmats"].float(),
-                                   p["Ks"].float(), WIDTH, HEIGHT, near_plane=0.2, far_plane=100.0,
-                                   render_mode="RGB+ED", packed=packed)
+    return shim.rasterization_2dgs(
+        params["means"],
+        params["quats"],
+        params["scales"].exp(),
+        torch.sigmoid(params["opacities"]),
+        params["colors"],
+        p["viewmats"].float(),
+        p["Ks"].float(),
+        WIDTH,
+        HEIGHT,
+        near_plane=0.2,
+        far_plane=100.0,
+        render_mode="RGB+ED",
+        packed=packed,
+    )
 
 
 @pytest.mark.parametrize("key", ["gradient_2dgs", "means2d"])
@@ -386,8 +451,9 @@ def test_meta_drives_gsplat_default_strategy(key):
     for packed in (False, True):
         params = _gsplat_style_params(p)
         optimizers = {k: torch.optim.Adam([v], lr=1e-3) for k, v in params.items()}
-        strategy = gsplat_strategy.DefaultStrategy(key_for_gradient=key, refine_start_iter=0, refine_every=1,
-                                                   grow_grad2d=0.0, verbose=False)
+        strategy = gsplat_strategy.DefaultStrategy(
+            key_for_gradient=key, refine_start_iter=0, refine_every=1, grow_grad2d=0.0, verbose=False
+        )
         strategy.check_sanity(params, optimizers)
         state = strategy.initialize_state(scene_scale=1.0)
         colors, _, _, _, distort, _, info = _render_params(params, p, packed)
@@ -420,8 +486,23 @@ def _training_fixture(width=32, height=24):
     eyes = [(0.3, -0.2, -4.0), (1.5, -0.5, -3.7), (-1.4, 0.3, -3.8), (0.2, 1.2, -3.8)]
     viewmats = torch.stack([look_at_viewmat(e, (0.0, 0.0, 0.0), dtype=torch.float32) for e in eyes])
     Ks = intrinsics(width, height, 60.0, dtype=torch.float32).expand(len(eyes), 3, 3)
-    images = torch.stack([splat.rasterize(s["means"], s["quats"], s["scales"], s["opacities"], s["colors"], v, Ks[0],
-                                          width, height, background=torch.ones(3)).rgb for v in viewmats])
+    images = torch.stack(
+        [
+            splat.rasterize(
+                s["means"],
+                s["quats"],
+                s["scales"],
+                s["opacities"],
+                s["colors"],
+                v,
+                Ks[0],
+                width,
+                height,
+                background=torch.ones(3),
+            ).rgb
+            for v in viewmats
+        ]
+    )
     return viewmats, Ks, images
 
 
@@ -438,32 +519,48 @@ def test_gsplat_style_training_loop_reaches_psnr():
     width, height = images.shape[2], images.shape[1]
     g = torch.Generator().manual_seed(0)
     n = 100
-    params = torch.nn.ParameterDict({
-        "means": (torch.rand(n, 3, generator=g) * 2 - 1) * torch.tensor([1.4, 1.1, 1.0]),
-        "scales": torch.full((n, 3), math.log(0.1)),
-        "quats": torch.randn(n, 4, generator=g),
-        "opacities": torch.full((n,), math.log(0.1 / 0.9)),
-        "sh0": (torch.rand(n, 1, 3, generator=g) - 0.5) / 0.28209479,
-        "shN": torch.zeros(n, 3, 3)})
+    params = torch.nn.ParameterDict(
+        {
+            "means": (torch.rand(n, 3, generator=g) * 2 - 1) * torch.tensor([1.4, 1.1, 1.0]),
+            "scales": torch.full((n, 3), math.log(0.1)),
+            "quats": torch.randn(n, 4, generator=g),
+            "opacities": torch.full((n,), math.log(0.1 / 0.9)),
+            "sh0": (torch.rand(n, 1, 3, generator=g) - 0.5) / 0.28209479,
+            "shN": torch.zeros(n, 3, 3),
+        }
+    )
     lrs = dict(means=4e-3, scales=2e-2, quats=1e-2, opacities=5e-2, sh0=2e-2, shN=1e-3)
     optimizers = {k: torch.optim.Adam([params[k]], lr=lrs[k], eps=1e-15) for k in params}
-    strategy = gsplat_strategy.DefaultStrategy(key_for_gradient="gradient_2dgs", refine_start_iter=100,
-                                               refine_every=50, refine_stop_iter=250, verbose=False)
+    strategy = gsplat_strategy.DefaultStrategy(
+        key_for_gradient="gradient_2dgs", refine_start_iter=100, refine_every=50, refine_stop_iter=250, verbose=False
+    )
     strategy.check_sanity(params, optimizers)
     state = strategy.initialize_state(scene_scale=1.0)
 
     def render(cameras, sh_degree, grad=True):
         with torch.set_grad_enabled(grad):
             return shim.rasterization_2dgs(
-                params["means"], params["quats"], params["scales"].exp(), torch.sigmoid(params["opacities"]),
-                torch.cat([params["sh0"], params["shN"]], 1), viewmats[cameras], Ks[cameras], width, height,
-                near_plane=0.2, far_plane=200.0, sh_degree=sh_degree, backgrounds=torch.ones(len(cameras), 3),
-                render_mode="RGB+D", distloss=True)
+                params["means"],
+                params["quats"],
+                params["scales"].exp(),
+                torch.sigmoid(params["opacities"]),
+                torch.cat([params["sh0"], params["shN"]], 1),
+                viewmats[cameras],
+                Ks[cameras],
+                width,
+                height,
+                near_plane=0.2,
+                far_plane=200.0,
+                sh_degree=sh_degree,
+                backgrounds=torch.ones(len(cameras), 3),
+                render_mode="RGB+D",
+                distloss=True,
+            )
 
     for step in range(300):
         i = step % len(images)
         renders, alphas, normals, normals_from_depth, distort, _, info = render([i], min(step // 100, 1))
-        colors, pixels = renders[..., :3], images[i:i + 1]
+        colors, pixels = renders[..., :3], images[i : i + 1]
         strategy.step_pre_backward(params, optimizers, state, step, info)
         loss = 0.8 * (colors - pixels).abs().mean() + 0.2 * (1 - splat.losses.ssim(colors[0], pixels[0]))
         if step > 250:  # simple_trainer's normal consistency, on gsplat's layouts

@@ -8,6 +8,7 @@ DefaultStrategy driven by the returned meta (gsplat installs as pure Python
 on the CPU; its pure-PyTorch compositing needs nerfacc, a CUDA package, so
 rgb and alpha are checked against splat's independent per-pixel loop in
 tests/test_reference_3dgs.py instead)."""
+
 import pytest
 import torch
 
@@ -24,8 +25,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 def _scene(n=12, seed=3, dtype=torch.float64):
     p = dict(
         random_gaussians(n, seed),
-        viewmats=torch.stack([look_at_viewmat((0.3, -0.2, -4.0), (0.0, 0.0, 0.0)),
-                              look_at_viewmat((-0.6, 0.4, -4.2), (0.1, 0.0, 0.0))]),
+        viewmats=torch.stack(
+            [look_at_viewmat((0.3, -0.2, -4.0), (0.0, 0.0, 0.0)), look_at_viewmat((-0.6, 0.4, -4.2), (0.1, 0.0, 0.0))]
+        ),
         Ks=torch.stack([intrinsics(WIDTH, HEIGHT, 60.0, (4.3, -3.1), 1.15), intrinsics(WIDTH, HEIGHT, 55.0)]),
         backgrounds=torch.tensor([[0.3, 0.6, 0.2], [0.9, 0.1, 0.4]], dtype=torch.float64),
     )
@@ -34,15 +36,28 @@ def _scene(n=12, seed=3, dtype=torch.float64):
 
 def _call(p, **kw):
     args = [p[k] for k in ("means", "quats", "scales", "opacities", "colors", "viewmats", "Ks")]
-    return shim.rasterization(*args, WIDTH, HEIGHT, backgrounds=p.get("backgrounds"),
-                              **{"near_plane": 0.2, "far_plane": 100.0, **kw})
+    return shim.rasterization(
+        *args, WIDTH, HEIGHT, backgrounds=p.get("backgrounds"), **{"near_plane": 0.2, "far_plane": 100.0, **kw}
+    )
 
 
 def _single(p, c, **kw):
     bg = p.get("backgrounds")
-    return splat.rasterize_3dgs(p["means"], p["quats"], p["scales"], p["opacities"], p["colors"], p["viewmats"][c],
-                                p["Ks"][c], WIDTH, HEIGHT, near=0.2, far=100.0,
-                                background=None if bg is None else bg[c], **kw)
+    return splat.rasterize_3dgs(
+        p["means"],
+        p["quats"],
+        p["scales"],
+        p["opacities"],
+        p["colors"],
+        p["viewmats"][c],
+        p["Ks"][c],
+        WIDTH,
+        HEIGHT,
+        near=0.2,
+        far=100.0,
+        background=None if bg is None else bg[c],
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("mode, channels", [("RGB", 3), ("D", 1), ("ED", 1), ("RGB+D", 4), ("RGB+ED", 4)])
@@ -75,7 +90,8 @@ def test_meta_conics_and_opacities_match_gsplats_projection(antialiased):
     quats = p["quats"] / p["quats"].norm(dim=-1, keepdim=True)
     covars, _ = torch_impl._quat_scale_to_covar_preci(quats, p["scales"], compute_preci=False)
     _, means2d, depths, conics, comp = torch_impl._fully_fused_projection(
-        p["means"], covars, p["viewmats"], p["Ks"], WIDTH, HEIGHT, eps2d=0.3, calc_compensations=antialiased)
+        p["means"], covars, p["viewmats"], p["Ks"], WIDTH, HEIGHT, eps2d=0.3, calc_compensations=antialiased
+    )
     seen = (meta["radii"] > 0).all(-1)  # [C, N]
     assert not bool(seen[:, 0].any()) and bool(seen.sum() > 10)
     assert torch.allclose(meta["conics"][seen], conics[seen], rtol=1e-10, atol=1e-12)
@@ -115,11 +131,18 @@ def test_means2d_grad_is_each_cameras_screen_translation_gradient(packed):
             assert torch.allclose(meta["means2d"].grad[c], expected)
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    (dict(distributed=True), "distributed"), (dict(camera_model="fisheye"), "camera_model"),
-    (dict(covars=torch.eye(3)), "covars"), (dict(eps2d=0.1), "eps2d"), (dict(rasterize_mode="mip"), "rasterize_mode"),
-    (dict(absgrad=True), "absgrad"), (dict(sparse_grad=True), "sparse_grad"),
-])
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(distributed=True), "distributed"),
+        (dict(camera_model="fisheye"), "camera_model"),
+        (dict(covars=torch.eye(3)), "covars"),
+        (dict(eps2d=0.1), "eps2d"),
+        (dict(rasterize_mode="mip"), "rasterize_mode"),
+        (dict(absgrad=True), "absgrad"),
+        (dict(sparse_grad=True), "sparse_grad"),
+    ],
+)
 def test_unsupported_arguments_raise_naming_them(kwargs, name):
     with pytest.raises(ValueError, match=name) as e:
         _call(_scene(), **kwargs)
@@ -141,17 +164,33 @@ def test_meta_drives_gsplat_default_strategy():
     n = p["means"].shape[0]
     grad2d = {}
     for packed in (False, True):
-        params = torch.nn.ParameterDict({
-            "means": p["means"].clone(), "quats": p["quats"].clone(), "scales": p["scales"].log(),
-            "opacities": torch.logit(p["opacities"]), "colors": p["colors"].clone()})
+        params = torch.nn.ParameterDict(
+            {
+                "means": p["means"].clone(),
+                "quats": p["quats"].clone(),
+                "scales": p["scales"].log(),
+                "opacities": torch.logit(p["opacities"]),
+                "colors": p["colors"].clone(),
+            }
+        )
         optimizers = {k: torch.optim.Adam([v], lr=1e-3) for k, v in params.items()}
-        strategy = gsplat_strategy.DefaultStrategy(refine_start_iter=0, refine_every=1, grow_grad2d=0.0,
-                                                   verbose=False)
+        strategy = gsplat_strategy.DefaultStrategy(refine_start_iter=0, refine_every=1, grow_grad2d=0.0, verbose=False)
         strategy.check_sanity(params, optimizers)
         state = strategy.initialize_state(scene_scale=1.0)
-        colors, _, info = shim.rasterization(params["means"], params["quats"], params["scales"].exp(),
-                                             torch.sigmoid(params["opacities"]), params["colors"], p["viewmats"],
-                                             p["Ks"], WIDTH, HEIGHT, near_plane=0.2, far_plane=100.0, packed=packed)
+        colors, _, info = shim.rasterization(
+            params["means"],
+            params["quats"],
+            params["scales"].exp(),
+            torch.sigmoid(params["opacities"]),
+            params["colors"],
+            p["viewmats"],
+            p["Ks"],
+            WIDTH,
+            HEIGHT,
+            near_plane=0.2,
+            far_plane=100.0,
+            packed=packed,
+        )
         strategy.step_pre_backward(params, optimizers, state, 1, info)
         colors.square().mean().backward()
         strategy._update_state(params, state, info, packed=packed)
@@ -174,7 +213,8 @@ def test_radius_clip_drops_small_gaussians_and_keeps_meta_unclipped():
     clip = float(radii[radii > 0].float().median())
     _, clipped_alphas, clipped_meta = _call(p, packed=False, radius_clip=clip)
     assert float(clipped_alphas.sum()) < float(alphas.sum())
-    assert torch.equal(clipped_meta["conics"], meta["conics"]) and torch.equal(clipped_meta["opacities"],
-                                                                               meta["opacities"])
+    assert torch.equal(clipped_meta["conics"], meta["conics"]) and torch.equal(
+        clipped_meta["opacities"], meta["opacities"]
+    )
     _, none_drawn, _ = _call(p, packed=False, radius_clip=1e9)
     assert float(none_drawn.abs().max()) == 0.0

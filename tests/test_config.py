@@ -15,9 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_config_files_list_every_field():
     """configs/*.yaml are complete recipes: every declared field is set in each file."""
+
     def keys(d, prefix=""):
         return {prefix + k if not isinstance(v, dict) else None for k, v in d.items()} - {None} | {
-            x for k, v in d.items() if isinstance(v, dict) for x in keys(v, prefix + k + ".")}
+            x for k, v in d.items() if isinstance(v, dict) for x in keys(v, prefix + k + ".")
+        }
 
     for path in sorted((ROOT / "configs").glob("*.yaml")):
         data = yaml.safe_load(path.read_text())
@@ -25,28 +27,31 @@ def test_config_files_list_every_field():
         assert load_config(str(path)) == check_config(load_config(str(path)))
 
 
-@pytest.mark.parametrize("override, words", [
-    ("model.sh_degree=4", ["model.sh_degree", "<= 3", "4"]),
-    ("model.sh_degree=1.5", ["model.sh_degree", "integer", "1.5"]),
-    ("data.downscale=0", ["data.downscale", ">= 1", "0"]),
-    ("data.downscale=0.5", ["data.downscale", "0.5"]),
-    ("render.near=0", ["render.near", "> 0", "0"]),
-    ("render.far=0.1", ["render.near", "render.far", "0.1"]),
-    ("train.iterations=-1", ["train.iterations", ">= 0", "-1"]),
-    ("train.iterations=lots", ["train.iterations", "integer", "lots"]),
-    ("model.init_opacity=1.0", ["model.init_opacity", "< 1.0", "1.0"]),
-    ("model.init_opacity=0", ["model.init_opacity", "> 0.0"]),
-    ("data.background=[1,1]", ["data.background", "3 values"]),
-    ("data.background=[1,1,2]", ["data.background", "<= 1.0", "2"]),
-    ("data.background=white", ["data.background", "list", "white"]),
-    ("data.layout=blender", ["data.layout", "'colmap'", "blender"]),
-    ("device=gpu", ["device", "gpu"]),
-    ("strategy.verbose=maybe", ["strategy.verbose", "true or false", "maybe"]),
-    ("loss.dist_lambda=nan", ["loss.dist_lambda", "finite", "nan"]),
-    ("loss.dist_lamda=5", ["unknown config key", "loss.dist_lamda"]),
-    ("loss=5", ["loss", "section"]),
-    ("train.iterations", ["train.iterations", "key=value"]),
-])
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("model.sh_degree=4", ["model.sh_degree", "<= 3", "4"]),
+        ("model.sh_degree=1.5", ["model.sh_degree", "integer", "1.5"]),
+        ("data.downscale=0", ["data.downscale", ">= 1", "0"]),
+        ("data.downscale=0.5", ["data.downscale", "0.5"]),
+        ("render.near=0", ["render.near", "> 0", "0"]),
+        ("render.far=0.1", ["render.near", "render.far", "0.1"]),
+        ("train.iterations=-1", ["train.iterations", ">= 0", "-1"]),
+        ("train.iterations=lots", ["train.iterations", "integer", "lots"]),
+        ("model.init_opacity=1.0", ["model.init_opacity", "< 1.0", "1.0"]),
+        ("model.init_opacity=0", ["model.init_opacity", "> 0.0"]),
+        ("data.background=[1,1]", ["data.background", "3 values"]),
+        ("data.background=[1,1,2]", ["data.background", "<= 1.0", "2"]),
+        ("data.background=white", ["data.background", "list", "white"]),
+        ("data.layout=blender", ["data.layout", "'colmap'", "blender"]),
+        ("device=gpu", ["device", "gpu"]),
+        ("strategy.verbose=maybe", ["strategy.verbose", "true or false", "maybe"]),
+        ("loss.dist_lambda=nan", ["loss.dist_lambda", "finite", "nan"]),
+        ("loss.dist_lamda=5", ["unknown config key", "loss.dist_lamda"]),
+        ("loss=5", ["loss", "section"]),
+        ("train.iterations", ["train.iterations", "key=value"]),
+    ],
+)
 def test_bad_override_names_key_and_value(override, words):
     with pytest.raises(ConfigError) as e:
         load_config(None, [override])
@@ -58,8 +63,9 @@ def test_bad_override_names_key_and_value(override, words):
 
 
 def test_values_are_converted_to_the_declared_types():
-    cfg = load_config(None, ["train.lr.means=1e-4", "loss.dist_lambda=5", "data.background=[0, 0, 1]",
-                             "train.iterations=3.0"])
+    cfg = load_config(
+        None, ["train.lr.means=1e-4", "loss.dist_lambda=5", "data.background=[0, 0, 1]", "train.iterations=3.0"]
+    )
     assert cfg["train"]["lr"]["means"] == 1e-4 and isinstance(cfg["train"]["lr"]["means"], float)
     assert isinstance(cfg["loss"]["dist_lambda"], float)
     assert cfg["data"]["background"] == [0.0, 0.0, 1.0]
@@ -69,13 +75,16 @@ def test_values_are_converted_to_the_declared_types():
     assert (cfg["render"]["near"], cfg["render"]["far"]) == (200.0, 300.0)
 
 
-@pytest.mark.parametrize("text, words", [
-    ("model: {sh_degree: 9}\n", ["bad.yaml", "model.sh_degree", "9"]),
-    ("model:\n  sh_degree: [1\n", ["bad.yaml", "invalid YAML", "line"]),
-    ("- 1\n- 2\n", ["bad.yaml", "mapping"]),
-    ("modle: {sh_degree: 1}\n", ["bad.yaml", "unknown config key", "modle"]),
-    ("model: 3\n", ["bad.yaml", "model", "section"]),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("model: {sh_degree: 9}\n", ["bad.yaml", "model.sh_degree", "9"]),
+        ("model:\n  sh_degree: [1\n", ["bad.yaml", "invalid YAML", "line"]),
+        ("- 1\n- 2\n", ["bad.yaml", "mapping"]),
+        ("modle: {sh_degree: 1}\n", ["bad.yaml", "unknown config key", "modle"]),
+        ("model: 3\n", ["bad.yaml", "model", "section"]),
+    ],
+)
 def test_bad_yaml_file_names_file_and_key(tmp_path, text, words):
     p = tmp_path / "bad.yaml"
     p.write_text(text)

@@ -42,12 +42,16 @@ def _files() -> list:
     """Repository-relative paths of the files in the tree: tracked and new ones
     (not ignored) in a git checkout, else every file outside hidden folders."""
     try:
-        out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-co", "--exclude-standard", "-z"],
-                             capture_output=True, check=True).stdout.decode()
+        out = subprocess.run(
+            ["git", "-C", str(ROOT), "ls-files", "-co", "--exclude-standard", "-z"], capture_output=True, check=True
+        ).stdout.decode()
         return [p for p in out.split("\0") if p and (ROOT / p).exists()]
     except (OSError, subprocess.CalledProcessError):
-        return [p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*")
-                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(ROOT).parts)]
+        return [
+            p.relative_to(ROOT).as_posix()
+            for p in ROOT.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(ROOT).parts)
+        ]
 
 
 def expected_entries(files: list) -> set:
@@ -73,10 +77,19 @@ def expected_entries(files: list) -> set:
 
 
 def test_layout_block_parses_into_nested_paths():
-    block = "## Layout\n\n```text\ntrain.py   CLI\nsplat/\n  model.py   parameters\n  data/      loaders\n" \
-            "    colmap.py  COLMAP\n  sh.py  SH\n.ci/run    CI\n```\n"
-    assert layout_entries(block) == ["train.py", "splat", "splat/model.py", "splat/data", "splat/data/colmap.py",
-                                     "splat/sh.py", ".ci/run"]
+    block = (
+        "## Layout\n\n```text\ntrain.py   CLI\nsplat/\n  model.py   parameters\n  data/      loaders\n"
+        "    colmap.py  COLMAP\n  sh.py  SH\n.ci/run    CI\n```\n"
+    )
+    assert layout_entries(block) == [
+        "train.py",
+        "splat",
+        "splat/model.py",
+        "splat/data",
+        "splat/data/colmap.py",
+        "splat/sh.py",
+        ".ci/run",
+    ]
 
 
 def test_layout_block_names_the_tree():

@@ -1,4 +1,5 @@
 """The constants live once per language; this keeps core.h and conventions.py in step."""
+
 import math
 import re
 from pathlib import Path

@@ -57,17 +57,21 @@ def _room_surfels(seed: int = 0):
             nrm.append(t(n).expand(cnt, 3))
             scl.append((lo + (hi - lo) * torch.rand(cnt, 1, generator=g, dtype=torch.float64)).expand(cnt, 2))
 
-    face((0, 0, 0), (0, 0, 1), (1, 0, 0), (0, 1, 0), 2.0, 2.0)        # floor z = 0
-    face((-2, 0, 1), (1, 0, 0), (0, 1, 0), (0, 0, 1), 2.0, 1.0)       # wall x = -2
-    face((0, -2, 1), (0, 1, 0), (1, 0, 0), (0, 0, 1), 2.0, 1.0)       # wall y = -2
+    face((0, 0, 0), (0, 0, 1), (1, 0, 0), (0, 1, 0), 2.0, 2.0)  # floor z = 0
+    face((-2, 0, 1), (1, 0, 0), (0, 1, 0), (0, 0, 1), 2.0, 1.0)  # wall x = -2
+    face((0, -2, 1), (0, 1, 0), (1, 0, 0), (0, 0, 1), 2.0, 1.0)  # wall y = -2
     face((0.4, 0, 0.35), (1, 0, 0), (0, 1, 0), (0, 0, 1), 0.35, 0.35)  # box
     face((0, 0.4, 0.35), (0, 1, 0), (1, 0, 0), (0, 0, 1), 0.35, 0.35)
     face((0, 0, 0.7), (0, 0, 1), (1, 0, 0), (0, 1, 0), 0.35, 0.35)
     means, normals = torch.cat(pts), torch.cat(nrm)
     n = len(means)
-    return dict(means=means, quats=quats_from_normals(normals, g), scales=torch.cat(scl).contiguous(),
-                opacities=torch.ones(n, dtype=torch.float64),
-                colors=torch.rand(n, 3, generator=g, dtype=torch.float64))
+    return dict(
+        means=means,
+        quats=quats_from_normals(normals, g),
+        scales=torch.cat(scl).contiguous(),
+        opacities=torch.ones(n, dtype=torch.float64),
+        colors=torch.rand(n, 3, generator=g, dtype=torch.float64),
+    )
 
 
 def fixture_viewmats() -> list:
@@ -86,8 +90,9 @@ def write_photos(folder: Path) -> list:
     surfels, K = _room_surfels(), intrinsics(W, H, 60.0)
     viewmats = fixture_viewmats()
     for k, vm in enumerate(viewmats):
-        o = splat.rasterize(**surfels, viewmat=vm, K=K, width=W, height=H,
-                            background=torch.full((3,), 0.5, dtype=torch.float64))
+        o = splat.rasterize(
+            **surfels, viewmat=vm, K=K, width=W, height=H, background=torch.full((3,), 0.5, dtype=torch.float64)
+        )
         img = (o.rgb.clamp(0, 1).numpy() * 255 + 0.5).astype(np.uint8)
         Image.fromarray(img).save(folder / f"view_{k:02d}.jpg", quality=95)
     return viewmats
@@ -182,17 +187,28 @@ def write_unusable_files(folder: Path) -> dict:
         return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
 
     # a valid PNG header announcing 100000 x 100000 pixels (30 GB decoded)
-    (folder / "huge.png").write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 100000, 100000,
-                                                                                          8, 2, 0, 0, 0))
-                                     + chunk(b"IDAT", zlib.compress(b"\0" * 16)) + chunk(b"IEND", b""))
-    return {"notes.jpg": "not an image", "empty.png": "empty file", "cut.png": "truncated",
-            "cut.jpg": "truncated", "huge.png": "absurd size: 10,000,000,000 pixels"}
+    (folder / "huge.png").write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", 100000, 100000, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(b"\0" * 16))
+        + chunk(b"IEND", b"")
+    )
+    return {
+        "notes.jpg": "not an image",
+        "empty.png": "empty file",
+        "cut.png": "truncated",
+        "cut.jpg": "truncated",
+        "huge.png": "absurd size: 10,000,000,000 pixels",
+    }
 
 
 def write_previous_scene(out: Path) -> dict:
     """A stand-in for an earlier conversion in ``out``: {relative path: bytes}."""
-    files = {"images/old.jpg": b"old image", "sparse/0/cameras.bin": b"old cameras",
-             "distorted/database.db": b"old database"}
+    files = {
+        "images/old.jpg": b"old image",
+        "sparse/0/cameras.bin": b"old cameras",
+        "distorted/database.db": b"old database",
+    }
     for rel, data in files.items():
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
         (out / rel).write_bytes(data)
@@ -219,13 +235,19 @@ def test_convert_recovers_poses_and_the_scene_loads(photos, tmp_path, capsys, ma
         old = write_previous_scene(out)
         extra = ["--overwrite"]
     t0 = time.perf_counter()
-    code = convert_cli.main(["--images", str(folder), "--out", str(out), "--matcher", matcher,
-                             "--single-camera", "--threads", "2", *extra])
+    code = convert_cli.main(
+        ["--images", str(folder), "--out", str(out), "--matcher", matcher, "--single-camera", "--threads", "2", *extra]
+    )
     err = capsys.readouterr().err
     assert code == 0, err
     skipped = f" ({len(junk)} other files skipped, see above)" if junk else ""
-    for words in ("feature extraction", f"{matcher} matching", "incremental mapping", "undistortion",
-                  f"registered {N_VIEWS} of {N_VIEWS} images{skipped}; scene written"):
+    for words in (
+        "feature extraction",
+        f"{matcher} matching",
+        "incremental mapping",
+        "undistortion",
+        f"registered {N_VIEWS} of {N_VIEWS} images{skipped}; scene written",
+    ):
         assert words in err, (words, err)
     for name, why in junk.items():  # each one named, with the reason, on a line of its own
         assert sum(line.startswith(f"skipped {folder / name}: {why}") for line in err.splitlines()) == 1, (name, err)
@@ -239,8 +261,11 @@ def test_convert_recovers_poses_and_the_scene_loads(photos, tmp_path, capsys, ma
     for f in scene.train:
         assert f.K[0, 1] == 0 and abs(float(f.K[0, 0]) / float(f.K[1, 1]) - 1) < 1e-6  # PINHOLE
     centre_err, rot_err, rel_err = pose_errors(scene.train, true)
-    print(f"{matcher}: {time.perf_counter() - t0:.1f} s, centre RMS {100 * centre_err:.3f} % of radius, "
-          f"max rotation error {rot_err:.3f} deg, relative {rel_err:.3f} deg", file=sys.stderr)
+    print(
+        f"{matcher}: {time.perf_counter() - t0:.1f} s, centre RMS {100 * centre_err:.3f} % of radius, "
+        f"max rotation error {rot_err:.3f} deg, relative {rel_err:.3f} deg",
+        file=sys.stderr,
+    )
     assert centre_err < CENTRE_TOL
     assert rot_err < ROT_TOL_DEG
     assert rel_err < REL_TOL_DEG
@@ -282,8 +307,9 @@ def test_user_mistakes_are_one_line_errors(capsys, tmp_path, photos):
     assert code == 1
     _one_error(err, "is the images folder")
     for overlap in (0, -3):  # COLMAP itself would abort the process (SIGABRT) on these
-        code, err = _convert(capsys, "--images", folder, "--out", tmp_path / "o", "--matcher", "sequential",
-                             "--overlap", overlap)
+        code, err = _convert(
+            capsys, "--images", folder, "--out", tmp_path / "o", "--matcher", "sequential", "--overlap", overlap
+        )
         assert code == 1
         _one_error(err, f"overlap must be at least 1 (frames matched ahead), got {overlap}")
         assert not (tmp_path / "o").exists()  # refused before any work
@@ -336,6 +362,7 @@ def test_unmatchable_photos_fail_with_one_line(capsys, tmp_path):
     out = tmp_path / "scene"
     old = write_previous_scene(out)
     from splat.sfm.colmap_pipeline import MARKER
+
     (out / ".convert-new-killed").mkdir()  # a work folder of a killed run: convert's, so removed
     (out / ".convert-new-killed" / MARKER).write_text("")
     (out / ".convert-new-mine").mkdir()  # no marker: not convert's, so left alone
@@ -369,8 +396,12 @@ def test_sigterm_stops_convert_cleanly(tmp_path, photos):
     no output folder (it did not exist before)."""
     folder, _ = photos
     out = tmp_path / "scene"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "convert.py"), "--images", str(folder), "--out", str(out),
-                             "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "convert.py"), "--images", str(folder), "--out", str(out), "--threads", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stderr.readline()  # pycolmap is imported by now; the reconstruction takes seconds
         assert line.startswith("[1/4] feature extraction"), line

@@ -14,6 +14,7 @@ spans and candidate tests only skip pixels the kernel rejects, so:
     summation noise, measured <= 6e-7 of each tensor's largest magnitude on
     these scenes; we require 1e-5 (a wrong term is O(1)).
 """
+
 import math
 import platform
 import re
@@ -23,11 +24,10 @@ import sys
 
 import pytest
 import torch
+from rasterize_helpers import OUTPUTS, all_grads, camera, cotangents, leaves, render
 
 from splat._backend import load_extension
 from splat.testing import random_scene, surface_scene
-
-from rasterize_helpers import OUTPUTS, all_grads, camera, cotangents, leaves, render
 
 ext = load_extension()
 
@@ -158,8 +158,13 @@ def test_float32_exp_is_accurate_and_the_same_in_lanes():
     """core.h's float32 exp (Cephes' expf, written out so that CPU lanes and the
     GPU compute the same bits): within 2 ulp of the true exp on [-87, 88],
     exactly 0 below -87, and the 8-lane version bitwise equal to the scalar."""
-    x = torch.cat([torch.linspace(-87.0, 88.0, 400_000), torch.linspace(-12.0, 0.0, 100_000),
-                   torch.tensor([0.0, -0.0, -5.55, 1e-8, -1e-8, -87.0, 88.0, -90.0, -1e30])])
+    x = torch.cat(
+        [
+            torch.linspace(-87.0, 88.0, 400_000),
+            torch.linspace(-12.0, 0.0, 100_000),
+            torch.tensor([0.0, -0.0, -5.55, 1e-8, -1e-8, -87.0, 88.0, -90.0, -1e30]),
+        ]
+    )
     x = torch.cat([x, torch.zeros((-x.numel()) % 8)]).float().contiguous()
     scalar, lanes = ext.exp_float32(x)
     assert torch.equal(scalar, lanes)
@@ -209,9 +214,14 @@ def test_backward_reads_broadcast_upstream_gradients_in_place(kernel_mode):
     W, H = args[7], args[8]
     state = [f[9], f[10], f[6], f[7], f[1], f[8]]
     g = torch.Generator().manual_seed(3)
-    up = [torch.tensor([0.3, -0.2, 0.5]).expand(H, W, 3), torch.tensor(-0.7).expand(H, W),
-          torch.rand(H, W, generator=g), torch.tensor(0.25).expand(H, W, 3),
-          torch.tensor(1.5).expand(H, W), torch.zeros(()).expand(H, W)]
+    up = [
+        torch.tensor([0.3, -0.2, 0.5]).expand(H, W, 3),
+        torch.tensor(-0.7).expand(H, W),
+        torch.rand(H, W, generator=g),
+        torch.tensor(0.25).expand(H, W, 3),
+        torch.tensor(1.5).expand(H, W),
+        torch.zeros(()).expand(H, W),
+    ]
     broadcast = ext.backward_cpu(*args, *state, *up, f[11])
     copied = ext.backward_cpu(*args, *state, *(u.contiguous() for u in up), f[11])
     assert float(broadcast.abs().max()) > 0 and torch.equal(broadcast, copied)
@@ -232,8 +242,11 @@ def test_sum_and_mean_losses_match_their_dense_form(kernel_mode):
         out = render(params, camera(scene, torch.float32), "cpu")
         H, W = out.depth.shape
         if dense:
-            loss = ((out.rgb * torch.full((H, W, 3), 1.0)).sum() + (out.depth * torch.full((H, W), 0.5)).sum()
-                    + (out.distortion * torch.full((H, W), 1.0 / (H * W))).sum())
+            loss = (
+                (out.rgb * torch.full((H, W, 3), 1.0)).sum()
+                + (out.depth * torch.full((H, W), 0.5)).sum()
+                + (out.distortion * torch.full((H, W), 1.0 / (H * W))).sum()
+            )
         else:
             loss = out.rgb.sum() + 0.5 * out.depth.sum() + out.distortion.mean()
         loss.backward()
@@ -247,13 +260,16 @@ def test_sum_and_mean_losses_match_their_dense_form(kernel_mode):
 def fused_multiply_adds(library):
     """The fused multiply-add instructions (x86 FMA3: vfmadd, vfmsub, vfnmadd,
     vfnmsub, vfmaddsub, vfmsubadd) in a shared library's disassembly."""
-    text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(library)], capture_output=True,
-                          text=True, check=True).stdout
+    text = subprocess.run(
+        ["objdump", "-d", "--no-show-raw-insn", str(library)], capture_output=True, text=True, check=True
+    ).stdout
     return [line.strip() for line in text.splitlines() if re.search(r"\svfn?m(add|sub)", line)]
 
 
-@pytest.mark.skipif(shutil.which("objdump") is None or platform.machine() not in ("x86_64", "AMD64"),
-                    reason="needs objdump and an x86-64 build")
+@pytest.mark.skipif(
+    shutil.which("objdump") is None or platform.machine() not in ("x86_64", "AMD64"),
+    reason="needs objdump and an x86-64 build",
+)
 def test_build_has_no_fused_multiply_add():
     """The CPU kernels round like the CUDA build (nvcc --fmad=false) and the
     emulation tests only without FMA contraction: -ffp-contract=off

@@ -22,16 +22,17 @@ by rounding.  So:
   by the transmittance products of deep pixels).
 Everything else -- radii, the count of outliers -- is strict.
 """
+
 import pytest
 import torch
+from rasterize_helpers import OUTPUTS, all_grads, camera, cotangents, leaves, render
 
 from splat._backend import has_cuda_kernels
 from splat.testing import random_scene, surface_scene
 
-from rasterize_helpers import OUTPUTS, all_grads, camera, cotangents, leaves, render
-
-needs_gpu = pytest.mark.skipif(not (torch.cuda.is_available() and has_cuda_kernels()),
-                               reason="needs a GPU and splat built with CUDA kernels")
+needs_gpu = pytest.mark.skipif(
+    not (torch.cuda.is_available() and has_cuda_kernels()), reason="needs a GPU and splat built with CUDA kernels"
+)
 
 TOL = {torch.float64: (1e-9, 1e-9), torch.float32: (1e-5, 1e-3)}
 FLIP_PIXELS = 3
@@ -77,9 +78,14 @@ def _cam(scene, device, dtype):
 
 @needs_gpu
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("scene", [random_scene(60, 70, 45, seed=0, principal_offset=(7.0, -3.0)),
-                                   surface_scene(5000, 160, 120, dtype=torch.float64, seed=1)],
-                         ids=["random", "surfaces"])
+@pytest.mark.parametrize(
+    "scene",
+    [
+        random_scene(60, 70, 45, seed=0, principal_offset=(7.0, -3.0)),
+        surface_scene(5000, 160, 120, dtype=torch.float64, seed=1),
+    ],
+    ids=["random", "surfaces"],
+)
 def test_cuda_matches_cpu(scene, dtype):
     base = leaves(scene)
     base["background"] = torch.tensor([0.3, 0.1, 0.8], dtype=torch.float64)
@@ -87,8 +93,9 @@ def test_cuda_matches_cpu(scene, dtype):
         weights = cotangents(render(base, camera(scene), "cpu"))
     w = {k: v.to(dtype) for k, v in weights.items()}
     cpu_out, cpu_grads = all_grads(_to(base, "cpu", dtype), _cam(scene, "cpu", dtype), "cpu", w)
-    gpu_out, gpu_grads = all_grads(_to(base, "cuda", dtype), _cam(scene, "cuda", dtype), "cuda",
-                                   {k: v.cuda() for k, v in w.items()})
+    gpu_out, gpu_grads = all_grads(
+        _to(base, "cuda", dtype), _cam(scene, "cuda", dtype), "cuda", {k: v.cuda() for k, v in w.items()}
+    )
     value_tol, grad_tol = TOL[dtype]
     for k in OUTPUTS:
         assert_close_but_flips(getattr(gpu_out, k), getattr(cpu_out, k), value_tol, FLIP_PIXELS, k)
@@ -105,8 +112,9 @@ def test_cuda_matches_cpu_for_3d_gaussians(dtype, antialiased):
     and every input's gradient, with the tolerances and flip allowance above
     (the same reasons: torch's CUDA reductions in the projection and the
     device's float64 exp)."""
-    import splat
     from test_cuda_emulation_3dgs import gaussian_scene
+
+    import splat
 
     W, H = 64, 48
     base = gaussian_scene(300, W, H, seed=2, dtype=torch.float64)
@@ -115,11 +123,29 @@ def test_cuda_matches_cpu_for_3d_gaussians(dtype, antialiased):
 
     def run(device):
         p = {k: base[k].detach().to(device=device, dtype=dtype).requires_grad_(True) for k in names}
-        out = splat.rasterize_3dgs(p["means"], p["quats"], p["scales"], p["opacities"], p["colors"], p["viewmat"],
-                                   p["K"], W, H, background=p["background"], antialiased=antialiased)
+        out = splat.rasterize_3dgs(
+            p["means"],
+            p["quats"],
+            p["scales"],
+            p["opacities"],
+            p["colors"],
+            p["viewmat"],
+            p["K"],
+            W,
+            H,
+            background=p["background"],
+            antialiased=antialiased,
+        )
         g = torch.Generator().manual_seed(1)
-        loss = sum((getattr(out, k) * (torch.rand(getattr(out, k).shape, generator=g, dtype=torch.float64) - 0.3)
-                    .to(device=device, dtype=dtype)).sum() for k in outputs)
+        loss = sum(
+            (
+                getattr(out, k)
+                * (torch.rand(getattr(out, k).shape, generator=g, dtype=torch.float64) - 0.3).to(
+                    device=device, dtype=dtype
+                )
+            ).sum()
+            for k in outputs
+        )
         return out, dict(zip(names, torch.autograd.grad(loss, [p[k] for k in names])))
 
     cpu_out, cpu_grads = run("cpu")

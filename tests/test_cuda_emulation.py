@@ -22,24 +22,35 @@ Tolerances:
   measured difference (see test output with -s); a real bug (a dropped or
   doubled pixel) changes a column by far more.
 """
+
 from __future__ import annotations
 
 import types
 
 import pytest
 import torch
+from cuda_emulation.build import build
+from rasterize_helpers import OUTPUTS, all_grads, camera, cotangents, leaves, render
+from test_finite_differences import SCENES as FD_SCENES
 
 import splat
 from splat._backend import load_extension
 from splat.testing import random_scene, surface_scene
 
-from cuda_emulation.build import build
-from rasterize_helpers import OUTPUTS, all_grads, camera, cotangents, leaves, render
-from test_finite_differences import SCENES as FD_SCENES
-
 RASTERIZE = __import__("sys").modules["splat.rasterize"]  # the module (splat.rasterize is the function)
-FORWARD_NAMES = ("color_sum", "transmittance", "depth_sum", "normal_sum", "distortion", "median_depth",
-                 "end", "median_index", "totals", "tile_offsets", "point_list")
+FORWARD_NAMES = (
+    "color_sum",
+    "transmittance",
+    "depth_sum",
+    "normal_sum",
+    "distortion",
+    "median_depth",
+    "end",
+    "median_index",
+    "totals",
+    "tile_offsets",
+    "point_list",
+)
 GRAD_TOL = {torch.float64: 1e-12, torch.float32: 2e-5}
 NEAR, FAR = 0.2, 100.0
 
@@ -72,8 +83,20 @@ def kernel_inputs(scene, dtype):
     RASTERIZE.load_extension = lambda: types.SimpleNamespace(forward_cpu=forward_cpu)
     try:
         with torch.no_grad():
-            splat.rasterize(s["means"], s["quats"], s["scales"], s["opacities"], s["colors"], s["viewmat"],
-                            s["K"], s["width"], s["height"], near=NEAR, far=FAR, backend="cpu")
+            splat.rasterize(
+                s["means"],
+                s["quats"],
+                s["scales"],
+                s["opacities"],
+                s["colors"],
+                s["viewmat"],
+                s["K"],
+                s["width"],
+                s["height"],
+                near=NEAR,
+                far=FAR,
+                backend="cpu",
+            )
     finally:
         RASTERIZE.load_extension = old
     assert len(seen) == 1
@@ -83,8 +106,10 @@ def kernel_inputs(scene, dtype):
 
 def upstream(W, H, dtype, seed=7):
     g = torch.Generator().manual_seed(seed)
-    return [torch.rand(shape, generator=g, dtype=torch.float64).to(dtype) - 0.3
-            for shape in ((H, W, 3), (H, W), (H, W), (H, W, 3), (H, W), (H, W))]
+    return [
+        torch.rand(shape, generator=g, dtype=torch.float64).to(dtype) - 0.3
+        for shape in ((H, W, 3), (H, W), (H, W), (H, W, 3), (H, W), (H, W))
+    ]
 
 
 def saved_state(f):
@@ -107,8 +132,10 @@ def check_parity(cpu, emu, args, dims, label="", primitive="surfels"):
         assert a.shape == b.shape and a.dtype == b.dtype, f"{label} {name}: {a.shape}/{a.dtype} vs {b.shape}/{b.dtype}"
         if not torch.equal(a, b):
             diff = (a.double() - b.double()).abs()
-            raise AssertionError(f"{label} {name}: not bitwise equal, {int((diff > 0).sum())} entries differ, "
-                                 f"max |diff| {float(diff.max()):.3g}")
+            raise AssertionError(
+                f"{label} {name}: not bitwise equal, {int((diff > 0).sum())} entries differ, "
+                f"max |diff| {float(diff.max()):.3g}"
+            )
     up = upstream(W, H, dtype)
     # The CPU surfel forward's packed records (anything after the 11 outputs) go back to its backward.
     ref_b = cpu_backward(*args, *dims, *saved_state(ref_f), *up, *ref_f[11:])
@@ -183,8 +210,17 @@ EDGE_CASES = {
 @pytest.mark.parametrize("case", list(EDGE_CASES))
 def test_edge_cases_match_cpu(emu, cpu, case, dtype):
     kw = EDGE_CASES[case]
-    args, dims = raw_case(kw["n"], kw["W"], kw["H"], kw["seed"], dtype, kw.get("opaque", False),
-                          kw.get("tight", False), kw.get("weird_depth", False), kw.get("faint", False))
+    args, dims = raw_case(
+        kw["n"],
+        kw["W"],
+        kw["H"],
+        kw["seed"],
+        dtype,
+        kw.get("opaque", False),
+        kw.get("tight", False),
+        kw.get("weird_depth", False),
+        kw.get("faint", False),
+    )
     ref_f, _ = check_parity(cpu, emu, args, dims, case)
     counts = ref_f[9].diff()
     end = ref_f[6]
@@ -221,8 +257,9 @@ def test_thread_and_block_orders_and_poison(emu, cpu, schedule):
         for case in ("deep", "opaque_early_exit", "17x1"):
             kw = EDGE_CASES[case]
             for dtype in DTYPES:
-                args, dims = raw_case(kw["n"], kw["W"], kw["H"], kw["seed"], dtype, kw.get("opaque", False),
-                                      faint=kw.get("faint", False))
+                args, dims = raw_case(
+                    kw["n"], kw["W"], kw["H"], kw["seed"], dtype, kw.get("opaque", False), faint=kw.get("faint", False)
+                )
                 check_parity(cpu, emu, args, dims, f"{case} {schedule}")
     finally:
         emu.configure("fwd", "fwd", 0x7F, 0)
@@ -244,8 +281,10 @@ def test_end_to_end_autograd(emu, dtype, monkeypatch):
 
     ref_out, ref_g = all_grads(params(), camera(scene, dtype), "cpu", w)
     calls = []
-    fake = types.SimpleNamespace(forward_cpu=lambda *a: (calls.append("fwd"), emu.forward(*a))[1],
-                                 backward_cpu=lambda *a: (calls.append("bwd"), emu.backward(*a))[1])
+    fake = types.SimpleNamespace(
+        forward_cpu=lambda *a: (calls.append("fwd"), emu.forward(*a))[1],
+        backward_cpu=lambda *a: (calls.append("bwd"), emu.backward(*a))[1],
+    )
     monkeypatch.setattr(RASTERIZE, "load_extension", lambda: fake)
     emu_out, emu_g = all_grads(params(), camera(scene, dtype), "cpu", w)
     assert calls == ["fwd", "bwd"]  # the emulated kernels did run
@@ -257,17 +296,20 @@ def test_end_to_end_autograd(emu, dtype, monkeypatch):
 
 
 # ---- the harness itself --------------------------------------------------------------
-@pytest.mark.parametrize("bug, message", [
-    ("divergent_barrier", r"divergent barrier .* at selftest\.cu:35 and at __syncthreads at selftest\.cu:37"),
-    ("deadlock", r"deadlock .* __shfl_sync at selftest\.cu:43; 16 thread\(s\) at __syncthreads at selftest\.cu:45"),
-    ("exited_lane", r"selftest\.cu:51 .* lane 5 of the mask 0xffffffff has already exited"),
-    ("partial_warp", r"selftest\.cu:55 .* names lane 16, which does not exist"),
-    ("lane_not_in_mask", r"selftest\.cu:59 .* calling lane 16 is not in the mask 0x0000ffff"),
-    ("vote_in_branch", r"deadlock .* __any_sync at selftest\.cu:63"),
-    ("too_much_shared", r"57344 bytes at selftest\.cu:68, over the 48 KiB limit"),
-    ("block_too_large", r"invalid launch configuration .* block \(2048, 1, 1\)"),
-    ("grid_y_too_large", r"invalid launch configuration .* grid \(1, 65536, 1\)"),
-])
+@pytest.mark.parametrize(
+    "bug, message",
+    [
+        ("divergent_barrier", r"divergent barrier .* at selftest\.cu:35 and at __syncthreads at selftest\.cu:37"),
+        ("deadlock", r"deadlock .* __shfl_sync at selftest\.cu:43; 16 thread\(s\) at __syncthreads at selftest\.cu:45"),
+        ("exited_lane", r"selftest\.cu:51 .* lane 5 of the mask 0xffffffff has already exited"),
+        ("partial_warp", r"selftest\.cu:55 .* names lane 16, which does not exist"),
+        ("lane_not_in_mask", r"selftest\.cu:59 .* calling lane 16 is not in the mask 0x0000ffff"),
+        ("vote_in_branch", r"deadlock .* __any_sync at selftest\.cu:63"),
+        ("too_much_shared", r"57344 bytes at selftest\.cu:68, over the 48 KiB limit"),
+        ("block_too_large", r"invalid launch configuration .* block \(2048, 1, 1\)"),
+        ("grid_y_too_large", r"invalid launch configuration .* grid \(1, 65536, 1\)"),
+    ],
+)
 def test_harness_reports_synchronisation_bugs_with_their_line(emu, bug, message):
     import re
 

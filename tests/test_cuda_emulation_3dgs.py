@@ -15,19 +15,18 @@ column's largest magnitude, the only difference being the order in which
 each Gaussian's per-pixel records are summed (warp reduce-scatter and one
 atomic per warp, against pixel order per tile on the CPU).
 """
+
 from __future__ import annotations
 
 import types
 
 import pytest
 import torch
+from test_cuda_emulation import GRAD_TOL, check_parity as check_primitive_parity, cpu, emu, saved_state, upstream  # noqa: F401 (fixtures)
 
 import splat
 from splat.rasterize_3dgs import gaussian_kernel_inputs
 from splat.testing import intrinsics, look_at_viewmat
-
-from test_cuda_emulation import GRAD_TOL, cpu, emu, saved_state, upstream  # noqa: F401 (fixtures)
-from test_cuda_emulation import check_parity as check_primitive_parity
 
 RASTERIZE_3DGS = __import__("sys").modules["splat.rasterize_3dgs"]
 NEAR, FAR = 0.2, 100.0
@@ -59,8 +58,19 @@ def kernel_args(s, width, height, antialiased=False, tight_seed=None):
     by random ones (shifted, empty, off-image or tighter than the footprint),
     which the kernels must honour exactly as the CPU does."""
     with torch.no_grad():
-        kin = gaussian_kernel_inputs(s["means"], s["quats"], s["scales"], s["opacities"], s["viewmat"], s["K"],
-                                     width, height, NEAR, FAR, antialiased)
+        kin = gaussian_kernel_inputs(
+            s["means"],
+            s["quats"],
+            s["scales"],
+            s["opacities"],
+            s["viewmat"],
+            s["K"],
+            width,
+            height,
+            NEAR,
+            FAR,
+            antialiased,
+        )
     rect = kin["pixel_rect"]
     if tight_seed is not None:
         g = torch.Generator().manual_seed(tight_seed)
@@ -146,11 +156,27 @@ def test_end_to_end_autograd(emu, dtype, monkeypatch):  # noqa: F811
 
     def run():
         p = {k: base[k].detach().to(dtype).requires_grad_(True) for k in names}
-        out = splat.rasterize_3dgs(p["means"], p["quats"], p["scales"], p["opacities"], p["colors"], p["viewmat"],
-                                   p["K"], W, H, background=p["background"], backend="cpu", antialiased=True)
+        out = splat.rasterize_3dgs(
+            p["means"],
+            p["quats"],
+            p["scales"],
+            p["opacities"],
+            p["colors"],
+            p["viewmat"],
+            p["K"],
+            W,
+            H,
+            background=p["background"],
+            backend="cpu",
+            antialiased=True,
+        )
         g = torch.Generator().manual_seed(1)
-        loss = sum((getattr(out, k) * (torch.rand(getattr(out, k).shape, generator=g, dtype=torch.float64) - 0.3)
-                    .to(dtype)).sum() for k in outputs)
+        loss = sum(
+            (
+                getattr(out, k) * (torch.rand(getattr(out, k).shape, generator=g, dtype=torch.float64) - 0.3).to(dtype)
+            ).sum()
+            for k in outputs
+        )
         grads = torch.autograd.grad(loss, [p[k] for k in names])
         return out, dict(zip(names, grads))
 
@@ -160,7 +186,8 @@ def test_end_to_end_autograd(emu, dtype, monkeypatch):  # noqa: F811
     fake = types.SimpleNamespace(
         forward_gaussians_cpu=lambda *a: (calls.append("fwd"), emu.forward_gaussians(*a))[1],
         backward_gaussians_cpu=lambda *a: (calls.append("bwd"), emu.backward_gaussians(*a))[1],
-        gauss_params_size=real.gauss_params_size)
+        gauss_params_size=real.gauss_params_size,
+    )
     monkeypatch.setattr(RASTERIZE_3DGS, "load_extension", lambda: fake)
     emu_out, emu_g = run()
     assert calls == ["fwd", "bwd"]  # the emulated kernels did run

@@ -11,15 +11,14 @@ import math
 import struct
 from pathlib import Path
 
+import fixtures_data as fx
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-import fixtures_data as fx
 from splat.data import DataError, Frame, SceneData, load_scene
 from splat.data.colmap import qvec_to_rotmat
-
 
 # ---------------------------------------------------------------- helpers
 
@@ -271,8 +270,12 @@ def test_nerf_per_frame_intrinsics_override(tmp_path):
     fx.write_images(tmp_path / "images", truth.views)
     frames = [
         {"file_path": "images/view_00.png", "transform_matrix": fx.c2w_cv_to_gl(truth.views[0].c2w_cv).tolist()},
-        {"file_path": "images/view_01.png", "transform_matrix": fx.c2w_cv_to_gl(truth.views[1].c2w_cv).tolist(),
-         "fl_x": 20.0, "cx": 7.0},
+        {
+            "file_path": "images/view_01.png",
+            "transform_matrix": fx.c2w_cv_to_gl(truth.views[1].c2w_cv).tolist(),
+            "fl_x": 20.0,
+            "cx": 7.0,
+        },
     ]
     fx.write_nerf_json(tmp_path / "transforms_train.json", frames, fl_x=14.0)
     s = load_scene(tmp_path)
@@ -470,8 +473,10 @@ def case_size_mismatch(t):
 
 def case_unsupported_model_txt(t):
     root, _ = _colmap(t)
-    _edit(root / "sparse/0/cameras.txt", lambda s: s.replace("1 PINHOLE 16 12 14.0 15.0 8.0 6.0",
-                                                            "1 FOV 16 12 14.0 15.0 8.0 6.0 0.1"))
+    _edit(
+        root / "sparse/0/cameras.txt",
+        lambda s: s.replace("1 PINHOLE 16 12 14.0 15.0 8.0 6.0", "1 FOV 16 12 14.0 15.0 8.0 6.0 0.1"),
+    )
     return root, "cameras.txt", "image_undistorter"
 
 
@@ -679,12 +684,14 @@ def _modes():
         def write(p):
             Image.fromarray(arr).convert(mode).save(p, **kw) if mode != "keep" else Image.fromarray(arr).save(p, **kw)
             return expected
+
         return write
 
     def png(arr, expected):
         def write(p):
             fx.write_png(p, arr)
             return expected
+
         return write
 
     palette = Image.fromarray(c8[..., :3]).quantize(8)
@@ -708,12 +715,14 @@ def _modes():
         ("1", pil("1", (g8 > 127).astype(np.uint8) * 255, grey((g8 > 127).astype(np.float64))), ".png"),
         ("I;16_png", png(g16, grey(g16 / 65535.0)), ".png"),
         ("I;16_tiff", pil("keep", g16, grey(g16 / 65535.0)), ".tif"),
-        ("I;16B_tiff", lambda p: (Image.frombytes("I;16B", (W, H), g16.astype(">u2").tobytes()).save(p),
-                                  grey(g16 / 65535.0))[1], ".tif"),
+        (
+            "I;16B_tiff",
+            lambda p: (Image.frombytes("I;16B", (W, H), g16.astype(">u2").tobytes()).save(p), grey(g16 / 65535.0))[1],
+            ".tif",
+        ),
         ("I_tiff", pil("keep", g16.astype(np.int32), grey(g16 / 65535.0)), ".tif"),
         ("F_tiff", pil("keep", f32, grey(f32.astype(np.float64))), ".tif"),
-        ("LA16", png(c16[..., :2], np.concatenate([grey(c16[..., 0] / 65535.0), c16[..., 1:2] / 65535.0], -1)),
-         ".png"),
+        ("LA16", png(c16[..., :2], np.concatenate([grey(c16[..., 0] / 65535.0), c16[..., 1:2] / 65535.0], -1)), ".png"),
         ("RGB16", png(c16[..., :3], c16[..., :3] / 65535.0), ".png"),
         ("RGBA16", png(c16, c16 / 65535.0), ".png"),
     ]

@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 import fixtures_data as fx
-from splat.data import DataError, load_scene
+import pytest
 from test_transforms_json import write_transforms
+
+from splat.data import DataError, load_scene
 
 
 def _edit(path: Path, fn) -> None:
@@ -22,12 +22,21 @@ def _edit(path: Path, fn) -> None:
 
 
 SPLITS = {
-    "in both lists": (["images/view_01.png", "images/view_02.png"], ["images/view_02.png"],
-                      r"'images/view_02.png' is named twice, in 'train_filenames' and 'test_filenames'"),
-    "in both lists, spelled differently": (["images/view_01.png", "./images/view_02.png"], ["images/view_02.png"],
-                                           r"'images/view_02.png' is named twice, in 'train_filenames' and "),
-    "twice in the test list": (["images/view_01.png"], ["images/view_02.png", "images/view_02.png"],
-                               r"'images/view_02.png' is named twice, in 'test_filenames'"),
+    "in both lists": (
+        ["images/view_01.png", "images/view_02.png"],
+        ["images/view_02.png"],
+        r"'images/view_02.png' is named twice, in 'train_filenames' and 'test_filenames'",
+    ),
+    "in both lists, spelled differently": (
+        ["images/view_01.png", "./images/view_02.png"],
+        ["images/view_02.png"],
+        r"'images/view_02.png' is named twice, in 'train_filenames' and ",
+    ),
+    "twice in the test list": (
+        ["images/view_01.png"],
+        ["images/view_02.png", "images/view_02.png"],
+        r"'images/view_02.png' is named twice, in 'test_filenames'",
+    ),
 }
 
 
@@ -54,10 +63,16 @@ def _duplicate_frame(root: Path, file_path=None, shift: float = 0.0) -> None:
 def test_duplicated_frame_is_refused(tmp_path, variant):
     """With test_every=2 one copy of view_03 would be a train view, the other a test view."""
     root = write_transforms(tmp_path / "s", fx.make_scene(n_views=4))  # file order: view_03 first
-    _duplicate_frame(root, file_path="images/view_03" if variant == "spelled without extension" else None,
-                     shift=0.5 if variant == "other pose" else 0.0)
-    with pytest.raises(DataError, match=r"transforms.json: frames\[\d\] and frames\[\d\] both use image "
-                                        r"'images/view_03(\.png)?' \(a duplicated frame"):
+    _duplicate_frame(
+        root,
+        file_path="images/view_03" if variant == "spelled without extension" else None,
+        shift=0.5 if variant == "other pose" else 0.0,
+    )
+    with pytest.raises(
+        DataError,
+        match=r"transforms.json: frames\[\d\] and frames\[\d\] both use image "
+        r"'images/view_03(\.png)?' \(a duplicated frame",
+    ):
         load_scene(root, test_every=2)
 
 
@@ -76,7 +91,10 @@ def test_nerf_image_in_train_and_test_json_is_refused(tmp_path):
     truth = fx.make_scene(n_views=4)
     root = fx.write_nerf_scene(tmp_path / "s", truth, n_test=2)
     _edit(root / "transforms_test.json", lambda m: m["frames"][1].update(file_path="images/view_00.png"))
-    with pytest.raises(DataError, match=r"transforms_test.json: frames\[1\] and transforms_train.json frames\[0\] "
-                                        r"both use image 'images/view_00.png'"):
+    with pytest.raises(
+        DataError,
+        match=r"transforms_test.json: frames\[1\] and transforms_train.json frames\[0\] "
+        r"both use image 'images/view_00.png'",
+    ):
         load_scene(root)
     load_scene(fx.write_nerf_scene(tmp_path / "ok", truth, n_test=2))  # a clean scene loads

@@ -7,6 +7,7 @@ aborts the process after a successful run ("terminate called without an
 active exception", a flaky CI failure until its cause was found: see
 ``splat.distributed.group._import_modules_that_capture_the_group``).
 """
+
 from __future__ import annotations
 
 import os
@@ -38,8 +39,11 @@ def train_a_step_and_leave(group):
     torch.optim.Adam([param], lr=0.1, foreach=True)
     total = torch.ones(3)
     dist.all_reduce(total)
-    captured = [name for name, f in vars(functional).items()
-                if any(isinstance(d, dist.ProcessGroup) for d in (getattr(f, "__defaults__", None) or ()))]
+    captured = [
+        name
+        for name, f in vars(functional).items()
+        if any(isinstance(d, dist.ProcessGroup) for d in (getattr(f, "__defaults__", None) or ()))
+    ]
     during = _thread_names()
     leave(group)
     return {"sum": total.tolist(), "captured": captured, "during": during, "after": _thread_names()}

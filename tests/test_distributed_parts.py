@@ -1,13 +1,14 @@
 """The one-process parts of multi-process training (issue 23): keyed random
 numbers, the balanced partition and its moves, merging and slicing
 checkpoints, and the ids densification gives."""
+
 from __future__ import annotations
 
 import torch
 
-from splat.state import PrimitiveState
 from splat.distributed.shard import balanced_slice, imbalance, rebalance_plan
 from splat.keyed_random import BACKGROUND_STREAM, SPLIT_STREAM, keyed_normal, keyed_uniform
+from splat.state import PrimitiveState
 
 
 def test_keyed_numbers_depend_on_their_key_only():
@@ -48,13 +49,30 @@ def test_balanced_partition_and_the_moves_that_restore_it():
 
 def _shard(ids, n_moment_rows=None):
     n = len(ids)
-    params = {"means": ids[:, None].float().repeat(1, 3), "quats": torch.zeros(n, 4), "scales": torch.zeros(n, 2),
-              "opacities": ids.float(), "sh0": torch.zeros(n, 1, 3), "shN": torch.zeros(n, 0, 3)}
-    opt = {k: {"state": {0: {"step": torch.tensor(5.0), "exp_avg": v * 2, "exp_avg_sq": v * 3}},
-               "param_groups": [{"lr": 1.0, "params": [0]}]} for k, v in params.items()}
-    return {"step": 5, "params": params, "optimizers": opt, "ids": ids, "next_id": 100,
-            "row_stats": {"grad2d": ids.float() * 10, "count": torch.ones(n), "radii": torch.zeros(n)},
-            "strategy": {"stats": {}}}
+    params = {
+        "means": ids[:, None].float().repeat(1, 3),
+        "quats": torch.zeros(n, 4),
+        "scales": torch.zeros(n, 2),
+        "opacities": ids.float(),
+        "sh0": torch.zeros(n, 1, 3),
+        "shN": torch.zeros(n, 0, 3),
+    }
+    opt = {
+        k: {
+            "state": {0: {"step": torch.tensor(5.0), "exp_avg": v * 2, "exp_avg_sq": v * 3}},
+            "param_groups": [{"lr": 1.0, "params": [0]}],
+        }
+        for k, v in params.items()
+    }
+    return {
+        "step": 5,
+        "params": params,
+        "optimizers": opt,
+        "ids": ids,
+        "next_id": 100,
+        "row_stats": {"grad2d": ids.float() * 10, "count": torch.ones(n), "radii": torch.zeros(n)},
+        "strategy": {"stats": {}},
+    }
 
 
 def test_merging_shards_sorts_by_id_and_slicing_keeps_rows_together():
@@ -74,18 +92,26 @@ def test_densification_keeps_one_process_rows_in_id_order(tmp_path):
     """Clones and split children get ids above every earlier one, in their
     parents' order, so one process's rows stay sorted by id (the order a
     sharded render draws them in)."""
+    from splat.config import DEFAULT_CONFIG
     from splat.model import GaussianModel
     from splat.strategy.default import DefaultStrategy
     from splat.trainer import make_optimizers
-    from splat.config import DEFAULT_CONFIG
 
     n = 12
     g = torch.Generator().manual_seed(0)
     scales = torch.full((n, 2), -5.0)
     scales[::3] = 0.0  # large: split; the others clone
-    model = GaussianModel({"means": torch.randn(n, 3, generator=g), "quats": torch.randn(n, 4, generator=g),
-                           "scales": scales, "opacities": torch.zeros(n), "sh0": torch.zeros(n, 1, 3),
-                           "shN": torch.zeros(n, 0, 3)}, 0)
+    model = GaussianModel(
+        {
+            "means": torch.randn(n, 3, generator=g),
+            "quats": torch.randn(n, 4, generator=g),
+            "scales": scales,
+            "opacities": torch.zeros(n),
+            "sh0": torch.zeros(n, 1, 3),
+            "shN": torch.zeros(n, 0, 3),
+        },
+        0,
+    )
     opts = make_optimizers(model, DEFAULT_CONFIG["train"]["lr"], 1.0)
     from splat.config import StrategyConfig
 

@@ -14,14 +14,14 @@ Tolerances:
 * finite differences: test_finite_differences.py's h = 1e-6 and
   |analytic - numeric| <= 1e-6 + 1e-5 |analytic|, for the same reasons.
 """
+
 from __future__ import annotations
 
 import torch
 
 from splat.distributed import Camera, Group, camera_rank, exchange_counts, exchange_rows, render_sharded
-from splat.testing import look_at_viewmat, random_scene
-
 from splat.distributed.local import run_ranks
+from splat.testing import look_at_viewmat, random_scene
 
 PARAMS = ("means", "quats", "scales", "opacities", "colors")
 OUTPUTS = ("rgb", "alpha", "depth", "median_depth", "normal", "distortion")
@@ -66,17 +66,23 @@ def render_and_differentiate(group, n, width, height, n_cameras):
     p = {k: s[k][ids].clone().requires_grad_(True) for k in PARAMS}
     r = render_sharded(**p, ids=ids, cameras=cams, group=group)
     local_loss(r).backward()
-    return {"ids": ids, "outputs": {i: {k: getattr(o, k).detach() for k in OUTPUTS} for i, o in r.outputs.items()},
-            "grads": {k: v.grad for k, v in p.items()}, "means2d": [h.grad for h in r.means2d],
-            "radii": r.radii, "bytes_sent": r.bytes_sent}
+    return {
+        "ids": ids,
+        "outputs": {i: {k: getattr(o, k).detach() for k in OUTPUTS} for i, o in r.outputs.items()},
+        "grads": {k: v.grad for k, v in p.items()},
+        "means2d": [h.grad for h in r.means2d],
+        "radii": r.radii,
+        "bytes_sent": r.bytes_sent,
+    }
 
 
 def exchange_and_differentiate(group):
     """Rank r sends r + d + 1 rows to rank d, row values naming (source, destination, row)."""
     world, rank = group.world_size, group.rank
     send_counts = [rank + d + 1 for d in range(world)]
-    rows = torch.cat([torch.tensor([[rank, d, j] for j in range(c)], dtype=torch.float64)
-                      for d, c in enumerate(send_counts)]).requires_grad_(True)
+    rows = torch.cat(
+        [torch.tensor([[rank, d, j] for j in range(c)], dtype=torch.float64) for d, c in enumerate(send_counts)]
+    ).requires_grad_(True)
     recv_counts = exchange_counts(send_counts, group)
     got = exchange_rows(rows, send_counts, recv_counts, group)
     weights = (got.detach() * torch.tensor([100.0, 10.0, 1.0], dtype=torch.float64)) + rank  # receiver-specific
@@ -89,8 +95,9 @@ def test_exchange_moves_rows_and_returns_gradients_to_their_rows(tmp_path):
     results = run_ranks(exchange_and_differentiate, world, tmp_path)
     for rank, res in enumerate(results):
         assert res["recv_counts"] == [s + rank + 1 for s in range(world)]
-        expect = torch.cat([torch.tensor([[s, rank, j] for j in range(s + rank + 1)], dtype=torch.float64)
-                            for s in range(world)])
+        expect = torch.cat(
+            [torch.tensor([[s, rank, j] for j in range(s + rank + 1)], dtype=torch.float64) for s in range(world)]
+        )
         assert torch.equal(res["got"], expect)
         # Row (rank, d, j) was weighted by rank d as value * (100, 10, 1) + d.
         sent = res["sent"]
@@ -148,8 +155,9 @@ def test_sharded_render_with_one_process_is_splat_rasterize():
     r = render_sharded(*(s[k] for k in PARAMS), ids=torch.arange(n), cameras=cams, group=Group())
     import splat
 
-    ref = splat.rasterize(*(s[k] for k in PARAMS), cams[0].viewmat, cams[0].K, width, height,
-                          background=cams[0].background, backend="cpu")
+    ref = splat.rasterize(
+        *(s[k] for k in PARAMS), cams[0].viewmat, cams[0].K, width, height, background=cams[0].background, backend="cpu"
+    )
     for k in OUTPUTS:
         close(getattr(r.outputs[0], k), getattr(ref, k), k)
     assert torch.equal(r.radii[0], ref.radii) and r.bytes_sent == 0

@@ -15,6 +15,7 @@ one rounding difference flips a densification threshold within a few
 hundred steps (seen: a different surfel pruned at step 219 before the Adam
 and activation fixes), and the surfel counts must be equal at every step.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,12 +28,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_train import ROOT, TINY_OVERRIDES, make_tiny_scene
 
 from splat.config import load_config
 from splat.distributed.local import run_ranks
 from splat.distributed.shard import imbalance
-
-from test_train import ROOT, TINY_OVERRIDES, make_tiny_scene
 
 PARAM_RTOL = 0.0  # see the module doc
 STEPS = 300
@@ -51,8 +51,10 @@ def scene(tmp_path_factory) -> Path:
 
 
 def config(scene: Path, iterations: int = STEPS, extra=()) -> dict:
-    return load_config(str(ROOT / "configs" / "default.yaml"),
-                       [f"data.path={scene}", f"train.iterations={iterations}"] + OVERRIDES + list(extra))
+    return load_config(
+        str(ROOT / "configs" / "default.yaml"),
+        [f"data.path={scene}", f"train.iterations={iterations}"] + OVERRIDES + list(extra),
+    )
 
 
 class Stop(Exception):
@@ -78,14 +80,19 @@ def train_rank(group, cfg, out, resume=False, stop_at=None):
     except Stop:
         return {"counts": counts, "stopped": True}
     model = trainer.whole_model()
-    return {"counts": counts, "shards": shards, "metrics": metrics if group.is_main else None,
-            "ids": None if model is None else model.ids,
-            "params": None if model is None else {k: v.detach().clone() for k, v in model.params.items()}}
+    return {
+        "counts": counts,
+        "shards": shards,
+        "metrics": metrics if group.is_main else None,
+        "ids": None if model is None else model.ids,
+        "params": None if model is None else {k: v.detach().clone() for k, v in model.params.items()},
+    }
 
 
 def run(world, cfg, out, resume=False, stop_at=None):
-    return run_ranks(train_rank, world, Path(out).parent / f"ranks_{Path(out).name}", cfg, str(out), resume,
-                     stop_at, timeout_s=600)
+    return run_ranks(
+        train_rank, world, Path(out).parent / f"ranks_{Path(out).name}", cfg, str(out), resume, stop_at, timeout_s=600
+    )
 
 
 def assert_same_model(a, b, rtol=PARAM_RTOL):
@@ -335,12 +342,28 @@ def test_a_killed_rank_stops_the_others_with_one_line_and_resume_continues(scene
     running, and --resume continues from the last complete checkpoint."""
     out = tmp_path / "run"
     timeout_s = 20
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(ROOT / "train.py"), "--data", str(scene), "--out", str(out), "--iterations", "100000",
-           "--no-progress", *OVERRIDES, f"distributed.timeout_s={timeout_s}", "checkpoint.every=20"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(ROOT / "train.py"),
+        "--data",
+        str(scene),
+        "--out",
+        str(out),
+        "--iterations",
+        "100000",
+        "--no-progress",
+        *OVERRIDES,
+        f"distributed.timeout_s={timeout_s}",
+        "checkpoint.every=20",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 180
         while not list((out / "checkpoints").glob("*.json")):
@@ -400,8 +423,13 @@ def test_the_launcher_stopping_rank_0_first_is_accepted(tmp_path):
     script = tmp_path / "launcher_wins.py"
     script.write_text(LAUNCHER_WINS)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(script)], capture_output=True, text=True, env=env, timeout=100)
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=100,
+    )
     assert done.returncode != 0
     assert SIGTERM_LINE in done.stderr, done.stderr[-3000:]
     assert_rank_0_stopped_with_one_line(done.stderr)
@@ -411,9 +439,15 @@ def test_the_launcher_stopping_rank_0_first_is_accepted(tmp_path):
 
 def test_viewer_with_several_processes_is_one_line(scene, tmp_path):
     env = dict(os.environ, WORLD_SIZE="2", RANK="0", LOCAL_RANK="0", PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, str(ROOT / "train.py"), "--data", str(scene), "--out", str(tmp_path / "o"),
-                           "--viewer"], capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "--data", str(scene), "--out", str(tmp_path / "o"), "--viewer"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
         "error: --viewer: not available with 2 processes (the live viewer needs the whole model in one process); "
-        "open a checkpoint with view.py --model OUT instead"]
+        "open a checkpoint with view.py --model OUT instead"
+    ]

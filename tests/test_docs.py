@@ -11,6 +11,7 @@ code and the results, and the README's commands are the ones CI runs.
 
 The site itself is built by ``.ci/run`` (``mkdocs build --strict``), not here.
 """
+
 import re
 import sys
 from pathlib import Path
@@ -98,8 +99,11 @@ def test_docs_extra_is_the_docs_requirements():
     # the file, not the extra, to avoid rebuilding the kernels) gets the same list.
     setup = (ROOT / "setup.py").read_text()
     assert '"docs": _docs_requirements()' in setup and '"docs", "requirements.txt"' in setup
-    reqs = [line for line in (DOCS / "requirements.txt").read_text().splitlines()
-            if line.strip() and not line.startswith("#")]
+    reqs = [
+        line
+        for line in (DOCS / "requirements.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     assert any(r.startswith("mkdocs") for r in reqs) and any(r.startswith("mkdocstrings") for r in reqs)
 
 

@@ -25,8 +25,18 @@ def _frames(image_of) -> list:
     for i in range(N_VIEWS):
         a = 2 * math.pi * i / N_VIEWS
         V = look_at_viewmat((3.0 * math.cos(a), -1.0, 3.0 * math.sin(a)), (0.0, 0.0, 0.0), dtype=torch.float32)
-        frames.append(Frame(stem=f"v{i}", image_path=None, image=image_of(V, K).contiguous(), mask=None,
-                            viewmat=V, K=K, width=W, height=H))
+        frames.append(
+            Frame(
+                stem=f"v{i}",
+                image_path=None,
+                image=image_of(V, K).contiguous(),
+                mask=None,
+                viewmat=V,
+                K=K,
+                width=W,
+                height=H,
+            )
+        )
     return frames
 
 
@@ -48,8 +58,9 @@ def test_a_sky_is_filled_on_the_far_sphere():
     pts, cols = far_points(frames, _all_cells(frames))
     assert coverage(pts, frames) > 0.9
     # On the sphere: FAR_SPHERE_RADII look-region radii from where the cameras look.
-    center, radius = look_region(torch.stack([f.viewmat for f in frames]),
-                                 torch.stack([f.camera_center for f in frames]))
+    center, radius = look_region(
+        torch.stack([f.viewmat for f in frames]), torch.stack([f.camera_center for f in frames])
+    )
     dist = (pts - center).norm(dim=1)
     assert torch.allclose(dist, torch.full_like(dist, FAR_SPHERE_RADII * radius), rtol=1e-4)
     assert float((cols - 0.6).abs().max()) <= 0.05 + 1e-6  # the sky's own colours
@@ -68,15 +79,17 @@ def test_only_the_holes_cast_rays():
     frames = _frames(_sky)
     holes = _all_cells(frames)
     for h in holes:
-        h[:, COVERAGE_CELLS // 2:] = False  # the right half of every view is covered already
+        h[:, COVERAGE_CELLS // 2 :] = False  # the right half of every view is covered already
     pts, _ = far_points(frames, holes)
     V = torch.stack([f.viewmat for f in frames])
     # Each point comes from a left-half cell of some view; merging keeps one
     # candidate per patch of sky, so some view must see it in its left half.
     from splat.geometry import project_points
+
     uv, z = project_points(pts, V, torch.stack([f.K for f in frames]))
-    left = ((z > 0) & (uv[..., 0] >= 0) & (uv[..., 0] < W / 2 + W / COVERAGE_CELLS)
-            & (uv[..., 1] >= 0) & (uv[..., 1] < H)).any(0)
+    left = (
+        (z > 0) & (uv[..., 0] >= 0) & (uv[..., 0] < W / 2 + W / COVERAGE_CELLS) & (uv[..., 1] >= 0) & (uv[..., 1] < H)
+    ).any(0)
     assert bool(left.all())
     none, _ = far_points(frames, [torch.zeros_like(h) for h in holes])
     assert len(none) == 0

@@ -8,12 +8,12 @@ with autograd.  With h = 1e-6 in float64 the difference has truncation error
 sample sits within h of a discontinuity: alpha clamp, 1/255 cut, T floor,
 fallback switch, median switch).
 """
+
 import pytest
 import torch
+from rasterize_helpers import OUTPUTS, all_grads, camera, cotangents, leaves, render, weighted_loss
 
 from splat.testing import random_scene
-
-from rasterize_helpers import OUTPUTS, all_grads, camera, cotangents, leaves, render, weighted_loss
 
 H_STEP = 1e-6
 ATOL, RTOL = 1e-6, 1e-5
@@ -68,7 +68,8 @@ def _check(scene, backend, names):
         assert bool((err <= bound).all()), (
             f"{backend} d{'+'.join(names)}/d{key}: max err {err.max():.3e} "
             f"at {int(err.argmax())}, analytic {grads[key].reshape(-1)[err.argmax()]:.6e}, "
-            f"numeric {numeric.reshape(-1)[err.argmax()]:.6e}")
+            f"numeric {numeric.reshape(-1)[err.argmax()]:.6e}"
+        )
 
 
 @pytest.mark.parametrize("scene", list(SCENES))

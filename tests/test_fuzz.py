@@ -8,6 +8,7 @@ zeros, reflections, non-rigid cameras, surfels at the camera, degenerate
 intrinsics, extreme near/far.  The search is derandomised (the same examples
 every run) and bounded by ``max_examples``, a few seconds in CI.
 """
+
 import re
 
 import pytest
@@ -20,12 +21,31 @@ import splat  # noqa: E402
 from splat._backend import has_cuda_kernels  # noqa: E402
 from splat.testing import rotmat_to_quat  # noqa: E402
 
-ARGUMENTS = ("means", "quats", "scales", "opacities", "colors", "viewmat", "K", "width", "height",
-             "near", "far", "background", "sh_degree", "backend")
+ARGUMENTS = (
+    "means",
+    "quats",
+    "scales",
+    "opacities",
+    "colors",
+    "viewmat",
+    "K",
+    "width",
+    "height",
+    "near",
+    "far",
+    "background",
+    "sh_degree",
+    "backend",
+)
 OUTPUTS = ("rgb", "alpha", "depth", "median_depth", "normal", "distortion")
 
-FUZZ = settings(max_examples=int(__import__("os").environ.get("SPLAT_FUZZ_EXAMPLES", 200)), derandomize=True, deadline=None, database=None,
-                suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=int(__import__("os").environ.get("SPLAT_FUZZ_EXAMPLES", 200)),
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
 
 
 @st.composite
@@ -39,8 +59,21 @@ def magnitude(draw, lo=-45, hi=45, signed=True):
 
 # The CUDA kernels join when a GPU and a CUDA build are present.
 BACKENDS = ["cpu", "torch"] + (["cuda"] if torch.cuda.is_available() and has_cuda_kernels() else [])
-ATTACKS = ("value", "camera_depth", "reflect", "viewmat_scale", "viewmat_translate", "viewmat_bottom",
-           "intrinsics", "near_far", "unit", "quat_magnitude", "edge_on", "zero_scales", "opacity_edges")
+ATTACKS = (
+    "value",
+    "camera_depth",
+    "reflect",
+    "viewmat_scale",
+    "viewmat_translate",
+    "viewmat_bottom",
+    "intrinsics",
+    "near_far",
+    "unit",
+    "quat_magnitude",
+    "edge_on",
+    "zero_scales",
+    "opacity_edges",
+)
 
 
 @st.composite
@@ -51,13 +84,17 @@ def calls(draw):
     n = draw(st.integers(0, 6))
     width, height = draw(st.integers(1, 24)), draw(st.integers(1, 20))
     sh_degree = draw(st.sampled_from([None, None, 0, 1, 3]))
-    g = torch.Generator().manual_seed(draw(st.integers(0, 2 ** 31 - 1)))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
     f64 = dict(dtype=torch.float64, generator=g)
     bases = 1 if sh_degree is None else (sh_degree + 1) ** 2
-    t = dict(means=(torch.rand(n, 3, **f64) * 2 - 1) * 1.5, quats=torch.randn(n, 4, **f64),
-             scales=torch.rand(n, 2, **f64) * 0.5, opacities=torch.rand(n, **f64),
-             colors=torch.rand(n, bases, 3, **f64) - 0.2,
-             background=torch.rand(3, **f64) if draw(st.booleans()) else None)
+    t = dict(
+        means=(torch.rand(n, 3, **f64) * 2 - 1) * 1.5,
+        quats=torch.randn(n, 4, **f64),
+        scales=torch.rand(n, 2, **f64) * 0.5,
+        opacities=torch.rand(n, **f64),
+        colors=torch.rand(n, bases, 3, **f64) - 0.2,
+        background=torch.rand(3, **f64) if draw(st.booleans()) else None,
+    )
     if draw(st.booleans()):
         rot = torch.eye(3, dtype=torch.float64)
     else:
@@ -101,7 +138,7 @@ def calls(draw):
         elif attack == "quat_magnitude":
             t["quats"] = t["quats"] * draw(magnitude(signed=False))
         elif attack == "edge_on" and n:  # normal along camera x or facing the camera
-            axis = draw(st.sampled_from([(0.5 ** 0.5, 0.0, 0.5 ** 0.5, 0.0), (1.0, 0.0, 0.0, 0.0)]))
+            axis = draw(st.sampled_from([(0.5**0.5, 0.0, 0.5**0.5, 0.0), (1.0, 0.0, 0.0, 0.0)]))
             t["quats"][0] = rotmat_to_quat(rot.T[None] @ torch.eye(3, dtype=torch.float64))[0]
             if axis[0] != 1.0:
                 t["quats"][0] = torch.tensor(axis, dtype=torch.float64)
@@ -123,9 +160,11 @@ def _names_an_argument(message):
 @FUZZ
 @given(call=calls())
 def test_rasterize_errors_clearly_or_is_finite(call):
-    diff = {k: call[k].clone().requires_grad_(True)
-            for k in ("means", "quats", "scales", "opacities", "colors", "viewmat", "K", "background")
-            if call[k] is not None}
+    diff = {
+        k: call[k].clone().requires_grad_(True)
+        for k in ("means", "quats", "scales", "opacities", "colors", "viewmat", "K", "background")
+        if call[k] is not None
+    }
     args = dict(call, **diff)
     try:
         out = splat.rasterize(**args)

@@ -4,6 +4,7 @@ sizes, and this checks the JSON it writes.  Also the parsers of the tools'
 outputs that only a GPU machine produces (pytest's JUnit XML is produced
 here; Nsight Compute's CSV and compute-sanitizer's summary are fed samples).
 About 25 s on 2 idle cores; needs nothing outside the checkout."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -46,8 +47,14 @@ def _finite_numbers(value, where=""):
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("campaign_out")
     env = dict(os.environ, OUT=str(out))
-    proc = subprocess.run(["bash", str(SCRIPT), "run", "--dry-run", "--stages", "all", "--budget-s", "900"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "run", "--dry-run", "--stages", "all", "--budget-s", "900"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, {name: json.loads((out / f"{name}.json").read_text()) for name in STAGE_FILES + ("summary",)}
 
@@ -60,8 +67,9 @@ def test_dry_run_writes_every_stage(dry_run):
         _finite_numbers(r[name], name)
     assert {k: v["status"] for k, v in r["summary"]["stages"].items()} == {k: r[k]["status"] for k in STAGE_FILES}
     # The logs come back as one archive (the device returns at most 8 files).
-    assert sorted(p.name for p in out.iterdir()) == sorted([f"{n}.json" for n in STAGE_FILES + ("summary",)]
-                                                           + ["logs.tar.gz"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [f"{n}.json" for n in STAGE_FILES + ("summary",)] + ["logs.tar.gz"]
+    )
     with tarfile.open(out / "logs.tar.gz") as tar:
         names = tar.getnames()
     assert "logs/parity_test_cuda.log" in names and "logs/train_sample_scene.log" in names
@@ -120,8 +128,9 @@ def test_one_line_errors():
         (["frobnicate"], "first argument: prepare or run"),
     ]
     for args, message in cases:
-        proc = subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=60)
+        proc = subprocess.run(
+            ["bash", str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        )
         assert proc.returncode == 2, (args, proc.stderr)
         assert message in proc.stderr.strip().splitlines()[-1], (args, proc.stderr)
 
@@ -129,15 +138,26 @@ def test_one_line_errors():
 def test_tool_output_parsers(tmp_path):
     m = _campaign_module()
     # Nsight Compute's --csv --page details: one row per metric; numbers may carry thousands separators.
-    head = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",' \
-           '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
+    head = (
+        '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
+        '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
+    )
     rows = []
-    for kid, name, sm, mem in (("0", "forward_kernel<float>", "82.5", "40.1"),
-                               ("1", "duplicate_kernel", "12.0", "71.3"), ("2", "tile_offsets_kernel", "5", "9")):
-        for metric, unit, value in (("Duration", "usecond", "1,234.5"), ("Compute (SM) Throughput", "%", sm),
-                                    ("Memory Throughput", "%", mem), ("Registers Per Thread", "register/thread", "72")):
-            rows.append(f'"{kid}","1","python3","h","{name}","1","7","(256, 1, 1)","(8160, 1, 1)","0","9.0",'
-                        f'"GPU Speed Of Light Throughput","{metric}","{unit}","{value}"')
+    for kid, name, sm, mem in (
+        ("0", "forward_kernel<float>", "82.5", "40.1"),
+        ("1", "duplicate_kernel", "12.0", "71.3"),
+        ("2", "tile_offsets_kernel", "5", "9"),
+    ):
+        for metric, unit, value in (
+            ("Duration", "usecond", "1,234.5"),
+            ("Compute (SM) Throughput", "%", sm),
+            ("Memory Throughput", "%", mem),
+            ("Registers Per Thread", "register/thread", "72"),
+        ):
+            rows.append(
+                f'"{kid}","1","python3","h","{name}","1","7","(256, 1, 1)","(8160, 1, 1)","0","9.0",'
+                f'"GPU Speed Of Light Throughput","{metric}","{unit}","{value}"'
+            )
     log = tmp_path / "ncu.log"
     log.write_text("==PROF== Connected to process\nworkload profile: ok\n" + "\n".join([head] + rows) + "\n")
     bounds = {k["kernel"]: k for k in m.ncu_bounds(log)}
@@ -147,8 +167,10 @@ def test_tool_output_parsers(tmp_path):
     assert bounds["duplicate_kernel"]["bound"] == "memory" and bounds["tile_offsets_kernel"]["bound"] == "latency"
 
     san = tmp_path / "san.log"
-    san.write_text("========= COMPUTE-SANITIZER\n========= Invalid __global__ read of size 4 bytes\n"
-                   "========= ERROR SUMMARY: 1 error\n")
+    san.write_text(
+        "========= COMPUTE-SANITIZER\n========= Invalid __global__ read of size 4 bytes\n"
+        "========= ERROR SUMMARY: 1 error\n"
+    )
     assert m.sanitizer_summary(san, "memcheck")["reported"] == 1
     san.write_text("========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n")
     assert m.sanitizer_summary(san, "racecheck") == {"reported": 0, "first_reports": []}
@@ -157,11 +179,13 @@ def test_tool_output_parsers(tmp_path):
 
     # A module the device cannot import for a missing optional package is told apart from a failure.
     junit = tmp_path / "j.xml"
-    junit.write_text('<testsuites><testsuite tests="3" failures="1" errors="1" skipped="0">'
-                     '<testcase classname="tests.test_a" name="test_x"/>'
-                     '<testcase classname="tests.test_a" name="test_y"><failure message="assert 1 == 2"/></testcase>'
-                     '<testcase classname="" name="tests.test_viewer"><error message="collection failure">'
-                     "ModuleNotFoundError: No module named 'viser'</error></testcase></testsuite></testsuites>")
+    junit.write_text(
+        '<testsuites><testsuite tests="3" failures="1" errors="1" skipped="0">'
+        '<testcase classname="tests.test_a" name="test_x"/>'
+        '<testcase classname="tests.test_a" name="test_y"><failure message="assert 1 == 2"/></testcase>'
+        '<testcase classname="" name="tests.test_viewer"><error message="collection failure">'
+        "ModuleNotFoundError: No module named 'viser'</error></testcase></testsuite></testsuites>"
+    )
     s = m.junit_summary(junit)
     assert (s["passed"], s["failures"], s["errors_other_than_missing_modules"]) == (1, 1, 0)
     assert s["not_collected_missing_modules"][0]["message"] == ["No module named 'viser'"]

@@ -17,8 +17,15 @@ import torch
 
 import splat
 from splat.config import load_config
-from splat.data.initial_points import (COVERAGE_CELLS, MAX_INIT_SCALE_PX, coverage, initial_points,
-                                       pixel_footprint, thin_to_cells, uncovered_filter)
+from splat.data.initial_points import (
+    COVERAGE_CELLS,
+    MAX_INIT_SCALE_PX,
+    coverage,
+    initial_points,
+    pixel_footprint,
+    thin_to_cells,
+    uncovered_filter,
+)
 from splat.data.types import Frame, SceneData
 from splat.errors import SplatInputError
 from splat.geometry import knn_mean_distance
@@ -54,10 +61,29 @@ def _scene(t: dict, points: torch.Tensor, colors: torch.Tensor) -> SceneData:
         a = 2 * math.pi * (i + 0.5) / N_VIEWS
         V = look_at_viewmat((3.0 * math.cos(a), -2.6, 3.0 * math.sin(a)), (0.0, -0.2, 0.0), dtype=torch.float32)
         with torch.no_grad():
-            out = splat.rasterize(t["means"], t["quats"], t["scales"], t["opacities"], t["colors"], V, K, W, H,
-                                  background=torch.ones(3), backend="cpu")
-        f = Frame(stem=f"v{i:02d}", image_path=None, image=out.rgb.clamp(0, 1).contiguous(), mask=None,
-                  viewmat=V, K=K.clone(), width=W, height=H)
+            out = splat.rasterize(
+                t["means"],
+                t["quats"],
+                t["scales"],
+                t["opacities"],
+                t["colors"],
+                V,
+                K,
+                W,
+                H,
+                background=torch.ones(3),
+                backend="cpu",
+            )
+        f = Frame(
+            stem=f"v{i:02d}",
+            image_path=None,
+            image=out.rgb.clamp(0, 1).contiguous(),
+            mask=None,
+            viewmat=V,
+            K=K.clone(),
+            width=W,
+            height=H,
+        )
         (test if i % 4 == 0 else train).append(f)
     return SceneData(train=train, test=test, points=points, point_colors=colors, layout="colmap")
 
@@ -81,8 +107,13 @@ def dense(teacher, sparse):
     """1,500 points over every surface, floor included: the start auto should match."""
     g = torch.Generator().manual_seed(6)
     pick = torch.randperm(len(teacher["means"]), generator=g)[:1500]
-    return SceneData(train=sparse.train, test=sparse.test, points=teacher["means"][pick].clone(),
-                     point_colors=teacher["colors"][pick].clone(), layout="colmap")
+    return SceneData(
+        train=sparse.train,
+        test=sparse.test,
+        points=teacher["means"][pick].clone(),
+        point_colors=teacher["colors"][pick].clone(),
+        layout="colmap",
+    )
 
 
 def test_coverage_tells_a_sparse_start_from_a_dense_one(sparse, dense):
@@ -110,8 +141,9 @@ def test_pixel_footprint_is_depth_over_focal():
     for z in (2.0, 3.0, 7.0):  # median over the three views: 3 / f
         V = torch.eye(4)
         V[2, 3] = z
-        frames.append(Frame(stem="a", image_path=None, image=torch.zeros(H, W, 3), mask=None, viewmat=V, K=K,
-                            width=W, height=H))
+        frames.append(
+            Frame(stem="a", image_path=None, image=torch.zeros(H, W, 3), mask=None, viewmat=V, K=K, width=W, height=H)
+        )
     fp = pixel_footprint(torch.zeros(1, 3), frames)
     assert float(fp[0]) == pytest.approx(3.0 / float(K[0, 0]), rel=1e-6)
     behind = pixel_footprint(torch.tensor([[0.0, 0.0, -10.0]]), frames)
@@ -124,7 +156,7 @@ def test_thinning_keeps_one_point_per_cell_and_the_coverage(dense):
     cube, and the coverage stays that of the whole set."""
     g = torch.Generator().manual_seed(7)
     copies = dense.points.repeat(8, 1)
-    copies[len(dense.points):] += 0.002 * torch.randn(copies[len(dense.points):].shape, generator=g)
+    copies[len(dense.points) :] += 0.002 * torch.randn(copies[len(dense.points) :].shape, generator=g)
     keep = thin_to_cells(copies, dense.train)
     kept = copies[keep]
     assert len(kept) < 0.5 * len(copies), len(kept)
@@ -136,24 +168,25 @@ def test_thinning_keeps_one_point_per_cell_and_the_coverage(dense):
     level = torch.round(torch.log2(side.double()))
     key = torch.cat([level[:, None], torch.floor(copies.double() / torch.exp2(level)[:, None])], 1)
     _, cube = torch.unique(key, dim=0, return_inverse=True)
-    assert torch.equal(torch.bincount(cube[keep], minlength=int(cube.max()) + 1),
-                       (torch.bincount(cube) > 0).long())
+    assert torch.equal(torch.bincount(cube[keep], minlength=int(cube.max()) + 1), (torch.bincount(cube) > 0).long())
     first = torch.full((int(cube.max()) + 1,), len(copies)).scatter_reduce(0, cube, torch.arange(len(copies)), "amin")
     assert torch.equal(torch.nonzero(keep)[:, 0], first.sort().values)
     assert not thin_to_cells(torch.zeros(0, 3), dense.train).any()
 
 
 def test_auto_fills_the_holes_and_says_what_it_combined(sparse, tmp_path):
-    start = initial_points(sparse, "auto", num_stereo=5000, num_random=3000, cache_dir=tmp_path,
-                           background=torch.ones(3))
+    start = initial_points(
+        sparse, "auto", num_stereo=5000, num_random=3000, cache_dir=tmp_path, background=torch.ones(3)
+    )
     assert start.coverage[0] < 0.5 and start.coverage[-1] > start.coverage[0] + 0.3, start.coverage
     assert start.description.startswith("40 scene + "), start.description
     assert "coverage" in start.description and "->" in start.description
     # The scene's own points are kept, first, untouched.
     assert torch.equal(start.points[:40], sparse.points)
     # model.init_fill_spacing=0 keeps every filling point: more of them, no more coverage.
-    whole = initial_points(sparse, "auto", num_stereo=5000, num_random=3000, cache_dir=tmp_path,
-                           background=torch.ones(3), fill_spacing=0.0)
+    whole = initial_points(
+        sparse, "auto", num_stereo=5000, num_random=3000, cache_dir=tmp_path, background=torch.ones(3), fill_spacing=0.0
+    )
     assert len(whole.points) > len(start.points) + 40, (len(whole.points), len(start.points))
     assert start.coverage[-1] >= whole.coverage[-1] - 0.03, (start.coverage, whole.coverage)
 
@@ -172,26 +205,57 @@ def test_initial_scales_are_bounded_in_pixels(sparse, tmp_path):
 
 def test_no_shared_view_names_the_cameras_not_the_random_budget():
     K = intrinsics(W, H, 55.0, dtype=torch.float32)
-    same_point = [Frame(stem=f"v{i}", image_path=None, image=torch.rand(H, W, 3), mask=None,
-                        viewmat=look_at_viewmat((0.0, 0.0, 0.0), (math.cos(i), 0.0, math.sin(i)), dtype=torch.float32),
-                        K=K, width=W, height=H) for i in range(6)]
+    same_point = [
+        Frame(
+            stem=f"v{i}",
+            image_path=None,
+            image=torch.rand(H, W, 3),
+            mask=None,
+            viewmat=look_at_viewmat((0.0, 0.0, 0.0), (math.cos(i), 0.0, math.sin(i)), dtype=torch.float32),
+            K=K,
+            width=W,
+            height=H,
+        )
+        for i in range(6)
+    ]
     scene = SceneData(train=same_point, test=[], points=None, point_colors=None, layout="colmap")
     with pytest.raises(SplatInputError, match="all 6 training cameras sit at one point"):
         initial_points(scene, "random", num_stereo=100, num_random=500)
-    apart = [Frame(stem=f"v{i}", image_path=None, image=torch.rand(H, W, 3), mask=None,
-                   viewmat=look_at_viewmat((3 * math.cos(a), 0.0, 3 * math.sin(a)),
-                                           (6 * math.cos(a), 0.0, 6 * math.sin(a)), dtype=torch.float32),
-                   K=K, width=W, height=H) for i, a in enumerate(torch.linspace(0, 2 * math.pi, 7)[:-1].tolist())]
+    apart = [
+        Frame(
+            stem=f"v{i}",
+            image_path=None,
+            image=torch.rand(H, W, 3),
+            mask=None,
+            viewmat=look_at_viewmat(
+                (3 * math.cos(a), 0.0, 3 * math.sin(a)), (6 * math.cos(a), 0.0, 6 * math.sin(a)), dtype=torch.float32
+            ),
+            K=K,
+            width=W,
+            height=H,
+        )
+        for i, a in enumerate(torch.linspace(0, 2 * math.pi, 7)[:-1].tolist())
+    ]
     scene = SceneData(train=apart, test=[], points=None, point_colors=None, layout="colmap")
     with pytest.raises(SplatInputError, match="share no view"):
         initial_points(scene, "random", num_stereo=100, num_random=500)
 
 
 def _train(scene, tmp_path, name, init):
-    over = [f"model.init={init}", "train.iterations=600", "log.progress=false", "model.sh_degree=0",
-            "model.init_num_random=3000", "model.init_num_stereo=5000", "strategy.refine_start=100",
-            "strategy.refine_stop=450", "loss.dist_from=100000", "loss.normal_from=100000",
-            "checkpoint.every=0", f"data.cache_dir={tmp_path / 'cache'}"]
+    over = [
+        f"model.init={init}",
+        "train.iterations=600",
+        "log.progress=false",
+        "model.sh_degree=0",
+        "model.init_num_random=3000",
+        "model.init_num_stereo=5000",
+        "strategy.refine_start=100",
+        "strategy.refine_stop=450",
+        "loss.dist_from=100000",
+        "loss.normal_from=100000",
+        "checkpoint.every=0",
+        f"data.cache_dir={tmp_path / 'cache'}",
+    ]
     cfg = load_config("configs/fast.yaml", over)
     return Trainer(cfg, tmp_path / name, scene=scene).train()["test.psnr"]
 

@@ -18,6 +18,7 @@ import math
 import pytest
 import torch
 
+import splat
 from splat.config import load_config
 from splat.data.random_points import look_region, photo_consistent_points
 from splat.data.stereo_points import stereo_points
@@ -27,18 +28,17 @@ from splat.geometry import random_points_in_frustums
 from splat.testing import intrinsics, look_at_viewmat, surface_scene
 from splat.trainer import LogLines, Trainer, format_duration
 
-import splat
-
 N_VIEWS = 20
-SPHERES = torch.tensor([[0.0, -0.5, 0.0, 0.5], [0.9, -0.35, 0.4, 0.35], [-0.8, -0.3, -0.3, 0.3],
-                        [0.2, -0.25, -0.9, 0.25]])  # surface_scene's spheres: centre, radius
+SPHERES = torch.tensor(
+    [[0.0, -0.5, 0.0, 0.5], [0.9, -0.35, 0.4, 0.35], [-0.8, -0.3, -0.3, 0.3], [0.2, -0.25, -0.9, 0.25]]
+)  # surface_scene's spheres: centre, radius
 PLANE_HALF = 2.0  # surface_scene's ground plane: y = 0, |x|, |z| <= 2
 
 
 def surface_distance(p: torch.Tensor) -> torch.Tensor:
     """Distance of points [M, 3] to the teacher's true surfaces."""
     outside = torch.stack([(p[:, 0].abs() - PLANE_HALF).clamp_min(0), (p[:, 2].abs() - PLANE_HALF).clamp_min(0)], 1)
-    d_plane = torch.sqrt(p[:, 1] ** 2 + (outside ** 2).sum(1))
+    d_plane = torch.sqrt(p[:, 1] ** 2 + (outside**2).sum(1))
     d_spheres = ((p[:, None, :] - SPHERES[None, :, :3]).norm(dim=-1) - SPHERES[None, :, 3]).abs()
     return torch.minimum(d_plane, d_spheres.min(1).values)
 
@@ -60,10 +60,29 @@ def textured_teacher(n_surfels: int, width: int, height: int, cells: int) -> dic
 
 def render_view(t: dict, V: torch.Tensor, K: torch.Tensor, width: int, height: int, stem: str) -> Frame:
     with torch.no_grad():
-        out = splat.rasterize(t["means"], t["quats"], t["scales"], t["opacities"], t["colors"], V, K,
-                              width, height, background=torch.ones(3), backend="cpu")
-    return Frame(stem=stem, image_path=None, image=out.rgb.clamp(0, 1).contiguous(), mask=None,
-                 viewmat=V, K=K.clone(), width=width, height=height)
+        out = splat.rasterize(
+            t["means"],
+            t["quats"],
+            t["scales"],
+            t["opacities"],
+            t["colors"],
+            V,
+            K,
+            width,
+            height,
+            background=torch.ones(3),
+            backend="cpu",
+        )
+    return Frame(
+        stem=stem,
+        image_path=None,
+        image=out.rgb.clamp(0, 1).contiguous(),
+        mask=None,
+        viewmat=V,
+        K=K.clone(),
+        width=width,
+        height=height,
+    )
 
 
 def make_scene(width: int, height: int, n_surfels: int = 30000, test_every: int = 4, cells: int = 600) -> SceneData:
@@ -153,8 +172,19 @@ def test_stereo_points_of_a_forward_facing_capture():
 
 def test_stereo_points_need_two_views_and_texture(scene_192):
     assert len(stereo_points(scene_192.train[:1], 100)[0]) == 0
-    flat = [Frame(stem=f.stem, image_path=None, image=torch.full_like(f.image, 0.5), mask=None, viewmat=f.viewmat,
-                  K=f.K, width=f.width, height=f.height) for f in scene_192.train[:4]]
+    flat = [
+        Frame(
+            stem=f.stem,
+            image_path=None,
+            image=torch.full_like(f.image, 0.5),
+            mask=None,
+            viewmat=f.viewmat,
+            K=f.K,
+            width=f.width,
+            height=f.height,
+        )
+        for f in scene_192.train[:4]
+    ]
     assert len(stereo_points(flat, 100)[0]) == 0  # nothing to match on a plain grey scene
 
 
@@ -190,10 +220,20 @@ def test_photo_consistent_points_lie_nearer_the_surfaces(scene_192):
 
 
 def _train(scene, tmp_path, init, steps, cache_dir=None, **extra):
-    over = [f"model.init={init}", f"train.iterations={steps}", "log.progress=false", "log.interval_s=0",
-            "model.sh_degree=0", "model.init_num_random=2000", "strategy.refine_start=100",
-            "strategy.refine_stop=250", "loss.dist_from=100000", "loss.normal_from=100000",
-            "checkpoint.every=0", f"data.cache_dir={cache_dir or tmp_path / 'cache'}"]
+    over = [
+        f"model.init={init}",
+        f"train.iterations={steps}",
+        "log.progress=false",
+        "log.interval_s=0",
+        "model.sh_degree=0",
+        "model.init_num_random=2000",
+        "strategy.refine_start=100",
+        "strategy.refine_stop=250",
+        "loss.dist_from=100000",
+        "loss.normal_from=100000",
+        "checkpoint.every=0",
+        f"data.cache_dir={cache_dir or tmp_path / 'cache'}",
+    ]
     over += [f"{k}={v}" for k, v in extra.items()]
     cfg = load_config("configs/fast.yaml", over)
     return Trainer(cfg, tmp_path / f"run_{init}", scene=scene).train()
@@ -286,5 +326,7 @@ def test_triangulation_with_neighbour_pairs(scene_192, tmp_path, monkeypatch):
     monkeypatch.setattr(tri, "NEIGHBOURS", 4)
     pts, _ = triangulate_scene(scene_192.train, cache_dir=tmp_path)
     d = surface_distance(pts)
-    assert len(pts) >= 200 and float(d.median()) < 0.06 and float(torch.quantile(d, 0.9)) < 0.1, \
-        (len(pts), float(d.median()))
+    assert len(pts) >= 200 and float(d.median()) < 0.06 and float(torch.quantile(d, 0.9)) < 0.1, (
+        len(pts),
+        float(d.median()),
+    )

@@ -261,8 +261,13 @@ def test_fused_normal_loss_matches_torch_float32():
 def test_fused_normal_loss_finite_differences():
     # the hole at -0.5, not 0: a step of eps across z = 0 switches the pixel on
     depth, normal, alpha, K, viewmat = _normal_loss_case(9, 11, torch.float64, seed=4, hole=-0.5)
-    assert torch.autograd.gradcheck(lambda d, n: depth_normal_consistency_loss(d, n, alpha, K, viewmat),
-                                    (depth, normal), eps=1e-6, atol=1e-9, rtol=1e-6)
+    assert torch.autograd.gradcheck(
+        lambda d, n: depth_normal_consistency_loss(d, n, alpha, K, viewmat),
+        (depth, normal),
+        eps=1e-6,
+        atol=1e-9,
+        rtol=1e-6,
+    )
 
 
 def test_fused_normal_loss_same_bits_for_any_thread_count():

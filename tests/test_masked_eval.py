@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 import math
 
+import fixtures_data as fx
 import numpy as np
 import pytest
 import torch
-
-import fixtures_data as fx
 from test_cli_errors import _one_error_line, train_cli
 from test_transforms_json import write_transforms
 
@@ -72,9 +71,18 @@ def _scene(tmp_path, masks: bool):
 
 def _overrides(root, *extra):
     # view_00 is the test view; 2 steps from 50 random surfels: fast, and the render is far from the photo
-    return [f"data.path={root}", "data.test_every=4", "train.iterations=2", "model.init=random",
-            "model.init_num_random=50", "checkpoint.every=0", "loss.dist_lambda=0", "loss.normal_lambda=0",
-            "log.progress=false", *extra]
+    return [
+        f"data.path={root}",
+        "data.test_every=4",
+        "train.iterations=2",
+        "model.init=random",
+        "model.init_num_random=50",
+        "checkpoint.every=0",
+        "loss.dist_lambda=0",
+        "loss.normal_lambda=0",
+        "log.progress=false",
+        *extra,
+    ]
 
 
 def test_loader_reads_the_test_masks_only_for_the_evaluation(tmp_path):

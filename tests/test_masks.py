@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import fixtures_data as fx
 import numpy as np
 import pytest
 import torch
 from PIL import Image
-
-import fixtures_data as fx
 from test_train import tiny_config
 from test_transforms_json import write_transforms
 
@@ -29,8 +28,9 @@ def _trainer(tmp_path, masks):
     root = tmp_path / "scene"
     if not root.exists():
         write_transforms(root, truth, masks=True)  # left half kept
-    cfg = tiny_config(root, 2, [f"data.masks={masks}", "data.test_every=0", "loss.dist_lambda=0",
-                                "loss.normal_lambda=0"])
+    cfg = tiny_config(
+        root, 2, [f"data.masks={masks}", "data.test_every=0", "loss.dist_lambda=0", "loss.normal_lambda=0"]
+    )
     return Trainer(cfg, tmp_path / f"out_{masks}")
 
 
@@ -110,11 +110,15 @@ ENCODINGS = {
     "RGB white": (_save(Image.fromarray(np.repeat(u8[..., None] * 255, 3, 2))), "png"),
     "RGB red on black": (_save(Image.fromarray(np.stack([u8 * 255, 0 * u8, 0 * u8], 2))), "png"),
     "RGB 0/1 labels": (_save(Image.fromarray(np.repeat(u8[..., None], 3, 2))), "png"),
-    "RGBA object in alpha over black": (_save(Image.fromarray(np.dstack([np.zeros((H, W, 3), np.uint8), u8 * 255]))),
-                                        "png"),
+    "RGBA object in alpha over black": (
+        _save(Image.fromarray(np.dstack([np.zeros((H, W, 3), np.uint8), u8 * 255]))),
+        "png",
+    ),
     "RGBA cut-out photo": (_save(Image.fromarray(np.dstack([rgb_noise, u8 * 255]))), "png"),
-    "RGBA opaque white object": (_save(Image.fromarray(np.dstack([np.repeat(u8[..., None] * 255, 3, 2),
-                                                                  np.full((H, W), 255, np.uint8)]))), "png"),
+    "RGBA opaque white object": (
+        _save(Image.fromarray(np.dstack([np.repeat(u8[..., None] * 255, 3, 2), np.full((H, W), 255, np.uint8)]))),
+        "png",
+    ),
     "grey+alpha 16-bit": (lambda p: fx.write_png(p, np.dstack([0 * u16, u16 * 65535])), "png"),
     "palette, index 1 red": (_save(_palette(u8, [0, 0, 0, 255, 0, 0])), "png"),
     "palette, labels 1 and 2": (_save(_palette(two_objects, [0, 0, 0, 128, 0, 0, 0, 128, 0])), "png"),
@@ -145,7 +149,7 @@ def test_every_mask_encoding_reads_as_the_same_weights(tmp_path, encoding):
     assert torch.equal(ign.loss_mask, keep)
     bg = load_scene(root, test_every=0, masks="background", background=(0.0, 1.0, 0.0)).train[0]
     assert torch.equal(bg.mask, keep)
-    assert torch.allclose(bg.image[:, W // 2:], torch.tensor([0.0, 1.0, 0.0]).expand(H, W // 2, 3))
+    assert torch.allclose(bg.image[:, W // 2 :], torch.tensor([0.0, 1.0, 0.0]).expand(H, W // 2, 3))
     assert torch.equal(bg.image[:, : W // 2], ign.image[:, : W // 2])
     assert torch.equal(torch.from_numpy(read_mask(next((root / "masks").iterdir()))), keep)
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import splat
+from splat.geometry import pixel_rays
 from splat.mesh.open3d_import import explain_import_error, missing_library
 from splat.mesh.views import FusionView, fused_depth
-from splat.geometry import pixel_rays
 from splat.testing import look_at_viewmat, quats_from_normals
 
 SIZE = 96
@@ -29,7 +29,7 @@ def fibonacci_sphere(n: int) -> torch.Tensor:
     """n nearly evenly spaced unit vectors. [n, 3]"""
     i = torch.arange(n, dtype=torch.float64) + 0.5
     phi = torch.acos(1 - 2 * i / n)
-    theta = math.pi * (1 + 5 ** 0.5) * i
+    theta = math.pi * (1 + 5**0.5) * i
     return torch.stack([torch.cos(theta) * torch.sin(phi), torch.sin(theta) * torch.sin(phi), torch.cos(phi)], -1)
 
 
@@ -40,8 +40,13 @@ def sphere_model(n: int = 6000, radius: float = 1.0, inward: bool = False):
     g = torch.Generator().manual_seed(0)
     normals = -d if inward else d
     colors = 0.5 + 0.4 * d  # a colour that varies over the sphere, to check the mesh's colours
-    return (d * radius, quats_from_normals(normals, g), torch.full((n, 2), 0.8 * spacing, dtype=torch.float64),
-            torch.full((n,), 0.99, dtype=torch.float64), colors)
+    return (
+        d * radius,
+        quats_from_normals(normals, g),
+        torch.full((n, 2), 0.8 * spacing, dtype=torch.float64),
+        torch.full((n,), 0.99, dtype=torch.float64),
+        colors,
+    )
 
 
 def ring_cameras(distance: float = 3.5):
@@ -68,8 +73,19 @@ def render_views(models, cams, min_cos=0.3, depth_ratio=0.0):
     means, quats, scales, opac, colors = (torch.cat(parts) for parts in zip(*models))
     views = []
     for viewmat, K in cams:
-        out = splat.rasterize(means.float(), quats.float(), scales.float(), opac.float(), colors.float(),
-                              viewmat.float(), K.float(), SIZE, SIZE, far=1000.0, backend="cpu")
+        out = splat.rasterize(
+            means.float(),
+            quats.float(),
+            scales.float(),
+            opac.float(),
+            colors.float(),
+            viewmat.float(),
+            K.float(),
+            SIZE,
+            SIZE,
+            far=1000.0,
+            backend="cpu",
+        )
         z = fused_depth(out.depth, out.median_depth, out.alpha, depth_ratio, 0.5)
         rays = pixel_rays(K.float(), SIZE, SIZE).view(SIZE, SIZE, 3) @ viewmat[:3, :3].float()  # world [H, W, 3]
         cos = torch.nn.functional.cosine_similarity(out.normal, rays, dim=-1).abs()
@@ -152,8 +168,9 @@ def test_tsdf_follows_splat_pixel_centres():
     rays = pixel_rays(K, SIZE, SIZE)  # [H*W, 3], z = 1
     depth = (offset / (rays @ normal)).view(SIZE, SIZE)  # camera z of the plane through each pixel centre
     depth = torch.where((depth > 0) & (depth < 4), depth, torch.zeros_like(depth))
-    view = FusionView(rgb=np.full((SIZE, SIZE, 3), 0.5, np.float32), depth=depth.float().numpy(),
-                      K=K.numpy(), viewmat=np.eye(4))
+    view = FusionView(
+        rgb=np.full((SIZE, SIZE, 3), 0.5, np.float32), depth=depth.float().numpy(), K=K.numpy(), viewmat=np.eye(4)
+    )
     voxel = 0.01
     mesh = fuse_tsdf([view], voxel, 5 * voxel, 4.0, progress=False)
     v = np.asarray(mesh.vertices)

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from test_train import make_tiny_scene, tiny_config  # tests/ is on sys.path under pytest
 
 from splat.trainer import Trainer
@@ -54,7 +53,8 @@ def test_an_empty_mesh_is_one_line_and_not_written(model, capsys):
     assert rc == 1
     assert err.splitlines() == [
         f"error: {model / 'mesh.ply'}: not written, the mesh is empty: no pixel of the 8 train views reaches "
-        "alpha 0.999999 (--alpha-min); the older mesh.ply is left as it was"], err
+        "alpha 0.999999 (--alpha-min); the older mesh.ply is left as it was"
+    ], err
     assert (model / "mesh.ply").read_bytes() == OLD_MESH
 
 
@@ -81,8 +81,9 @@ def test_a_failed_write_is_one_line(model, capsys, monkeypatch):
     monkeypatch.setattr(o3d.io, "write_triangle_mesh", lambda *a, **k: False)
     rc, err = _mesh(model, capsys=capsys)
     assert rc == 1
-    assert err.splitlines() == [f"error: {model / 'mesh.ply'}: open3d could not write the mesh "
-                                "(disk full or not writable?)"], err
+    assert err.splitlines() == [
+        f"error: {model / 'mesh.ply'}: open3d could not write the mesh (disk full or not writable?)"
+    ], err
     assert (model / "mesh.ply").read_bytes() == OLD_MESH
     assert sorted(p.name for p in model.iterdir()) == ["config.yaml", "mesh.ply", "point_cloud.ply"]
 
@@ -117,9 +118,13 @@ def test_a_temp_file_left_by_a_killed_writer_is_removed(model, capsys):
 
 
 def test_sigterm_while_meshing_is_one_line(model):
-    proc = subprocess.Popen([sys.executable, str(ROOT / "render.py"), "--model", str(model), "--mesh",
-                             "--mesh-res", "256", "--progress"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "render.py"), "--model", str(model), "--mesh", "--mesh-res", "256", "--progress"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     try:
         seen = ""
         deadline = time.monotonic() + 120
@@ -144,8 +149,9 @@ def test_a_resolution_beyond_the_memory_is_refused_before_meshing(model, capsys)
     rc = main(["--model", str(model), "--unbounded", "--no-progress", "--mesh-res", "100000"])
     err = capsys.readouterr().err
     assert rc == 1
-    assert len(err.splitlines()) == 1 and err.startswith("error: --mesh-res 100000 (--unbounded): meshing needs "
-                                                          "about 14901161 GiB, more than the "), err
+    assert len(err.splitlines()) == 1 and err.startswith(
+        "error: --mesh-res 100000 (--unbounded): meshing needs about 14901161 GiB, more than the "
+    ), err
 
 
 def test_a_bounded_mesh_beyond_the_memory_is_refused(model, capsys, monkeypatch):
@@ -168,7 +174,8 @@ def test_the_bounded_estimate_grows_with_the_resolution_squared():
 
     H = W = 200
     K = np.array([[200.0, 0, 100], [0, 200.0, 100], [0, 0, 1]])
-    view = FusionView(rgb=np.zeros((H, W, 3), np.float32), depth=np.full((H, W), 2.0, np.float32), K=K,
-                      viewmat=np.eye(4))
+    view = FusionView(
+        rgb=np.zeros((H, W, 3), np.float32), depth=np.full((H, W), 2.0, np.float32), K=K, viewmat=np.eye(4)
+    )
     coarse, fine = (bounded_tsdf_bytes([view], 2.0 / res, 4.0) for res in (32, 64))
     assert 3.0 < fine / coarse < 5.0

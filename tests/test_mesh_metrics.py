@@ -19,6 +19,7 @@ triangles scaled about the centre).
 So every distance, in either direction, lies in ``[(s - 1) h_min, s - 1]``,
 and so do their means, whatever points are sampled.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,9 +33,18 @@ import torch
 
 o3d = pytest.importorskip("open3d")
 
-from splat.mesh.metrics import (CAP_FRACTION, THRESHOLD_FRACTION, depth_points, distance_scores,  # noqa: E402
-                                evaluate_mesh, in_box, padded_box, sample_surface, triangle_areas)
 from splat.geometry import project_points  # noqa: E402
+from splat.mesh.metrics import (  # noqa: E402
+    CAP_FRACTION,
+    THRESHOLD_FRACTION,
+    depth_points,
+    distance_scores,
+    evaluate_mesh,
+    in_box,
+    padded_box,
+    sample_surface,
+    triangle_areas,
+)
 from splat.testing import intrinsics, look_at_viewmat  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,7 +166,7 @@ def test_scaled_sphere(ball, scale):
     assert (r["precision"], r["recall"], r["f1"]) == (expected, expected, expected)
     assert r["n_mesh_samples"] == SAMPLES and r["n_reference_points"] == SAMPLES
     assert r["unseen_share"] == 0.0  # every point of the sphere faces one of the eight cameras
-    assert r["mesh_area"] == pytest.approx(scale ** 2 * triangle_areas(v, t).sum())
+    assert r["mesh_area"] == pytest.approx(scale**2 * triangle_areas(v, t).sum())
     assert (r["threshold_pct"], r["cap_pct"]) == (0.5, 4.0)
 
 
@@ -216,8 +226,9 @@ def _write_scene(root: Path, v, t, size=16, fov=60.0):
             name = f"{split}_{k:03d}"
             Image.fromarray(np.full((size, size, 3), 128, np.uint8)).save(root / "images" / f"{name}.png")
             c2w_cv = np.linalg.inv(look_at_viewmat(tuple(4.0 * d), (0.0, 0.0, 0.0)).numpy())
-            frames.append({"file_path": f"images/{name}.png",
-                           "transform_matrix": (c2w_cv @ np.diag([1.0, -1, -1, 1])).tolist()})
+            frames.append(
+                {"file_path": f"images/{name}.png", "transform_matrix": (c2w_cv @ np.diag([1.0, -1, -1, 1])).tolist()}
+            )
             if split == "test":
                 world = cam_dirs @ c2w_cv[:3, :3].T  # [P, 3]; t_hit along it is the camera z
                 rays = np.concatenate([np.broadcast_to(c2w_cv[:3, 3], world.shape), world], 1)
@@ -225,8 +236,9 @@ def _write_scene(root: Path, v, t, size=16, fov=60.0):
                 depth = np.where(np.isfinite(hit), hit, 0.0).reshape(size, size).astype(np.float32)
                 np.save(root / f"{name}_depth.npy", depth)
                 valid += int((depth > 0).sum())
-        (root / f"transforms_{split}.json").write_text(json.dumps(
-            {"camera_angle_x": math.radians(fov), "frames": frames}))
+        (root / f"transforms_{split}.json").write_text(
+            json.dumps({"camera_angle_x": math.radians(fov), "frames": frames})
+        )
     mesh = o3d.geometry.TriangleMesh(o3d.utility.Vector3dVector(v), o3d.utility.Vector3iVector(t.astype(np.int32)))
     o3d.io.write_triangle_mesh(str(root / "mesh.ply"), mesh)
     return valid
@@ -236,8 +248,16 @@ def test_bench_on_its_own_ground_truth(ball, tmp_path, capsys):
     v, t, _ = ball
     valid = _write_scene(tmp_path / "scene", v, t)
     out = tmp_path / "r.json"
-    args = ["--scene", str(tmp_path / "scene"), "--mesh", str(tmp_path / "scene" / "mesh.ply"),
-            "--samples", "5000", "--out", str(out)]
+    args = [
+        "--scene",
+        str(tmp_path / "scene"),
+        "--mesh",
+        str(tmp_path / "scene" / "mesh.ply"),
+        "--samples",
+        "5000",
+        "--out",
+        str(out),
+    ]
     assert _bench_main(args) == 0
     r = json.loads(capsys.readouterr().out)
     assert r == json.loads(out.read_text())

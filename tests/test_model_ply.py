@@ -159,6 +159,7 @@ def _drop(name):
         for n in keep:
             out[n] = arr[n]
         return out
+
     return edit
 
 
@@ -166,6 +167,7 @@ def _set(name, value, row=2):
     def edit(arr):
         arr[name][row] = value
         return arr
+
     return edit
 
 
@@ -174,6 +176,7 @@ def _zero_quaternion(row):
         for i in range(4):
             arr[f"rot_{i}"][row] = 0.0
         return arr
+
     return edit
 
 
@@ -205,20 +208,35 @@ def _faces_only(tmp_path):
     return path
 
 
-@pytest.mark.parametrize("make,message", [
-    (lambda t: t / "missing.ply", "PLY file not found"),
-    (_truncated, "not a readable PLY"),
-    (_garbage, "not a readable PLY"),
-    (_not_ply, "not a readable PLY"),
-    (_faces_only, "no 'vertex' element"),
-    (lambda t: _ply_with(t, _drop("rot_2")), r"lacks attribute\(s\) \['rot_2'\]"),
-    (lambda t: _ply_with(t, _drop("f_rest_4")), "not a valid SH layout"),
-    (lambda t: _ply_with(t, _set("x", np.nan)), "'x' is not finite at vertex 2"),
-    (lambda t: _ply_with(t, _set("opacity", np.inf)), "'opacity' is not finite at vertex 2"),
-    (lambda t: _ply_with(t, _zero_quaternion(4)), "zero quaternion .* at vertex 4"),
-    (lambda t: _ply_with(t, _set("scale_1", 200.0, row=3)), "log-scale 200.0 at vertex 3 overflows"),
-], ids=["missing", "truncated", "garbage", "not_ply", "faces_only", "missing_attribute", "bad_sh_layout",
-        "nan_position", "inf_opacity", "zero_quaternion", "huge_log_scale"])
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda t: t / "missing.ply", "PLY file not found"),
+        (_truncated, "not a readable PLY"),
+        (_garbage, "not a readable PLY"),
+        (_not_ply, "not a readable PLY"),
+        (_faces_only, "no 'vertex' element"),
+        (lambda t: _ply_with(t, _drop("rot_2")), r"lacks attribute\(s\) \['rot_2'\]"),
+        (lambda t: _ply_with(t, _drop("f_rest_4")), "not a valid SH layout"),
+        (lambda t: _ply_with(t, _set("x", np.nan)), "'x' is not finite at vertex 2"),
+        (lambda t: _ply_with(t, _set("opacity", np.inf)), "'opacity' is not finite at vertex 2"),
+        (lambda t: _ply_with(t, _zero_quaternion(4)), "zero quaternion .* at vertex 4"),
+        (lambda t: _ply_with(t, _set("scale_1", 200.0, row=3)), "log-scale 200.0 at vertex 3 overflows"),
+    ],
+    ids=[
+        "missing",
+        "truncated",
+        "garbage",
+        "not_ply",
+        "faces_only",
+        "missing_attribute",
+        "bad_sh_layout",
+        "nan_position",
+        "inf_opacity",
+        "zero_quaternion",
+        "huge_log_scale",
+    ],
+)
 def test_bad_ply_raises_input_error_naming_the_file(tmp_path, make, message):
     from splat.errors import SplatInputError
 

@@ -49,22 +49,35 @@ def _tracked_text_files():
 
 
 def _hits(pattern, text):
-    return [(text.count("\n", 0, m.start()) + 1, text[m.start():m.start() + 60].splitlines()[0])
-            for m in pattern.finditer(text)]
+    return [
+        (text.count("\n", 0, m.start()) + 1, text[m.start() : m.start() + 60].splitlines()[0])
+        for m in pattern.finditer(text)
+    ]
 
 
 def test_no_tracked_file_names_a_machine_folder():
-    found = [f"{name}:{line}: {snippet}" for name, text in _tracked_text_files()
-             for line, snippet in _hits(MACHINE_PATH, text)]
-    assert not found, ("absolute paths of a development machine (write them relative to the repository, "
-                       "or as a placeholder like DIR):\n" + "\n".join(found))
+    found = [
+        f"{name}:{line}: {snippet}"
+        for name, text in _tracked_text_files()
+        for line, snippet in _hits(MACHINE_PATH, text)
+    ]
+    assert not found, (
+        "absolute paths of a development machine (write them relative to the repository, "
+        "or as a placeholder like DIR):\n" + "\n".join(found)
+    )
 
 
 def test_recorded_results_hold_no_absolute_path():
-    found = [f"{name}:{line}: {snippet}" for name, text in _tracked_text_files()
-             if name.startswith("bench/results/") for line, snippet in _hits(ABSOLUTE_PATH, text)]
-    assert not found, ("absolute paths in recorded results (bench/report.py's portable() rewrites them; "
-                       "rewrite a stored file the same way):\n" + "\n".join(found))
+    found = [
+        f"{name}:{line}: {snippet}"
+        for name, text in _tracked_text_files()
+        if name.startswith("bench/results/")
+        for line, snippet in _hits(ABSOLUTE_PATH, text)
+    ]
+    assert not found, (
+        "absolute paths in recorded results (bench/report.py's portable() rewrites them; "
+        "rewrite a stored file the same way):\n" + "\n".join(found)
+    )
 
 
 def test_portable_paths_name_no_machine_folder():
@@ -74,10 +87,18 @@ def test_portable_paths_name_no_machine_folder():
     assert portable_path("/srv/data/scenes/still_life", root) == "still_life"
     assert portable_path("/scratch/runs/fast/mesh.ply", root) == "fast/mesh.ply"
     assert portable_path("../shared/scenes/still_life", root) == "../shared/scenes/still_life"
-    report = {"command": "python bench/quality.py --shared /srv/data --out /scratch/q/fast.json -- "
-                         "data.path=/srv/data/scenes/fox", "commits": {root: "abc1234", "/scratch/old": "c95de2c"},
-              "rate": "3.1 it/s", "url": "https://github.com/hbb1/diff-surfel-rasterization", "n": 3}
+    report = {
+        "command": "python bench/quality.py --shared /srv/data --out /scratch/q/fast.json -- "
+        "data.path=/srv/data/scenes/fox",
+        "commits": {root: "abc1234", "/scratch/old": "c95de2c"},
+        "rate": "3.1 it/s",
+        "url": "https://github.com/hbb1/diff-surfel-rasterization",
+        "n": 3,
+    }
     assert portable(report, root) == {
         "command": "python bench/quality.py --shared data --out q/fast.json -- data.path=fox",
-        "commits": {".": "abc1234", "old": "c95de2c"}, "rate": "3.1 it/s",
-        "url": "https://github.com/hbb1/diff-surfel-rasterization", "n": 3}
+        "commits": {".": "abc1234", "old": "c95de2c"},
+        "rate": "3.1 it/s",
+        "url": "https://github.com/hbb1/diff-surfel-rasterization",
+        "n": 3,
+    }

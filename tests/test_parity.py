@@ -12,12 +12,12 @@ require values within 5e-5 and gradients within 5e-4 of each tensor's largest
 magnitude, about 10x the measured error.  A wrong term shows up at O(1)
 relative error, far above this.
 """
+
 import pytest
 import torch
+from rasterize_helpers import OUTPUTS, all_grads, camera, cotangents, leaves
 
 from splat.testing import random_scene, surface_scene
-
-from rasterize_helpers import OUTPUTS, all_grads, camera, cotangents, leaves
 
 
 def _scenes():
@@ -66,6 +66,7 @@ def cotangents_for(scene):
     key = id(scene)
     if key not in _WEIGHTS:
         from rasterize_helpers import render
+
         with torch.no_grad():
             _WEIGHTS[key] = cotangents(render(leaves(scene), camera(scene), "cpu"))
     return _WEIGHTS[key]
@@ -84,7 +85,7 @@ def test_sh_colours_match_reference():
         for a, b in zip(*results):
             assert _max_rel(b, a) <= 1e-9
         # coefficients above the active degree get no gradient
-        tail = results[1][1][:, (degree + 1) ** 2:]
+        tail = results[1][1][:, (degree + 1) ** 2 :]
         assert tail.numel() == 0 or float(tail.abs().max()) == 0.0
 
 
@@ -96,8 +97,9 @@ def test_cpu_gradients_are_deterministic_across_runs_and_threads():
         for threads in (1, 2, 2, 1):
             torch.set_num_threads(threads)
             params = leaves(scene, torch.float32)
-            _, grads = all_grads(params, camera(scene, torch.float32), "cpu",
-                                 {k: v.float() for k, v in cotangents_for(scene).items()})
+            _, grads = all_grads(
+                params, camera(scene, torch.float32), "cpu", {k: v.float() for k, v in cotangents_for(scene).items()}
+            )
             results.append(grads)
     finally:
         torch.set_num_threads(torch_threads)

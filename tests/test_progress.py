@@ -6,6 +6,7 @@ terminal), ``true`` or ``false`` (forced); ``train.py --progress`` and
 pipe the bar's carriage-return updates would fill the log, so a piped run must
 print no ``\\r`` at all.
 """
+
 import io
 import subprocess
 import sys
@@ -57,8 +58,7 @@ def test_auto_means_a_bar_only_on_a_terminal():
 
 
 def _train(tmp_path, *args):
-    cmd = [sys.executable, str(ROOT / "train.py"), "--data", str(SAMPLE), "--out", str(tmp_path / "out"),
-           *QUICK, *args]
+    cmd = [sys.executable, str(ROOT / "train.py"), "--data", str(SAMPLE), "--out", str(tmp_path / "out"), *QUICK, *args]
     # Bytes, not text=True: universal newlines would turn every "\r" into "\n".
     res = subprocess.run(cmd, capture_output=True, timeout=300, cwd=ROOT)
     err = res.stderr.decode("utf-8", "replace")
@@ -80,8 +80,7 @@ def test_forced_progress_draws_the_bar_even_when_piped(tmp_path):
 
 
 def test_auto_draws_the_bar_when_stderr_is_a_terminal(tmp_path, monkeypatch):
-    cfg = load_config(None, [f"data.path={SAMPLE}", "train.iterations=2", "model.sh_degree=0",
-                             "checkpoint.every=0"])
+    cfg = load_config(None, [f"data.path={SAMPLE}", "train.iterations=2", "model.sh_degree=0", "checkpoint.every=0"])
     terminal = _Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
     Trainer(cfg, tmp_path / "out").train()

@@ -12,6 +12,7 @@ float rounding steps, relative 1e-12 in float64 and 2e-6 in float32 of each
 array's largest magnitude; pixel rectangles and radii (float64 bounds with a
 one-pixel margin) are equal.
 """
+
 import importlib
 
 import pytest
@@ -42,15 +43,37 @@ def _scene(n=12, dtype=torch.float64, seed=3):
 
 def _fused(s, params, deg, means2d):
     coeffs = params["sh"] if deg is not None else params["sh"].new_zeros(0, 0, 3)
-    return R._ProjectSurfels.apply(params["means"], params["quats"], params["scales"], s["opacities"], coeffs,
-                                   means2d, s["viewmat"], s["K"], s["width"], s["height"], 0.2, 100.0,
-                                   -1 if deg is None else deg)
+    return R._ProjectSurfels.apply(
+        params["means"],
+        params["quats"],
+        params["scales"],
+        s["opacities"],
+        coeffs,
+        means2d,
+        s["viewmat"],
+        s["K"],
+        s["width"],
+        s["height"],
+        0.2,
+        100.0,
+        -1 if deg is None else deg,
+    )
 
 
 def _torch(s, params, deg, means2d):
     """The torch path with means2d folded in as rasterize() does."""
-    proj = R._project(params["means"], params["quats"], params["scales"], s["opacities"], s["viewmat"], s["K"],
-                      s["width"], s["height"], 0.2, 100.0)
+    proj = R._project(
+        params["means"],
+        params["quats"],
+        params["scales"],
+        s["opacities"],
+        s["viewmat"],
+        s["K"],
+        s["width"],
+        s["height"],
+        0.2,
+        100.0,
+    )
     delta = means2d - means2d.detach()
     M = proj["Tuvw"]
     Tuvw = torch.cat([M[:, 0:3] + delta[:, :1] * M[:, 6:9], M[:, 3:6] + delta[:, 1:] * M[:, 6:9], M[:, 6:9]], 1)
@@ -237,8 +260,20 @@ def test_backward_reads_strided_upstream_rows_in_place(deg):
     records = torch.randn(n, 18, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     slices = (records[:, 0:9], records[:, 9:11], records[:, 11:14], records[:, 14:17])
     assert slices[0].stride() == (18, 1)
-    args = (s["means"], s["quats"], s["scales"], s["opacities"], coeffs, -1 if deg is None else deg,
-            s["viewmat"], s["K"], s["width"], s["height"], 0.2, 100.0)
+    args = (
+        s["means"],
+        s["quats"],
+        s["scales"],
+        s["opacities"],
+        coeffs,
+        -1 if deg is None else deg,
+        s["viewmat"],
+        s["K"],
+        s["width"],
+        s["height"],
+        0.2,
+        100.0,
+    )
     strided = ext.project_backward_cpu(*args, *slices)
     copied = ext.project_backward_cpu(*args, *(t.contiguous() for t in slices))
     for a, b in zip(strided, copied):

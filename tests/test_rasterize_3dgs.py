@@ -11,6 +11,7 @@ core.h "3D Gaussians", cpu/gaussians_cpu.cpp; issue 22).
 * culling, bounds, determinism, and the fuzz contract (a one-line error or
   finite outputs and gradients).
 """
+
 from __future__ import annotations
 
 import math
@@ -30,7 +31,9 @@ def _scene(n=10, width=24, height=17, seed=0, spread=1.0, scale_range=(0.06, 0.3
     g = torch.Generator().manual_seed(seed)
     lo, hi = scale_range
     return dict(
-        means=(torch.rand(n, 3, generator=g, dtype=dtype) * 2 - 1) * torch.tensor([1.3, 1.0, 0.9], dtype=dtype) * spread,
+        means=(torch.rand(n, 3, generator=g, dtype=dtype) * 2 - 1)
+        * torch.tensor([1.3, 1.0, 0.9], dtype=dtype)
+        * spread,
         quats=torch.randn(n, 4, generator=g, dtype=dtype),
         scales=torch.rand(n, 3, generator=g, dtype=dtype) * (hi - lo) + lo,
         opacities=torch.rand(n, generator=g, dtype=dtype) * 0.8 + 0.15,
@@ -38,7 +41,8 @@ def _scene(n=10, width=24, height=17, seed=0, spread=1.0, scale_range=(0.06, 0.3
         background=torch.tensor([0.3, 0.6, 0.2], dtype=dtype),
         viewmat=look_at_viewmat((0.4, -0.3, -4.0), (0.0, 0.0, 0.0), dtype=dtype),
         K=intrinsics(width, height, 60.0, (2.3, -1.4), 1.1, dtype=dtype),
-        width=width, height=height,
+        width=width,
+        height=height,
     )
 
 
@@ -59,15 +63,28 @@ def _leaves(scene, dtype=None):
 
 
 def _render(p, scene, backend, antialiased=False):
-    return rasterize_3dgs(p["means"], p["quats"], p["scales"], p["opacities"], p["colors"], p["viewmat"], p["K"],
-                          scene["width"], scene["height"], background=p["background"], backend=backend,
-                          antialiased=antialiased)
+    return rasterize_3dgs(
+        p["means"],
+        p["quats"],
+        p["scales"],
+        p["opacities"],
+        p["colors"],
+        p["viewmat"],
+        p["K"],
+        scene["width"],
+        scene["height"],
+        background=p["background"],
+        backend=backend,
+        antialiased=antialiased,
+    )
 
 
 def _weights(out, seed=1):
     g = torch.Generator().manual_seed(seed)
-    return {k: (torch.rand(getattr(out, k).shape, generator=g, dtype=torch.float64) - 0.3).to(getattr(out, k).dtype)
-            for k in OUTPUTS}
+    return {
+        k: (torch.rand(getattr(out, k).shape, generator=g, dtype=torch.float64) - 0.3).to(getattr(out, k).dtype)
+        for k in OUTPUTS
+    }
 
 
 def _loss(out, weights, names=OUTPUTS):
@@ -78,8 +95,10 @@ def _grads(p, scene, backend, weights, names=OUTPUTS, antialiased=False):
     out = _render(p, scene, backend, antialiased)
     keys = list(p)
     g = torch.autograd.grad(_loss(out, weights, names), [p[k] for k in keys] + [out.means2d], allow_unused=True)
-    return out, {k: torch.zeros_like(t) if v is None else v for k, v, t in zip(keys + ["means2d"], g,
-                                                                               [p[k] for k in keys] + [out.means2d])}
+    return out, {
+        k: torch.zeros_like(t) if v is None else v
+        for k, v, t in zip(keys + ["means2d"], g, [p[k] for k in keys] + [out.means2d])
+    }
 
 
 @pytest.mark.parametrize("antialiased", [False, True])
@@ -201,11 +220,15 @@ def test_bounds_cover_every_pixel_with_alpha_at_least_1_over_255():
     force over the whole image, wide and needle-like footprints included)."""
     s = _scene(n=20, width=64, height=48, seed=9, spread=1.6, scale_range=(0.01, 0.5))
     s["scales"][:5, 0] = 1.5  # needles
-    kin = gaussian_kernel_inputs(s["means"], s["quats"], s["scales"], s["opacities"], s["viewmat"], s["K"],
-                                 s["width"], s["height"], 0.2, 100.0)
+    kin = gaussian_kernel_inputs(
+        s["means"], s["quats"], s["scales"], s["opacities"], s["viewmat"], s["K"], s["width"], s["height"], 0.2, 100.0
+    )
     params = kin["params"].detach()
-    y, x = torch.meshgrid(torch.arange(s["height"], dtype=torch.float64) + 0.5,
-                          torch.arange(s["width"], dtype=torch.float64) + 0.5, indexing="ij")
+    y, x = torch.meshgrid(
+        torch.arange(s["height"], dtype=torch.float64) + 0.5,
+        torch.arange(s["width"], dtype=torch.float64) + 0.5,
+        indexing="ij",
+    )
     for row, rect in zip(params, kin["pixel_rect"]):
         dx, dy = x - row[3], y - row[4]
         rho = row[0] * dx * dx + 2 * row[1] * dx * dy + row[2] * dy * dy
@@ -235,24 +258,30 @@ def test_gradients_do_not_depend_on_the_thread_count():
 def test_no_gaussians_and_all_culled_give_the_background_and_zero_gradients():
     s = _scene(n=3)
     for n_keep in (0, 3):
-        p = {k: (v[:n_keep] if k in ("means", "quats", "scales", "opacities", "colors") else v) for k, v in s.items()
-             if k in INPUTS}
+        p = {
+            k: (v[:n_keep] if k in ("means", "quats", "scales", "opacities", "colors") else v)
+            for k, v in s.items()
+            if k in INPUTS
+        }
         if n_keep:
             p["means"] = p["means"] + torch.tensor([0.0, 0.0, -20.0], dtype=torch.float64)  # all behind the camera
         p = {k: v.detach().clone().requires_grad_(True) for k, v in p.items()}
         out = _render(p, s, "cpu")
         assert torch.equal(out.rgb, s["background"].expand_as(out.rgb)) and float(out.alpha.detach().abs().max()) == 0.0
         out.rgb.sum().backward()
-        assert torch.all(p["means"].grad == 0) and torch.allclose(p["background"].grad,
-                                                                  torch.full((3,), float(s["width"] * s["height"]),
-                                                                             dtype=torch.float64))
+        assert torch.all(p["means"].grad == 0) and torch.allclose(
+            p["background"].grad, torch.full((3,), float(s["width"] * s["height"]), dtype=torch.float64)
+        )
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(scales=lambda s: s["scales"][:, :2]), "scales must have shape [4, 3], got [4, 2]"),
-    (dict(scales=lambda s: torch.cat([s["scales"][:1] * 0, s["scales"][1:]])), "scales must be > 0"),
-    (dict(scales=lambda s: s["scales"].float()), "scales has dtype torch.float32"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(scales=lambda s: s["scales"][:, :2]), "scales must have shape [4, 3], got [4, 2]"),
+        (dict(scales=lambda s: torch.cat([s["scales"][:1] * 0, s["scales"][1:]])), "scales must be > 0"),
+        (dict(scales=lambda s: s["scales"].float()), "scales has dtype torch.float32"),
+    ],
+)
 def test_bad_inputs_get_one_line_errors(bad, message):
     s = _scene(n=4)
     args = {k: s[k] for k in ("means", "quats", "scales", "opacities", "colors", "viewmat", "K")}
@@ -279,18 +308,28 @@ def test_kernel_layout_constants_match_the_python_side():
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
-FUZZ = settings(max_examples=int(__import__("os").environ.get("SPLAT_FUZZ_EXAMPLES", 200)) // 4, derandomize=True,
-                deadline=None, database=None, suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=int(__import__("os").environ.get("SPLAT_FUZZ_EXAMPLES", 200)) // 4,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
 
 
 @FUZZ
-@given(dtype=st.sampled_from([torch.float32, torch.float64]), backend=st.sampled_from(["cpu", "torch"]),
-       seed=st.integers(0, 1000), scale_exp=st.floats(-12, 6), mean_exp=st.floats(-6, 8),
-       attack=st.sampled_from(["none", "flat", "needle", "at_camera", "opaque", "quat_tiny", "antialiased"]))
+@given(
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    backend=st.sampled_from(["cpu", "torch"]),
+    seed=st.integers(0, 1000),
+    scale_exp=st.floats(-12, 6),
+    mean_exp=st.floats(-6, 8),
+    attack=st.sampled_from(["none", "flat", "needle", "at_camera", "opaque", "quat_tiny", "antialiased"]),
+)
 def test_fuzz_gives_an_error_or_finite_outputs_and_gradients(dtype, backend, seed, scale_exp, mean_exp, attack):
     s = _scene(n=5, width=12, height=10, seed=seed, dtype=torch.float64)
-    s["scales"] = s["scales"] * 10.0 ** scale_exp
-    s["means"] = s["means"] * 10.0 ** mean_exp * 1e-2
+    s["scales"] = s["scales"] * 10.0**scale_exp
+    s["means"] = s["means"] * 10.0**mean_exp * 1e-2
     if attack == "flat":
         s["scales"][:, 2] = s["scales"][:, 2] * 1e-6
     elif attack == "needle":

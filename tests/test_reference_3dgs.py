@@ -24,8 +24,9 @@ NEAR, FAR = 0.2, 100.0
 
 def _scene(n=6, seed=0, flat=False):
     g = torch.Generator().manual_seed(seed)
-    means = (torch.rand(n, 3, generator=g, dtype=torch.float64) - 0.5) * torch.tensor([1.2, 1.0, 0.8],
-                                                                                        dtype=torch.float64)
+    means = (torch.rand(n, 3, generator=g, dtype=torch.float64) - 0.5) * torch.tensor(
+        [1.2, 1.0, 0.8], dtype=torch.float64
+    )
     quats = torch.randn(n, 4, generator=g, dtype=torch.float64)
     scales = 0.05 + 0.2 * torch.rand(n, 3, generator=g, dtype=torch.float64)
     if flat:
@@ -34,8 +35,9 @@ def _scene(n=6, seed=0, flat=False):
     colors = torch.rand(n, 3, generator=g, dtype=torch.float64)
     angle = 0.3
     viewmat = torch.eye(4, dtype=torch.float64)
-    viewmat[:3, :3] = torch.tensor([[math.cos(angle), 0, -math.sin(angle)], [0, 1, 0],
-                                    [math.sin(angle), 0, math.cos(angle)]], dtype=torch.float64)
+    viewmat[:3, :3] = torch.tensor(
+        [[math.cos(angle), 0, -math.sin(angle)], [0, 1, 0], [math.sin(angle), 0, math.cos(angle)]], dtype=torch.float64
+    )
     viewmat[:3, 3] = torch.tensor([0.1, -0.05, 3.0], dtype=torch.float64)
     K = torch.tensor([[24.0, 0, 9.5], [0, 23.0, 8.5], [0, 0, 1]], dtype=torch.float64)  # off-centre
     return means, quats, scales, opacities, colors, viewmat, K
@@ -50,10 +52,12 @@ def test_projection_matches_gsplat(antialiased):
     means, quats, scales, _, _, viewmat, K = _scene(12)
     means[0] = torch.tensor([4.0, 0.0, 0.0], dtype=torch.float64)  # far outside the image: the clamp acts
     _, precision, centre, conic, factor = project_gaussians(means, quats, scales, viewmat, K, W, H, antialiased)
-    covars, _ = torch_impl._quat_scale_to_covar_preci(quats / quats.norm(dim=-1, keepdim=True), scales,
-                                                      compute_preci=False)
+    covars, _ = torch_impl._quat_scale_to_covar_preci(
+        quats / quats.norm(dim=-1, keepdim=True), scales, compute_preci=False
+    )
     radii, means2d, depths, conics, comp = torch_impl._fully_fused_projection(
-        means, covars, viewmat[None], K[None], W, H, eps2d=cv.EWA_DILATION, calc_compensations=antialiased)
+        means, covars, viewmat[None], K[None], W, H, eps2d=cv.EWA_DILATION, calc_compensations=antialiased
+    )
     assert torch.allclose(centre, means2d[0], rtol=1e-10, atol=1e-10)
     ours = torch.stack([conic[:, 0, 0], conic[:, 0, 1], conic[:, 1, 1]], -1)
     assert torch.allclose(ours, conics[0], rtol=1e-10, atol=1e-12)
@@ -66,8 +70,7 @@ def test_projection_matches_gsplat(antialiased):
     # min(s)^2 (largest eigenvalue 1; depth and normal do not see the factor)
     W3 = viewmat[:3, :3]
     factor_min = scales.amin(-1)[:, None, None] ** 2
-    assert torch.allclose(precision @ (W3 @ covars @ W3.T), factor_min * torch.eye(3, dtype=torch.float64),
-                          atol=1e-9)
+    assert torch.allclose(precision @ (W3 @ covars @ W3.T), factor_min * torch.eye(3, dtype=torch.float64), atol=1e-9)
     assert torch.allclose(torch.linalg.eigvalsh(precision)[:, -1], torch.ones(12, dtype=torch.float64))
 
 
@@ -139,14 +142,17 @@ def _independent_render(means, quats, scales, opacities, colors, viewmat, K, ant
     q = quats / quats.norm(dim=-1, keepdim=True)
     covars, precis = torch_impl._quat_scale_to_covar_preci(q, scales)
     _, means2d, depths, conics, comp = torch_impl._fully_fused_projection(
-        means, covars, viewmat[None], K[None], W, H, eps2d=cv.EWA_DILATION, calc_compensations=antialiased)
+        means, covars, viewmat[None], K[None], W, H, eps2d=cv.EWA_DILATION, calc_compensations=antialiased
+    )
     W3, t3 = viewmat[:3, :3], viewmat[:3, 3]
     mu = means @ W3.T + t3
     P = W3 @ precis @ W3.T
     order = torch.argsort(depths[0])
     m = lambda z: FAR / (FAR - NEAR) * (1 - NEAR / z)  # noqa: E731
-    out = {k: torch.zeros(H, W, *s, dtype=torch.float64) for k, s in
-           (("rgb", (3,)), ("alpha", ()), ("depth", ()), ("normal", (3,)), ("dist", ()), ("median", ()))}
+    out = {
+        k: torch.zeros(H, W, *s, dtype=torch.float64)
+        for k, s in (("rgb", (3,)), ("alpha", ()), ("depth", ()), ("normal", (3,)), ("dist", ()), ("median", ()))
+    }
     for i in range(H):
         for j in range(W):
             px = torch.tensor([j + 0.5, i + 0.5], dtype=torch.float64)
@@ -184,12 +190,19 @@ def test_every_output_matches_an_independent_per_pixel_loop(antialiased):
     against the loop above (no cumulative products, no chunks, the
     distortion as its O(n^2) definition)."""
     scene = _scene(7, seed=5)
-    color, trans, depth, normal, dist, median = rasterize_reference_3dgs(*scene, W, H, NEAR, FAR,
-                                                                         antialiased=antialiased)
+    color, trans, depth, normal, dist, median = rasterize_reference_3dgs(
+        *scene, W, H, NEAR, FAR, antialiased=antialiased
+    )
     ref = _independent_render(*scene, antialiased)
     assert (ref["alpha"] > 0.3).sum() > 20  # the fixture covers a good part of the image
-    for ours, theirs in ((color, ref["rgb"]), (1 - trans, ref["alpha"]), (depth, ref["depth"]),
-                         (normal, ref["normal"]), (dist, ref["dist"]), (median, ref["median"])):
+    for ours, theirs in (
+        (color, ref["rgb"]),
+        (1 - trans, ref["alpha"]),
+        (depth, ref["depth"]),
+        (normal, ref["normal"]),
+        (dist, ref["dist"]),
+        (median, ref["median"]),
+    ):
         assert torch.allclose(ours, theirs, rtol=1e-9, atol=1e-11), (ours - theirs).abs().max()
 
 
@@ -199,13 +212,15 @@ def test_gradients_of_every_output_wrt_every_input_are_finite_differences():
     the screen-space centres included, for 3 Gaussians on 8x6 pixels."""
     means, quats, scales, opacities, colors, viewmat, K = _scene(3, seed=6)
     g = torch.Generator().manual_seed(7)
-    weights = [torch.rand(s, generator=g, dtype=torch.float64) for s in
-               ((6, 8, 3), (6, 8), (6, 8), (6, 8, 3), (6, 8), (6, 8))]
+    weights = [
+        torch.rand(s, generator=g, dtype=torch.float64) for s in ((6, 8, 3), (6, 8), (6, 8), (6, 8, 3), (6, 8), (6, 8))
+    ]
     K = torch.tensor([[9.0, 0, 4.1], [0, 8.5, 2.9], [0, 0, 1]], dtype=torch.float64)  # all three in the 8x6 view
 
     def loss(means, quats, scales, opacities, colors, viewmat, K, means2d=None):
-        outs = rasterize_reference_3dgs(means, quats, scales, opacities, colors, viewmat, K, 8, 6, NEAR, FAR,
-                                        means2d=means2d, antialiased=True)
+        outs = rasterize_reference_3dgs(
+            means, quats, scales, opacities, colors, viewmat, K, 8, 6, NEAR, FAR, means2d=means2d, antialiased=True
+        )
         return sum((w * o).sum() for w, o in zip(weights, outs))
 
     centre = project_gaussians(means, quats, scales, viewmat, K, 8, 6)[2].detach()
@@ -216,5 +231,6 @@ def test_gradients_of_every_output_wrt_every_input_are_finite_differences():
     # means2d: its value pins the footprint (centre + (means2d - centre)), so
     # it is differentiated on its own, the rest held fixed: dL/d(centre).
     fixed = (means, quats, scales, opacities, colors, viewmat, K)
-    assert torch.autograd.gradcheck(lambda m2d: loss(*fixed, means2d=m2d), [centre.clone().requires_grad_(True)],
-                                    eps=1e-6, atol=1e-6, rtol=1e-5)
+    assert torch.autograd.gradcheck(
+        lambda m2d: loss(*fixed, means2d=m2d), [centre.clone().requires_grad_(True)], eps=1e-6, atol=1e-6, rtol=1e-5
+    )

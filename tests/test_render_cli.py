@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-
 from test_train import SIZE, make_tiny_scene, tiny_config  # tests/ is on sys.path under pytest
 
 from splat.trainer import Trainer
@@ -33,8 +32,7 @@ def trained(tmp_path_factory, request):
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, str(ROOT / "render.py"), *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, str(ROOT / "render.py"), *args], capture_output=True, text=True, timeout=120)
 
 
 def test_render_split_outputs(trained):
@@ -75,8 +73,11 @@ def test_render_in_a_pipe_prints_no_bar_unless_forced(trained):
     _, out, _ = trained
     for flag, bar in (((), False), (("--progress",), True)):
         # Bytes, not text=True: universal newlines would turn every "\r" into "\n".
-        res = subprocess.run([sys.executable, str(ROOT / "render.py"), "--model", str(out), *flag],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+        res = subprocess.run(
+            [sys.executable, str(ROOT / "render.py"), "--model", str(out), *flag],
+            capture_output=True,
+            timeout=120,
+        )
         err = res.stderr.decode("utf-8", "replace")
         assert res.returncode == 0, err[-3000:]
         assert ("\r" in err) is bar, err
@@ -115,8 +116,21 @@ def test_render_a_model_without_surfels_is_an_error(trained, tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
     shutil.copy(out / "config.yaml", run / "config.yaml")
-    names = ["x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2", "opacity", "scale_0", "scale_1",
-             "rot_0", "rot_1", "rot_2", "rot_3"]
+    names = [
+        "x",
+        "y",
+        "z",
+        "f_dc_0",
+        "f_dc_1",
+        "f_dc_2",
+        "opacity",
+        "scale_0",
+        "scale_1",
+        "rot_0",
+        "rot_1",
+        "rot_2",
+        "rot_3",
+    ]
     empty = np.zeros(0, dtype=[(n, "f4") for n in names])
     PlyData([PlyElement.describe(empty, "vertex")]).write(str(run / "point_cloud.ply"))
     assert main(["--model", str(run), "--no-progress"]) == 1

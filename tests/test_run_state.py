@@ -8,17 +8,16 @@ import shutil
 
 import pytest
 import torch
-
 from test_train import make_tiny_scene, tiny_config  # tests/ is on sys.path under pytest
 
+from splat.checkpoints import load_latest_checkpoint, prune as prune_checkpoints
+from splat.errors import RunStateError
 from splat.run_folder import (
     RESUMABLE_KEYS,
     checkpoint_path,
     checkpoint_step,
     list_checkpoints,
 )
-from splat.checkpoints import load_latest_checkpoint, prune as prune_checkpoints
-from splat.errors import RunStateError
 from splat.trainer import Trainer
 
 
@@ -79,14 +78,34 @@ def test_resume_refuses_another_runs_checkpoint(scene, tmp_path):
 def test_resume_allows_the_declared_changes(scene, tmp_path):
     """train.iterations, checkpoint.*, log.*, device, render.backend/depth, eval.*, distributed.* and
     the data's location may change on resume (splat.run_folder.RESUMABLE_KEYS)."""
-    assert set(RESUMABLE_KEYS) == {"train.iterations", "checkpoint", "log", "device", "render.backend",
-                                   "render.depth", "eval", "data.path", "distributed"}
+    assert set(RESUMABLE_KEYS) == {
+        "train.iterations",
+        "checkpoint",
+        "log",
+        "device",
+        "render.backend",
+        "render.depth",
+        "eval",
+        "data.path",
+        "distributed",
+    }
     out = tmp_path / "run"
     Trainer(_cfg(scene, 3), out).train()
     moved = tmp_path / "moved_scene"
     shutil.copytree(scene, moved)
-    t = Trainer(_cfg(moved, 5, "checkpoint.keep=3", "log.every=2", "render.depth=median", "render.backend=torch",
-                     "eval.masked=false"), out, resume=True)
+    t = Trainer(
+        _cfg(
+            moved,
+            5,
+            "checkpoint.keep=3",
+            "log.every=2",
+            "render.depth=median",
+            "render.backend=torch",
+            "eval.masked=false",
+        ),
+        out,
+        resume=True,
+    )
     assert t.step == 3
     m = t.train()
     assert m["iterations"] == 5 and _steps(out) == [5, 4, 3]
@@ -114,8 +133,10 @@ def test_corrupt_newer_checkpoints_never_delete_valid_ones(scene, tmp_path):
     t.train()
     assert seen == [(s, s) for s in range(5, 9)]
     assert _steps(out) == [8, 7]
-    assert sorted(p.name for p in (out / "checkpoints").glob("*.corrupt")) == [
-        checkpoint_path(out, s, t.run_id).name + ".corrupt" for s in (10, 9)][::-1]
+    assert (
+        sorted(p.name for p in (out / "checkpoints").glob("*.corrupt"))
+        == [checkpoint_path(out, s, t.run_id).name + ".corrupt" for s in (10, 9)][::-1]
+    )
 
 
 def test_keep_policy_touches_only_older_checkpoints_of_the_same_run(tmp_path):

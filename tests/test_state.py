@@ -1,5 +1,6 @@
 """The table of per-primitive state (splat/state.py): every row edit moves
 parameters, Adam moments, ids and registered statistics together."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,8 +13,17 @@ from splat.state import PrimitiveState
 
 def _table(n: int = 5) -> PrimitiveState:
     rows = torch.arange(n, dtype=torch.float32)
-    model = GaussianModel({"means": rows[:, None].repeat(1, 3), "quats": torch.ones(n, 4), "scales": torch.zeros(n, 2),
-                           "opacities": rows.clone(), "sh0": torch.zeros(n, 1, 3), "shN": torch.zeros(n, 0, 3)}, 0)
+    model = GaussianModel(
+        {
+            "means": rows[:, None].repeat(1, 3),
+            "quats": torch.ones(n, 4),
+            "scales": torch.zeros(n, 2),
+            "opacities": rows.clone(),
+            "sh0": torch.zeros(n, 1, 3),
+            "shN": torch.zeros(n, 0, 3),
+        },
+        0,
+    )
     opts = {k: torch.optim.Adam([p], lr=1e-3) for k, p in model.params.items()}
     for p in model.params.values():
         p.grad = torch.ones_like(p)
@@ -84,7 +94,9 @@ def test_state_dict_merge_and_slice():
     whole = PrimitiveState.merge([b, a])  # any order: sorted by id
     assert whole["ids"].tolist() == [0, 1, 2, 3]
     assert torch.equal(whole["params"]["means"], sd["params"]["means"])
-    assert torch.equal(whole["optimizers"]["means"]["state"][0]["exp_avg"], sd["optimizers"]["means"]["state"][0]["exp_avg"])
+    assert torch.equal(
+        whole["optimizers"]["means"]["state"][0]["exp_avg"], sd["optimizers"]["means"]["state"][0]["exp_avg"]
+    )
     fresh = _table(4)
     fresh.set_stat("hits", None)
     fresh.load_state_dict(whole)

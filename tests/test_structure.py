@@ -72,6 +72,8 @@ def import_graph() -> dict:
     modules = set(files)
     extensions = frozenset(_extension_modules())
     return {m: _imports(p, m, modules, extensions) for m, p in files.items()}
+
+
 def find_cycle(graph: dict):
     """One import cycle as a list of modules, or None."""
     state = {}  # 1 visiting, 2 done
@@ -81,7 +83,7 @@ def find_cycle(graph: dict):
         stack.append(m)
         for n in sorted(graph[m]):
             if state.get(n) == 1:
-                return stack[stack.index(n):] + [n]
+                return stack[stack.index(n) :] + [n]
             if n not in state:
                 c = visit(n, stack)
                 if c:
@@ -121,11 +123,16 @@ def test_no_class_in_splat_is_over_300_lines():
     for path in sorted(PKG.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             name = f"{path.relative_to(PKG.parent)}:{getattr(node, 'name', '')}"
-            if (isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES
-                    and name not in OVER_MAX_CLASS_LINES):
-                big.append(f"{path.relative_to(PKG.parent)}:{node.lineno} {node.name} "
-                           f"({node.end_lineno - node.lineno + 1} lines)")
-    assert not big, "classes over %d lines: %s" % (MAX_CLASS_LINES, ", ".join(big))
+            if (
+                isinstance(node, ast.ClassDef)
+                and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES
+                and name not in OVER_MAX_CLASS_LINES
+            ):
+                big.append(
+                    f"{path.relative_to(PKG.parent)}:{node.lineno} {node.name} "
+                    f"({node.end_lineno - node.lineno + 1} lines)"
+                )
+    assert not big, f"classes over {MAX_CLASS_LINES} lines: {', '.join(big)}"
 
 
 def test_no_two_modules_in_splat_share_a_name_with_render():
@@ -148,6 +155,5 @@ def test_a_package_init_counts(tmp_path):
     assert _imports(pkg / "__init__.py", "pkg", modules) == {"pkg.sub"}
     assert _imports(pkg / "sub.py", "pkg.sub", modules) == {"pkg"}
     assert _imports(pkg / "other.py", "pkg.other", modules) == {"pkg.sub"}
-    graph = {m: _imports(pkg / (m.split(".")[-1] + ".py" if "." in m else "__init__.py"), m, modules)
-             for m in modules}
+    graph = {m: _imports(pkg / (m.split(".")[-1] + ".py" if "." in m else "__init__.py"), m, modules) for m in modules}
     assert find_cycle(graph) == ["pkg", "pkg.sub", "pkg"]

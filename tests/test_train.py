@@ -23,17 +23,16 @@ import numpy as np
 import pytest
 import torch
 
+from splat.checkpoints import load_latest_checkpoint
+from splat.config import DEFAULT_CONFIG, StrategyConfig, load_config
+from splat.errors import ConfigError
 from splat.geometry import quat_to_rotmat
 from splat.model import GaussianModel
-from splat.sh import rgb_to_sh
-from splat.config import StrategyConfig
-from splat.strategy import update_params
-from splat.state import PrimitiveState
-from splat.strategy.default import DefaultStrategy
 from splat.run_folder import atomic_write, list_checkpoints
-from splat.checkpoints import load_latest_checkpoint
-from splat.config import DEFAULT_CONFIG, load_config
-from splat.errors import ConfigError
+from splat.sh import rgb_to_sh
+from splat.state import PrimitiveState
+from splat.strategy import update_params
+from splat.strategy.default import DefaultStrategy
 from splat.trainer import Trainer
 from splat.training.views import view_index
 
@@ -42,8 +41,11 @@ SIZE = 32  # image width = height of the fixture, pixels
 
 
 # ------------------------------------------------------------------ fixture
-def _look_at_viewmat(center: np.ndarray, target=np.zeros(3), up=np.array([0.0, 0.0, 1.0])) -> np.ndarray:
-    """World -> camera [4, 4] (OpenCV: x right, y down, z forward)."""
+def _look_at_viewmat(center: np.ndarray, target=None, up=None) -> np.ndarray:
+    """World -> camera [4, 4] (OpenCV: x right, y down, z forward) looking at
+    ``target`` (default: the origin) with ``up`` (default: +z)."""
+    target = np.zeros(3) if target is None else target
+    up = np.array([0.0, 0.0, 1.0]) if up is None else up
     z = target - center
     z = z / np.linalg.norm(z)
     x = np.cross(z, up)
@@ -259,8 +261,12 @@ def test_strategy_takes_its_config_section():
 def test_default_strategy_clone_split_prune_reset():
     model = _toy_model(6)
     opts = _toy_optimizers(model)
-    s = DefaultStrategy(StrategyConfig(grow_grad2d=0.1, grow_scale3d=0.1, prune_opa=0.3, refine_start=0,
-                                       refine_every=1, reset_every=1000), scene_radius=1.0)
+    s = DefaultStrategy(
+        StrategyConfig(
+            grow_grad2d=0.1, grow_scale3d=0.1, prune_opa=0.3, refine_start=0, refine_every=1, reset_every=1000
+        ),
+        scene_radius=1.0,
+    )
     s.bind(PrimitiveState(model, opts))
     # surfels 0, 1 have high gradients; 1 is large (split), 0 small (clone); 5 is transparent (prune)
     with torch.no_grad():
@@ -302,8 +308,15 @@ def test_short_training_improves_test_psnr(tiny_scene, tmp_path):
     print(f"test PSNR {before:.2f} -> {m['test.psnr']:.2f} dB in {elapsed:.1f} s, {m['n_gaussians']} surfels")
     assert m["test.psnr"] >= before + 3.0, (before, m["test.psnr"])
     assert m["test"]["psnr"] == m["test.psnr"]
-    for key in ("test.ssim", "n_gaussians", "iterations", "train_seconds", "peak_memory_mb",
-                "test.depth_rel_err", "test.normal_deg_err"):
+    for key in (
+        "test.ssim",
+        "n_gaussians",
+        "iterations",
+        "train_seconds",
+        "peak_memory_mb",
+        "test.depth_rel_err",
+        "test.normal_deg_err",
+    ):
         assert key in m and np.isfinite(m[key]), key
     assert m["iterations"] == 100 and m["n_gaussians"] == trainer.model.num_gaussians
     out = tmp_path / "run"
@@ -346,6 +359,7 @@ def test_an_interrupt_mid_write_is_reported_as_the_interrupt(tmp_path):
             raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 100096 vs 99984")
 
     for interrupt in (KeyboardInterrupt(), Terminated()):
+
         def interrupted(f, interrupt=interrupt):
             with Writer():
                 f.write(b"partial")
@@ -361,9 +375,21 @@ def test_an_interrupt_mid_write_is_reported_as_the_interrupt(tmp_path):
 
 
 def _train_cmd(scene, out, iterations, *extra):
-    return [sys.executable, str(ROOT / "train.py"), "--data", str(scene), "--out", str(out),
-            "--iterations", str(iterations), "--no-progress", *TINY_OVERRIDES,
-            "checkpoint.every=10", "checkpoint.keep=50", *extra]
+    return [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "--data",
+        str(scene),
+        "--out",
+        str(out),
+        "--iterations",
+        str(iterations),
+        "--no-progress",
+        *TINY_OVERRIDES,
+        "checkpoint.every=10",
+        "checkpoint.keep=50",
+        *extra,
+    ]
 
 
 #: The resume test crosses every kind of state: densification (clone, split,
@@ -387,10 +413,12 @@ def test_resume_after_sigkill_reproduces_uninterrupted_run(tiny_scene, tmp_path,
     extra = RESUME_EXTRA + [f"train.batch_size={batch}", f"model.primitive={primitive}"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     full, killed = tmp_path / "full", tmp_path / "killed"
-    ref = subprocess.Popen(_train_cmd(tiny_scene, full, iters, *extra), env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    proc = subprocess.Popen(_train_cmd(tiny_scene, killed, iters, *extra), env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ref = subprocess.Popen(
+        _train_cmd(tiny_scene, full, iters, *extra), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    proc = subprocess.Popen(
+        _train_cmd(tiny_scene, killed, iters, *extra), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.time() + 60
     while not list_checkpoints(killed) and time.time() < deadline and proc.poll() is None:
         time.sleep(0.005)
@@ -412,8 +440,9 @@ def test_resume_after_sigkill_reproduces_uninterrupted_run(tiny_scene, tmp_path,
     corrupt.write_bytes(good[: len(good) // 2])
     assert load_latest_checkpoint(killed)["step"] == killed_at
 
-    res = subprocess.run(_train_cmd(tiny_scene, killed, iters, *extra, "--resume"), env=env,
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        _train_cmd(tiny_scene, killed, iters, *extra, "--resume"), env=env, capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"at step {killed_at}" in res.stderr
     assert not tmp.exists(), "temp file of the killed writer not cleaned at start"

@@ -10,14 +10,14 @@ import dataclasses
 import json
 from pathlib import Path
 
+import fixtures_data as fx
 import numpy as np
 import pytest
 import torch
 from PIL import Image
-
-import fixtures_data as fx
-from splat.data import DataError, SceneData, load_scene
 from test_data import check_frames_match_truth
+
+from splat.data import DataError, SceneData, load_scene
 
 
 def write_transforms(root: Path, truth: fx.Scene, per_frame: bool = False, masks: bool = False, **top) -> Path:
@@ -62,12 +62,17 @@ def test_poses_and_intrinsics_match_truth(tmp_path, per_frame):
 
 def test_explicit_split_lists(tmp_path):
     truth = fx.make_scene(n_views=5)
-    root = write_transforms(tmp_path / "s", truth, train_filenames=["images/view_01.png", "./images/view_02.png"],
-                            test_filenames=["images/view_04.png"])
+    root = write_transforms(
+        tmp_path / "s",
+        truth,
+        train_filenames=["images/view_01.png", "./images/view_02.png"],
+        test_filenames=["images/view_04.png"],
+    )
     s = load_scene(root)
     assert [f.stem for f in s.train] == ["view_01", "view_02"] and [f.stem for f in s.test] == ["view_04"]
-    root = write_transforms(tmp_path / "v", truth, train_filenames=["images/view_00.png"],
-                            val_filenames=["images/view_03.png"])
+    root = write_transforms(
+        tmp_path / "v", truth, train_filenames=["images/view_00.png"], val_filenames=["images/view_03.png"]
+    )
     assert [f.stem for f in load_scene(root).test] == ["view_03"]
 
 
@@ -97,8 +102,10 @@ def test_ply_file_path_points(tmp_path):
 
     truth = fx.make_scene(n_views=3)
     root = write_transforms(tmp_path / "s", truth, ply_file_path="points3D.ply")
-    v = np.array([tuple(p) + tuple(c) for p, c in zip(truth.xyz, truth.rgb)],
-                 dtype=[("x", "f4"), ("y", "f4"), ("z", "f4"), ("red", "u1"), ("green", "u1"), ("blue", "u1")])
+    v = np.array(
+        [tuple(p) + tuple(c) for p, c in zip(truth.xyz, truth.rgb)],
+        dtype=[("x", "f4"), ("y", "f4"), ("z", "f4"), ("red", "u1"), ("green", "u1"), ("blue", "u1")],
+    )
     PlyData([PlyElement.describe(v, "vertex")]).write(str(root / "points3D.ply"))
     s = load_scene(root)
     np.testing.assert_allclose(s.points.numpy(), truth.xyz, atol=1e-6)
@@ -157,8 +164,10 @@ def _one_camera_scene(tmp_path, layout: str, top: dict, frame: dict, width: int 
     truth = fx.make_scene(n_views=2, width=width, height=height)
     root = tmp_path / layout
     fx.write_images(root / "images", truth.views)
-    frames = [dict(file_path=f"images/{v.name}", transform_matrix=fx.c2w_cv_to_gl(v.c2w_cv).tolist(), **frame)
-              for v in truth.views]
+    frames = [
+        dict(file_path=f"images/{v.name}", transform_matrix=fx.c2w_cv_to_gl(v.c2w_cv).tolist(), **frame)
+        for v in truth.views
+    ]
     name = "transforms.json" if layout == "transforms" else "transforms_train.json"
     fx.write_nerf_json(root / name, frames, **top)
     return root
@@ -166,11 +175,17 @@ def _one_camera_scene(tmp_path, layout: str, top: dict, frame: dict, width: int 
 
 PER_FRAME_WINS = {
     # top level, per frame, expected (fx, fy, cx, cy) of a 64 x 48 image
-    "frame angle over top fl_x": ({"fl_x": 77.25, "fl_y": 77.25}, {"camera_angle_x": 1.2},
-                                  (32 / np.tan(0.6), 32 / np.tan(0.6), 32.0, 24.0)),
+    "frame angle over top fl_x": (
+        {"fl_x": 77.25, "fl_y": 77.25},
+        {"camera_angle_x": 1.2},
+        (32 / np.tan(0.6), 32 / np.tan(0.6), 32.0, 24.0),
+    ),
     "frame fl_x over top angle": ({"camera_angle_x": 1.2}, {"fl_x": 50.0}, (50.0, 50.0, 32.0, 24.0)),
-    "frame angle_y, top fl_x, fl_y": ({"fl_x": 77.25, "fl_y": 70.0}, {"camera_angle_y": 1.0},
-                                      (24 / np.tan(0.5), 24 / np.tan(0.5), 32.0, 24.0)),
+    "frame angle_y, top fl_x, fl_y": (
+        {"fl_x": 77.25, "fl_y": 70.0},
+        {"camera_angle_y": 1.0},
+        (24 / np.tan(0.5), 24 / np.tan(0.5), 32.0, 24.0),
+    ),
     "frame cx with top cx, cy": ({"fl_x": 50.0, "cx": 30.0, "cy": 20.0}, {"cx": 33.0}, (50.0, 50.0, 33.0, 24.0)),
     "top level only": ({"camera_angle_x": 1.2, "cy": 20.0}, {}, (32 / np.tan(0.6), 32 / np.tan(0.6), 32.0, 20.0)),
 }
@@ -194,13 +209,17 @@ def test_per_frame_distortion_groups(tmp_path):
     lens = {"k1": 0.05, "k2": 0.01, "k3": 0.002, "k4": 0.001}
     top = {"fl_x": 50.0, "camera_model": "OPENCV_FISHEYE"}
     a = load_scene(_one_camera_scene(tmp_path, "transforms", top, lens), test_every=0, cache_dir=tmp_path / "c")
-    b = load_scene(_one_camera_scene(tmp_path / "b", "transforms", {**top, **lens}, {}), test_every=0,
-                   cache_dir=tmp_path / "c")
+    b = load_scene(
+        _one_camera_scene(tmp_path / "b", "transforms", {**top, **lens}, {}), test_every=0, cache_dir=tmp_path / "c"
+    )
     assert a.train[0].width != 64  # undistorted
     assert torch.equal(a.train[0].K, b.train[0].K) and torch.equal(a.train[0].image, b.train[0].image)
     top = {"fl_x": 50.0, "camera_model": "OPENCV"}
-    c = load_scene(_one_camera_scene(tmp_path / "c", "transforms", {**top, "k2": 0.1}, {"k1": 0.0}), test_every=0,
-                   cache_dir=tmp_path / "c")
+    c = load_scene(
+        _one_camera_scene(tmp_path / "c", "transforms", {**top, "k2": 0.1}, {"k1": 0.0}),
+        test_every=0,
+        cache_dir=tmp_path / "c",
+    )
     d = load_scene(_one_camera_scene(tmp_path / "d", "transforms", top, {}), test_every=0, cache_dir=tmp_path / "c")
     assert torch.equal(c.train[0].K, d.train[0].K) and torch.equal(c.train[0].image, d.train[0].image)
 
@@ -256,12 +275,18 @@ def test_one_split_list_without_the_other_is_refused(tmp_path, case):
 def test_split_lists_edge_cases(tmp_path):
     truth = fx.make_scene(n_views=4)
     # an empty test list: no test split, frames outside the train list unused
-    s = load_scene(write_transforms(tmp_path / "a", truth, train_filenames=["images/view_01.png"],
-                                    test_filenames=[]))
+    s = load_scene(write_transforms(tmp_path / "a", truth, train_filenames=["images/view_01.png"], test_filenames=[]))
     assert [f.stem for f in s.train] == ["view_01"] and s.test == []
     # the test list wins over the val list, val frames are not used
-    s = load_scene(write_transforms(tmp_path / "b", truth, train_filenames=["images/view_01.png"],
-                                    test_filenames=["images/view_02.png"], val_filenames=["images/view_03.png"]))
+    s = load_scene(
+        write_transforms(
+            tmp_path / "b",
+            truth,
+            train_filenames=["images/view_01.png"],
+            test_filenames=["images/view_02.png"],
+            val_filenames=["images/view_03.png"],
+        )
+    )
     assert [f.stem for f in s.test] == ["view_02"]
     with pytest.raises(DataError, match="transforms.json: 'train_filenames' is empty"):
         load_scene(write_transforms(tmp_path / "c", truth, train_filenames=[], test_filenames=["images/view_02.png"]))
@@ -270,8 +295,11 @@ def test_split_lists_edge_cases(tmp_path):
 def test_one_frame_hints_test_every_0(tmp_path):
     truth = fx.make_scene(n_views=1)
     root = write_transforms(tmp_path / "t", truth)
-    with pytest.raises(DataError, match=r"transforms.json: zero training frames \(1 frame\(s\), test_every=8.*"
-                                        r"data.test_every=0"):
+    with pytest.raises(
+        DataError,
+        match=r"transforms.json: zero training frames \(1 frame\(s\), test_every=8.*"
+        r"data.test_every=0",
+    ):
         load_scene(root)
     assert len(load_scene(root, test_every=0).train) == 1
     col = fx.write_colmap_scene(tmp_path / "c", truth)

@@ -15,8 +15,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Files and folders (every .py below) under splat/ whose public API is fully hinted.
-HINTED = ("data", "mesh", "viewer", "sfm", "appearance.py", "conventions.py", "devices.py", "errors.py",
-          "keyed_random.py", "losses.py", "optimizers.py", "progress.py", "testing.py")
+HINTED = (
+    "data",
+    "mesh",
+    "viewer",
+    "sfm",
+    "appearance.py",
+    "conventions.py",
+    "devices.py",
+    "errors.py",
+    "keyed_random.py",
+    "losses.py",
+    "optimizers.py",
+    "progress.py",
+    "testing.py",
+)
 
 
 def _files():
@@ -37,8 +50,11 @@ def unhinted(path: Path) -> list:
                 if node.name.startswith("_") and node.name != "__init__":
                     continue
                 a = node.args
-                missing = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs
-                           if x.annotation is None and x.arg not in ("self", "cls")]
+                missing = [
+                    x.arg
+                    for x in a.posonlyargs + a.args + a.kwonlyargs
+                    if x.annotation is None and x.arg not in ("self", "cls")
+                ]
                 missing += [f"*{x.arg}" for x in (a.vararg, a.kwarg) if x is not None and x.annotation is None]
                 if node.returns is None and node.name != "__init__":
                     missing.append("return")

@@ -94,9 +94,13 @@ def _scene():
     # A wall of large, opaque, overlapping surfels facing the camera: smooth colour everywhere.
     means = torch.cat([(torch.rand(n, 2, generator=g) * 2 - 1) * torch.tensor([3.0, 2.4]), torch.zeros(n, 1)], 1)
     means[:, 2] = torch.rand(n, generator=g) * 0.2
-    return dict(means=means, quats=torch.tensor([[1.0, 0, 0, 0]]).repeat(n, 1),
-                scales=torch.rand(n, 2, generator=g) * 0.25 + 0.3, opacities=torch.full((n,), 0.8),
-                colors=torch.rand(n, 3, generator=g))
+    return dict(
+        means=means,
+        quats=torch.tensor([[1.0, 0, 0, 0]]).repeat(n, 1),
+        scales=torch.rand(n, 2, generator=g) * 0.25 + 0.3,
+        opacities=torch.full((n,), 0.8),
+        colors=torch.rand(n, 3, generator=g),
+    )
 
 
 VIEWMAT = look_at_viewmat((0.2, -0.1, -3.0), (0.0, 0.0, 0.0), dtype=torch.float32)
@@ -104,9 +108,19 @@ VIEWMAT = look_at_viewmat((0.2, -0.1, -3.0), (0.0, 0.0, 0.0), dtype=torch.float3
 
 def _render(K, width, height):
     s = _scene()
-    out = splat.rasterize(s["means"], s["quats"], s["scales"], s["opacities"], s["colors"], VIEWMAT,
-                          torch.as_tensor(K, dtype=torch.float32), width, height,
-                          background=torch.ones(3), backend="cpu")
+    out = splat.rasterize(
+        s["means"],
+        s["quats"],
+        s["scales"],
+        s["opacities"],
+        s["colors"],
+        VIEWMAT,
+        torch.as_tensor(K, dtype=torch.float32),
+        width,
+        height,
+        background=torch.ones(3),
+        backend="cpu",
+    )
     return out.rgb.clamp(0, 1).numpy()  # [H, W, 3]
 
 
@@ -121,8 +135,13 @@ def _distorted_image(model):
     mx = (FX * x + CX + pad) * s - 0.5  # OpenCV pixel convention of the source
     my = (FY * y + CY + pad) * s - 0.5
     assert mx.min() > 0 and my.min() > 0 and mx.max() < src.shape[1] - 1 and my.max() < src.shape[0] - 1
-    out = cv2.remap(src.astype(np.float32), mx.astype(np.float32), my.astype(np.float32), cv2.INTER_LINEAR,
-                    borderMode=cv2.BORDER_REPLICATE)
+    out = cv2.remap(
+        src.astype(np.float32),
+        mx.astype(np.float32),
+        my.astype(np.float32),
+        cv2.INTER_LINEAR,
+        borderMode=cv2.BORDER_REPLICATE,
+    )
     return (np.clip(out, 0, 1) * 255 + 0.5).astype(np.uint8)
 
 
@@ -134,7 +153,9 @@ def _write_colmap(root: Path, model: str, img: np.ndarray):
     from fixtures_data import rotmat_to_qvec
 
     q, t = rotmat_to_qvec(V[:3, :3]), V[:3, 3]
-    (root / "sparse/0/cameras.txt").write_text(f"1 {model} {W} {H} " + " ".join(repr(float(x)) for x in CAMERAS[model]) + "\n")
+    (root / "sparse/0/cameras.txt").write_text(
+        f"1 {model} {W} {H} " + " ".join(repr(float(x)) for x in CAMERAS[model]) + "\n"
+    )
     (root / "sparse/0/images.txt").write_text("1 " + " ".join(repr(float(x)) for x in [*q, *t]) + " 1 a.png\n\n")
     (root / "sparse/0/points3D.txt").write_text("")
     return root
@@ -265,8 +286,9 @@ def test_cache_reused_and_invalidated(tmp_path):
 # Real lenses, which must stay accepted (blank_pixels 0 and 1):
 REAL_CAMERAS = {
     # instant-ngp's fox (transforms.json, OPENCV): mild pincushion, portrait
-    "fox": LensCamera("OPENCV", 1080, 1920, (1375.52, 1374.49, 554.558, 965.268,
-                                              0.0578421, -0.0805099, -0.000980296, 0.00015575)),
+    "fox": LensCamera(
+        "OPENCV", 1080, 1920, (1375.52, 1374.49, 554.558, 965.268, 0.0578421, -0.0805099, -0.000980296, 0.00015575)
+    ),
     # GoPro wide mode calibrated as OPENCV: strong barrel
     "gopro_opencv": LensCamera("OPENCV", 1920, 1080, (880.0, 880.0, 960.0, 540.0, -0.26, 0.07, 0.0, 0.0)),
     # GoPro as a fisheye
@@ -309,8 +331,9 @@ def test_absurd_distortion_is_refused(tmp_path, k1):
     img = np.full((size, size, 3), 128, np.uint8)
     with pytest.raises(ValueError, match="valid pixels"):
         undistorted_camera(LensCamera("OPENCV", size, size, p), 1.0)
-    from splat.data.types import DataError
     from fixtures_data import rotmat_to_qvec
+
+    from splat.data.types import DataError
 
     root = tmp_path / "colmap"
     (root / "images").mkdir(parents=True)
@@ -319,19 +342,34 @@ def test_absurd_distortion_is_refused(tmp_path, k1):
     V = VIEWMAT.double().numpy()
     (root / "sparse/0/cameras.txt").write_text(f"3 OPENCV {size} {size} " + " ".join(map(repr, p)) + "\n")
     (root / "sparse/0/images.txt").write_text(
-        "1 " + " ".join(repr(float(x)) for x in [*rotmat_to_qvec(V[:3, :3]), *V[:3, 3]]) + " 3 a.png\n\n")
+        "1 " + " ".join(repr(float(x)) for x in [*rotmat_to_qvec(V[:3, :3]), *V[:3, 3]]) + " 3 a.png\n\n"
+    )
     (root / "sparse/0/points3D.txt").write_text("")
-    with pytest.raises(DataError, match=r"images/a\.png: cannot undistort \(.*cameras\.txt: camera 3\): "
-                                        r"camera .*OPENCV.*valid pixels"):
+    with pytest.raises(
+        DataError,
+        match=r"images/a\.png: cannot undistort \(.*cameras\.txt: camera 3\): "
+        r"camera .*OPENCV.*valid pixels",
+    ):
         load_scene(root, test_every=0, cache_dir=tmp_path / "c")
 
     root = tmp_path / "transforms"
     (root / "images").mkdir(parents=True)
     Image.fromarray(img).save(root / "images" / "a.png")
     c2w_gl = (np.linalg.inv(VIEWMAT.double().numpy()) @ np.diag([1.0, -1, -1, 1])).tolist()
-    meta = {"fl_x": p[0], "fl_y": p[1], "cx": p[2], "cy": p[3], "w": size, "h": size, "k1": k1,
-            "frames": [{"file_path": "images/a.png", "transform_matrix": c2w_gl}]}
+    meta = {
+        "fl_x": p[0],
+        "fl_y": p[1],
+        "cx": p[2],
+        "cy": p[3],
+        "w": size,
+        "h": size,
+        "k1": k1,
+        "frames": [{"file_path": "images/a.png", "transform_matrix": c2w_gl}],
+    }
     (root / "transforms.json").write_text(json.dumps(meta))
-    with pytest.raises(DataError, match=r"images/a\.png: cannot undistort \(transforms\.json: frames\[0\]\): "
-                                        r".*valid pixels"):
+    with pytest.raises(
+        DataError,
+        match=r"images/a\.png: cannot undistort \(transforms\.json: frames\[0\]\): "
+        r".*valid pixels",
+    ):
         load_scene(root, test_every=0, cache_dir=tmp_path / "c")

@@ -18,7 +18,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-
 from viewer_fixtures import ROOT, SAMPLE, first_test_camera, make_viewer_run
 
 from splat.viewer import camera as vc
@@ -119,8 +118,7 @@ def test_load_folder_ply_and_checkpoint(run_dir, tmp_path):
     (ck / "checkpoints").mkdir()
     params = {k: v.detach() for k, v in inp.model.params.items()}
     for step in (5, 10):
-        torch.save({"step": step, "params": params, "sh_degree": 0},
-                   ck / "checkpoints" / f"ckpt_{step:07d}_abc.pt")
+        torch.save({"step": step, "params": params, "sh_degree": 0}, ck / "checkpoints" / f"ckpt_{step:07d}_abc.pt")
     assert load_for_viewer(ck).source.endswith("ckpt_0000010_abc.pt")
     # a PLY alone with --data: the data's first test camera (and the default near/far)
     with_data = load_for_viewer(lone / "m.ply", data=SAMPLE)
@@ -206,8 +204,13 @@ def test_view_command_prints_the_address_and_serves(run_dir):
         busy.listen()
         port = busy.getsockname()[1]
         env = dict(os.environ, OMP_NUM_THREADS="1")
-        proc = subprocess.Popen([sys.executable, str(ROOT / "view.py"), "--model", str(run_dir), "--port", str(port)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "view.py"), "--model", str(run_dir), "--port", str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         try:
             line = _readline(proc.stdout, 120)  # start-up imports torch, loads the data: slow on a busy machine
             assert line.startswith("viewer: 140 surfels from ") and "http://localhost:" in line, line
@@ -248,9 +251,11 @@ def _hold_connections(port: int) -> list:
     half = connect()
     half.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n")
     ws = connect()
-    ws.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-               b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
-               + f"Sec-WebSocket-Protocol: viser-v{viser.__version__}\r\n\r\n".encode())
+    ws.sendall(
+        b"GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+        + f"Sec-WebSocket-Protocol: viser-v{viser.__version__}\r\n\r\n".encode()
+    )
     assert read_head(ws).startswith(b"HTTP/1.1 101")
     return [http, half, ws]
 
@@ -287,8 +292,13 @@ def test_view_command_stops_promptly_with_connections_open(run_dir, sig):
     server stops at once and cleanly (its "Server stopped"), exit code 0; a
     connection closed before sending a request leaves no traceback."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")  # lines arrive as printed
-    proc = subprocess.Popen([sys.executable, str(ROOT / "view.py"), "--model", str(run_dir), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "view.py"), "--model", str(run_dir), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     held = []
     try:
         line = _readline(proc.stdout, 120)
@@ -345,8 +355,9 @@ def test_train_with_viewer(tmp_path, capsys):
     from splat.config import load_config
     from splat.viewer.training import train_with_viewer
 
-    cfg = load_config(str(ROOT / "configs" / "fast.yaml"),
-                      [f"data.path={SAMPLE}", "train.iterations=10", "log.progress=false"])
+    cfg = load_config(
+        str(ROOT / "configs" / "fast.yaml"), [f"data.path={SAMPLE}", "train.iterations=10", "log.progress=false"]
+    )
     assert train_with_viewer(cfg, tmp_path / "out", port=0, keep_serving=False) == 0
     assert (tmp_path / "out" / "point_cloud.ply").is_file()
     assert "viewer: http://localhost:" in capsys.readouterr().err

@@ -34,14 +34,22 @@ import time
 import numpy as np
 import pytest
 import torch
-
 from viewer_fixtures import first_test_camera, make_viewer_run
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if shutil.os.path.exists("/usr/bin/chromium") else None)
 pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium); CI installs it in .ci/run")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+    CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium); CI installs it in .ci/run"
+)
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 MEAN_COLOUR_TOL = 2.0 / 255
 MEAN_ABS_TOL = 3.0 / 255
@@ -58,8 +66,15 @@ def viewer(tmp_path_factory):
 
     run = make_viewer_run(tmp_path_factory.mktemp("viewer_run"), **WALL)
     inp = load_for_viewer(run)
-    view = ViewerServer(inp.model, inp.start, near=inp.near, far=inp.far, background=inp.background,
-                        port=0, scene_radius=inp.scene_radius)  # port 0: a free one, no race
+    view = ViewerServer(
+        inp.model,
+        inp.start,
+        near=inp.near,
+        far=inp.far,
+        background=inp.background,
+        port=0,
+        scene_radius=inp.scene_radius,
+    )  # port 0: a free one, no race
     try:
         yield view, inp
     finally:
@@ -119,8 +134,13 @@ def screenshot(page, view, info, timeout: float = 90.0) -> np.ndarray:
                 # when WebGL is slow (software here) and reports that size; the
                 # browser then scales the buffer up to the canvas's CSS size.
                 # Scale the screenshot back to the size that was rendered.
-                shot = np.asarray(Image.fromarray((shot * 255 + 0.5).astype(np.uint8)).resize(
-                    (w, h), Image.BILINEAR), dtype=np.float32) / 255
+                shot = (
+                    np.asarray(
+                        Image.fromarray((shot * 255 + 0.5).astype(np.uint8)).resize((w, h), Image.BILINEAR),
+                        dtype=np.float32,
+                    )
+                    / 255
+                )
             return shot
         prev = shot
     raise AssertionError(f"the canvas did not settle within {timeout} s")
@@ -134,10 +154,21 @@ def rasterize_at(model, viewmat, fy_scaled, width, height, background, shift=(0.
     cx, cy = width / 2 + shift[0], height / 2 + shift[1]  # pixel (i, j) centred at (j + 0.5, i + 0.5)
     K = torch.tensor([[fy_scaled, 0, cx], [0, fy_scaled, cy], [0, 0, 1]], dtype=torch.float32)
     with torch.no_grad():
-        return splat.rasterize(model.means, model.quats, model.scales, model.opacities, model.colors(),
-                               torch.as_tensor(viewmat, dtype=torch.float32), K, width, height,
-                               near=0.2, far=100.0, background=torch.tensor(background, dtype=torch.float32),
-                               sh_degree=model.sh_degree)
+        return splat.rasterize(
+            model.means,
+            model.quats,
+            model.scales,
+            model.opacities,
+            model.colors(),
+            torch.as_tensor(viewmat, dtype=torch.float32),
+            K,
+            width,
+            height,
+            near=0.2,
+            far=100.0,
+            background=torch.tensor(background, dtype=torch.float32),
+            sh_degree=model.sh_degree,
+        )
 
 
 def compare(shot: np.ndarray, expected: np.ndarray) -> dict:
@@ -216,8 +247,9 @@ def test_page_shows_the_rasterized_view_and_follows_the_controls(viewer, page, t
         page.mouse.move(cx + 12 * k, cy + 3 * k)
         time.sleep(0.03)
     page.mouse.up()
-    orbited = wait_still_frame(view, lambda i: i["time"] > moved["time"]
-                               and not np.allclose(i["wxyz"], moved["wxyz"], atol=1e-3))
+    orbited = wait_still_frame(
+        view, lambda i: i["time"] > moved["time"] and not np.allclose(i["wxyz"], moved["wxyz"], atol=1e-3)
+    )
     angle = 2 * math.degrees(math.acos(min(1.0, abs(float(np.dot(orbited["wxyz"], moved["wxyz"]))))))
     assert angle > 2.0, angle
     from splat.viewer.camera import quat_to_matrix
@@ -234,8 +266,10 @@ def test_page_shows_the_rasterized_view_and_follows_the_controls(viewer, page, t
     page.get_by_role("option", name="gray").click()
     page.get_by_label("Mode", exact=True).click()
     page.get_by_role("option", name="Expected depth").click()
-    depth = wait_still_frame(view, lambda i: i["mode"] == "Expected depth" and i["time"] > orbited["time"]
-                             and i["canvas"] == orbited["canvas"])
+    depth = wait_still_frame(
+        view,
+        lambda i: i["mode"] == "Expected depth" and i["time"] > orbited["time"] and i["canvas"] == orbited["canvas"],
+    )
     page.screenshot(path=tmp_path / "page_depth.png")
     shot3 = screenshot(page, view, depth)
     Image.fromarray((shot3 * 255).astype(np.uint8)).save(tmp_path / "depth.png")
@@ -244,7 +278,9 @@ def test_page_shows_the_rasterized_view_and_follows_the_controls(viewer, page, t
     alpha = out2.alpha.numpy()[..., None]
     z = out2.depth.numpy()
     valid = alpha[..., 0] > 0
-    assert lo == pytest.approx(np.percentile(z[valid], 2), rel=1e-4) and hi == pytest.approx(np.percentile(z[valid], 98), rel=1e-4)
+    assert lo == pytest.approx(np.percentile(z[valid], 2), rel=1e-4) and hi == pytest.approx(
+        np.percentile(z[valid], 98), rel=1e-4
+    )
     grey = np.clip((z - lo) / (hi - lo), 0, 1)[..., None].repeat(3, -1)
     expected = grey * alpha + np.asarray(bg, dtype=np.float32) * (1 - alpha)
     assert_matches(shot3, expected, "expected depth")

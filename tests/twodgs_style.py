@@ -8,6 +8,7 @@ densify_and_clone / densify_and_split / prune, reset_opacity), rendering
 through ``diff_surfel_rasterization``'s interface: splat's shim.  Facts and
 formulas from hbb1/2d-gaussian-splatting, written anew.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,8 +22,8 @@ from splat.compat.diff_surfel_rasterization import (
     GaussianRasterizationSettings,
     GaussianRasterizer,
 )
-from splat.losses import ssim
 from splat.geometry import quat_to_rotmat
+from splat.losses import ssim
 
 SH_C0 = 0.28209479177387814
 
@@ -82,15 +83,31 @@ def cam_from_viewmat(viewmat, width, height, fov_x, fov_y=None, shift=(0.0, 0.0)
     return Cam(vm[:3, :3].T, vm[:3, 3], fov_x, fov_y, width, height, shift)
 
 
-def settings_for(cam, bg=(0.0, 0.0, 0.0), sh_degree=0, scale_modifier=1.0, prefiltered=False, debug=False,
-                 campos=None, dtype=torch.float32):
+def settings_for(
+    cam,
+    bg=(0.0, 0.0, 0.0),
+    sh_degree=0,
+    scale_modifier=1.0,
+    prefiltered=False,
+    debug=False,
+    campos=None,
+    dtype=torch.float32,
+):
     """What 2DGS's render() passes."""
     return GaussianRasterizationSettings(
-        image_height=int(cam.image_height), image_width=int(cam.image_width),
-        tanfovx=math.tan(cam.FoVx * 0.5), tanfovy=math.tan(cam.FoVy * 0.5),
-        bg=torch.tensor(bg, dtype=dtype), scale_modifier=scale_modifier,
-        viewmatrix=cam.world_view_transform, projmatrix=cam.full_proj_transform, sh_degree=sh_degree,
-        campos=cam.camera_center if campos is None else campos, prefiltered=prefiltered, debug=debug)
+        image_height=int(cam.image_height),
+        image_width=int(cam.image_width),
+        tanfovx=math.tan(cam.FoVx * 0.5),
+        tanfovy=math.tan(cam.FoVy * 0.5),
+        bg=torch.tensor(bg, dtype=dtype),
+        scale_modifier=scale_modifier,
+        viewmatrix=cam.world_view_transform,
+        projmatrix=cam.full_proj_transform,
+        sh_degree=sh_degree,
+        campos=cam.camera_center if campos is None else campos,
+        prefiltered=prefiltered,
+        debug=debug,
+    )
 
 
 def ndc2pix(v, S):
@@ -110,8 +127,10 @@ def two_dgs_transform(cam, means, quats, scales, scale_modifier=1.0):
     trans[:, 3, 3] = 1
     W, H = cam.image_width, cam.image_height
     near, far = cam.znear, cam.zfar
-    ndc = torch.tensor([[W / 2, 0, 0, (W - 1) / 2], [0, H / 2, 0, (H - 1) / 2], [0, 0, far - near, near],
-                        [0, 0, 0, 1]], dtype=means.dtype).T
+    ndc = torch.tensor(
+        [[W / 2, 0, 0, (W - 1) / 2], [0, H / 2, 0, (H - 1) / 2], [0, 0, far - near, near], [0, 0, 0, 1]],
+        dtype=means.dtype,
+    ).T
     world2pix = cam.full_proj_transform.to(means.dtype) @ ndc
     return (trans[:, [0, 1, 3]] @ world2pix[:, [0, 1, 3]]).permute(0, 2, 1).reshape(-1, 9)
 
@@ -143,20 +162,42 @@ def render(view, model, bg):
     if screenspace_points.requires_grad:  # 2DGS: try/except around it, for no_grad rendering
         screenspace_points.retain_grad()
     settings = GaussianRasterizationSettings(
-        image_height=int(view.image_height), image_width=int(view.image_width),
-        tanfovx=math.tan(view.FoVx * 0.5), tanfovy=math.tan(view.FoVy * 0.5), bg=bg, scale_modifier=1.0,
-        viewmatrix=view.world_view_transform, projmatrix=view.full_proj_transform, sh_degree=model["active_sh"],
-        campos=view.camera_center, prefiltered=False, debug=False)
+        image_height=int(view.image_height),
+        image_width=int(view.image_width),
+        tanfovx=math.tan(view.FoVx * 0.5),
+        tanfovy=math.tan(view.FoVy * 0.5),
+        bg=bg,
+        scale_modifier=1.0,
+        viewmatrix=view.world_view_transform,
+        projmatrix=view.full_proj_transform,
+        sh_degree=model["active_sh"],
+        campos=view.camera_center,
+        prefiltered=False,
+        debug=False,
+    )
     rendered, radii, allmap = GaussianRasterizer(raster_settings=settings)(
-        means3D=xyz, means2D=screenspace_points, shs=torch.cat([model["f_dc"], model["f_rest"]], 1),
-        colors_precomp=None, opacities=torch.sigmoid(model["opacity"]), scales=torch.exp(model["scaling"]),
-        rotations=torch.nn.functional.normalize(model["rotation"]), cov3D_precomp=None)
+        means3D=xyz,
+        means2D=screenspace_points,
+        shs=torch.cat([model["f_dc"], model["f_rest"]], 1),
+        colors_precomp=None,
+        opacities=torch.sigmoid(model["opacity"]),
+        scales=torch.exp(model["scaling"]),
+        rotations=torch.nn.functional.normalize(model["rotation"]),
+        cov3D_precomp=None,
+    )
     render_alpha = allmap[1:2]
     render_normal = (allmap[2:5].permute(1, 2, 0) @ view.world_view_transform[:3, :3].T).permute(2, 0, 1)
     surf_depth = torch.nan_to_num(allmap[0:1] / render_alpha, 0, 0)  # expected depth
     surf_normal = depth_to_normal(view, surf_depth).permute(2, 0, 1) * render_alpha.detach()
-    return dict(render=rendered, viewspace_points=screenspace_points, visibility_filter=radii > 0, radii=radii,
-                rend_normal=render_normal, rend_dist=allmap[6:7], surf_normal=surf_normal)
+    return dict(
+        render=rendered,
+        viewspace_points=screenspace_points,
+        visibility_filter=radii > 0,
+        radii=radii,
+        rend_normal=render_normal,
+        rend_dist=allmap[6:7],
+        surf_normal=surf_normal,
+    )
 
 
 @dataclass
@@ -191,21 +232,36 @@ class OptimizationParams:
 
 def learning_rates(opt, extent):
     """GaussianModel.training_setup's Adam groups (xyz scaled by the scene extent)."""
-    return {"xyz": opt.position_lr_init * extent, "f_dc": opt.feature_lr, "f_rest": opt.feature_lr / 20.0,
-            "opacity": opt.opacity_lr, "scaling": opt.scaling_lr, "rotation": opt.rotation_lr}
+    return {
+        "xyz": opt.position_lr_init * extent,
+        "f_dc": opt.feature_lr,
+        "f_rest": opt.feature_lr / 20.0,
+        "opacity": opt.opacity_lr,
+        "scaling": opt.scaling_lr,
+        "rotation": opt.rotation_lr,
+    }
 
 
 def create_from_pcd(points, colors, g, sh_degree=3):
     """GaussianModel.create_from_pcd: SH DC from the colours, scales the root mean
     squared distance to the 3 nearest neighbours (distCUDA2), random rotations, opacity 0.1."""
     n = points.shape[0]
-    dist2 = torch.cat([torch.cdist(chunk, points).pow(2).topk(4, largest=False).values[:, 1:].mean(-1)
-                       for chunk in points.split(2048)]).clamp_min(1e-7)
-    return {"xyz": points.float(), "f_dc": ((colors.float() - 0.5) / SH_C0)[:, None, :],
-            "f_rest": torch.zeros(n, (sh_degree + 1) ** 2 - 1, 3),
-            "scaling": torch.log(torch.sqrt(dist2))[:, None].repeat(1, 2).float(),
-            "rotation": torch.rand(n, 4, generator=g), "opacity": torch.logit(torch.full((n, 1), 0.1)),
-            "active_sh": 0, "max_sh": sh_degree}
+    dist2 = torch.cat(
+        [
+            torch.cdist(chunk, points).pow(2).topk(4, largest=False).values[:, 1:].mean(-1)
+            for chunk in points.split(2048)
+        ]
+    ).clamp_min(1e-7)
+    return {
+        "xyz": points.float(),
+        "f_dc": ((colors.float() - 0.5) / SH_C0)[:, None, :],
+        "f_rest": torch.zeros(n, (sh_degree + 1) ** 2 - 1, 3),
+        "scaling": torch.log(torch.sqrt(dist2))[:, None].repeat(1, 2).float(),
+        "rotation": torch.rand(n, 4, generator=g),
+        "opacity": torch.logit(torch.full((n, 1), 0.1)),
+        "active_sh": 0,
+        "max_sh": sh_degree,
+    }
 
 
 def _replace_params(model, optimizer, make):
@@ -241,8 +297,11 @@ def densify_and_prune(model, optimizer, stats, opt, extent, max_screen_size):
     halves["xyz"] = torch.bmm(rots, samples[..., None])[..., 0] + model["xyz"].detach()[split].repeat(2, 1)
     halves["scaling"] = torch.log(scaling[split].repeat(2, 1) / (0.8 * 2))
     added = {k: torch.cat([cloned[k], halves[k]]) for k in names}
-    _replace_params(model, optimizer, lambda t, name, moment: torch.cat(
-        [t, torch.zeros_like(added[name]) if moment else added[name]]))
+    _replace_params(
+        model,
+        optimizer,
+        lambda t, name, moment: torch.cat([t, torch.zeros_like(added[name]) if moment else added[name]]),
+    )
     n_added = added["xyz"].shape[0]
     prune = torch.cat([split, torch.zeros(n_added, dtype=torch.bool)])
     prune |= (torch.sigmoid(model["opacity"].detach()) < opt.opacity_cull).squeeze(-1)
@@ -258,8 +317,11 @@ def densify_and_prune(model, optimizer, stats, opt, extent, max_screen_size):
 def reset_opacity(model, optimizer):
     """2DGS's reset_opacity: opacities capped at 0.01, their Adam moments zeroed."""
     capped = torch.logit(torch.clamp_max(torch.sigmoid(model["opacity"].detach()), 0.01))
-    _replace_params(model, optimizer, lambda t, name, moment: (
-        t if name != "opacity" else (torch.zeros_like(t) if moment else capped)))
+    _replace_params(
+        model,
+        optimizer,
+        lambda t, name, moment: t if name != "opacity" else (torch.zeros_like(t) if moment else capped),
+    )
 
 
 def train(views, model, opt, g, bg, extent, log_every=0):
@@ -268,8 +330,7 @@ def train(views, model, opt, g, bg, extent, log_every=0):
     rates = learning_rates(opt, extent)
     for k in rates:
         model[k] = torch.nn.Parameter(model[k])
-    optimizer = torch.optim.Adam([{"params": [model[k]], "lr": rates[k], "name": k} for k in rates],
-                                 lr=0.0, eps=1e-15)
+    optimizer = torch.optim.Adam([{"params": [model[k]], "lr": rates[k], "name": k} for k in rates], lr=0.0, eps=1e-15)
     n = model["xyz"].shape[0]
     stats = dict(accum=torch.zeros(n, 1), denom=torch.zeros(n, 1), max_radii=torch.zeros(n))
     white = bool((bg == 1).all()) and opt.reset_at_densify_from_on_white
@@ -277,8 +338,9 @@ def train(views, model, opt, g, bg, extent, log_every=0):
     stack, start = [], time.perf_counter()
     for iteration in range(1, opt.iterations + 1):
         t = min(iteration / opt.position_lr_max_steps, 1.0)  # get_expon_lr_func, no delay
-        optimizer.param_groups[0]["lr"] = math.exp((1 - t) * math.log(opt.position_lr_init * extent)
-                                                   + t * math.log(opt.position_lr_final * extent))
+        optimizer.param_groups[0]["lr"] = math.exp(
+            (1 - t) * math.log(opt.position_lr_init * extent) + t * math.log(opt.position_lr_final * extent)
+        )
         if iteration % opt.sh_up_every == 0:
             model["active_sh"] = min(model["active_sh"] + 1, model["max_sh"])
         if not stack:
@@ -288,7 +350,8 @@ def train(views, model, opt, g, bg, extent, log_every=0):
         image, gt = pkg["render"], view.original_image
         Ll1 = (image - gt).abs().mean()
         loss = (1.0 - opt.lambda_dssim) * Ll1 + opt.lambda_dssim * (
-            1.0 - ssim(image.permute(1, 2, 0), gt.permute(1, 2, 0)))
+            1.0 - ssim(image.permute(1, 2, 0), gt.permute(1, 2, 0))
+        )
         lambda_normal = opt.lambda_normal if iteration > opt.normal_from else 0.0
         lambda_dist = opt.lambda_dist if iteration > opt.dist_from else 0.0
         normal_error = (1 - (pkg["rend_normal"] * pkg["surf_normal"]).sum(dim=0))[None]
@@ -307,14 +370,18 @@ def train(views, model, opt, g, bg, extent, log_every=0):
                     counters["cloned"] += c
                     counters["split"] += s
                 # A reset on the last step would be the final model's (no step follows it): skipped.
-                if (iteration % opt.opacity_reset_interval == 0 or (white and iteration == opt.densify_from_iter)) \
-                        and iteration < opt.iterations:
+                if (
+                    iteration % opt.opacity_reset_interval == 0 or (white and iteration == opt.densify_from_iter)
+                ) and iteration < opt.iterations:
                     reset_opacity(model, optimizer)
                     counters["resets"] += 1
             if iteration < opt.iterations:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             if log_every and iteration % log_every == 0:
-                print(f"step {iteration}: loss {float(loss):.4f}, {model['xyz'].shape[0]} surfels, "
-                      f"{time.perf_counter() - start:.0f} s", flush=True)
+                print(
+                    f"step {iteration}: loss {float(loss):.4f}, {model['xyz'].shape[0]} surfels, "
+                    f"{time.perf_counter() - start:.0f} s",
+                    flush=True,
+                )
     return model, counters

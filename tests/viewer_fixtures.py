@@ -23,8 +23,9 @@ def first_test_camera():
     return f.viewmat.double(), f.K.double(), f.width, f.height
 
 
-def tilted_wall(viewmat: torch.Tensor, nx: int = 14, ny: int = 10, depth: float = 3.0, tilt: float = 0.35,
-                sigma_scale: float = 1.1):
+def tilted_wall(
+    viewmat: torch.Tensor, nx: int = 14, ny: int = 10, depth: float = 3.0, tilt: float = 0.35, sigma_scale: float = 1.1
+):
     """A GaussianModel: an ``nx`` x ``ny`` grid of opaque, differently coloured
     surfels on a plane in front of ``viewmat``'s camera, whose depth grows to
     the right (camera z = depth * (1 + tilt * x / half width)).  Standard
@@ -47,8 +48,14 @@ def tilted_wall(viewmat: torch.Tensor, nx: int = 14, ny: int = 10, depth: float 
     R, t = viewmat[:3, :3], viewmat[:3, 3]
     means = (cam - t) @ R  # R^T (p - t)
     normals = n_cam @ R
-    rgb = torch.stack([0.5 + 0.45 * torch.cos(3 * gu.reshape(-1)), 0.5 + 0.45 * torch.sin(4 * gv.reshape(-1)),
-                       0.5 + 0.45 * torch.cos(5 * (gu + gv).reshape(-1) + 1.0)], 1)
+    rgb = torch.stack(
+        [
+            0.5 + 0.45 * torch.cos(3 * gu.reshape(-1)),
+            0.5 + 0.45 * torch.sin(4 * gv.reshape(-1)),
+            0.5 + 0.45 * torch.cos(5 * (gu + gv).reshape(-1) + 1.0),
+        ],
+        1,
+    )
     sigma = sigma_scale * (2 * half_w / (nx - 1)) / 2
     n = len(cam)
     params = {
@@ -65,9 +72,9 @@ def tilted_wall(viewmat: torch.Tensor, nx: int = 14, ny: int = 10, depth: float 
 def make_viewer_run(out: Path, **wall) -> Path:
     """``out`` as a finished training output folder: config.yaml (the sample scene) +
     point_cloud.ply (:func:`tilted_wall` with the keyword arguments ``wall``)."""
-    from splat.run_folder import save_config
     from splat.config import load_config
     from splat.ply import save_ply
+    from splat.run_folder import save_config
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -53,6 +53,7 @@ Where the definitions differ from INRIA's kernel
     * Everything splat renders beyond INRIA's outputs (peak depth, normals,
       median, distortion) is :func:`splat.rasterize_3dgs`'s.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple, Optional, Tuple, Union
@@ -60,8 +61,17 @@ from typing import NamedTuple, Optional, Tuple, Union
 import torch
 
 from ..rasterize_3dgs import rasterize_3dgs, rasterize_3dgs_and_inputs
-from .inria_family import (CULL_FAR, NEAR, InriaRasterizer, camera_from_settings, check_inputs, colors_for_splat,
-                           edge_tensors, functional_entry, run_render)
+from .inria_family import (
+    CULL_FAR,
+    NEAR,
+    InriaRasterizer,
+    camera_from_settings,
+    check_inputs,
+    colors_for_splat,
+    edge_tensors,
+    functional_entry,
+    run_render,
+)
 
 #: INRIA's radius: 3 standard deviations of the dilated 2D covariance.
 RADIUS_SIGMAS = 3.0
@@ -100,8 +110,7 @@ def _radii_inria(kin, n, device):
     return radii
 
 
-def _render(cam, settings, means3D, shs, colors_precomp, opacities, scales, rotations, cov3D_precomp, bg,
-            want_handle):
+def _render(cam, settings, means3D, shs, colors_precomp, opacities, scales, rotations, cov3D_precomp, bg, want_handle):
     """(color [3, H, W], radii [N], invdepths [1, H, W] or None, the passes' pixel handles [N, 2])."""
     dtype, device = means3D.dtype, means3D.device
     n = means3D.shape[0]
@@ -111,17 +120,43 @@ def _render(cam, settings, means3D, shs, colors_precomp, opacities, scales, rota
     scales = scales.to(dtype) * settings.scale_modifier
     rotations = rotations.to(dtype)
     antialiased = bool(settings.antialiasing)
-    out, kin = rasterize_3dgs_and_inputs(means3D, rotations, scales, opac, colors, viewmat, K, cam.width,
-                                         cam.height, near=NEAR, far=CULL_FAR, background=background,
-                                         sh_degree=sh_degree, antialiased=antialiased)
+    out, kin = rasterize_3dgs_and_inputs(
+        means3D,
+        rotations,
+        scales,
+        opac,
+        colors,
+        viewmat,
+        K,
+        cam.width,
+        cam.height,
+        near=NEAR,
+        far=CULL_FAR,
+        background=background,
+        sh_degree=sh_degree,
+        antialiased=antialiased,
+    )
     radii = _radii_inria(kin, n, device)
     invdepths, handles = None, (out.means2d,)
     if settings.antialiasing is not None:
         # INRIA's inverse depth: the centres' 1 / z as a colour, composited over black.
-        inv = torch.where(depth > NEAR, 1.0 / torch.where(depth > NEAR, depth, torch.ones_like(depth)),
-                          torch.zeros_like(depth))
-        inv_out = rasterize_3dgs(means3D, rotations, scales, opac, torch.stack([inv, inv * 0, inv * 0], -1), viewmat,
-                                 K, cam.width, cam.height, near=NEAR, far=CULL_FAR, antialiased=antialiased)
+        inv = torch.where(
+            depth > NEAR, 1.0 / torch.where(depth > NEAR, depth, torch.ones_like(depth)), torch.zeros_like(depth)
+        )
+        inv_out = rasterize_3dgs(
+            means3D,
+            rotations,
+            scales,
+            opac,
+            torch.stack([inv, inv * 0, inv * 0], -1),
+            viewmat,
+            K,
+            cam.width,
+            cam.height,
+            near=NEAR,
+            far=CULL_FAR,
+            antialiased=antialiased,
+        )
         invdepths = inv_out.rgb[..., 0][None]
         handles += (inv_out.means2d,)  # its footprints move with means2D too
     return out.rgb.permute(2, 0, 1), radii, invdepths, handles
@@ -135,13 +170,30 @@ def _render_tuple(cam, settings, *tensors, want_handle):
     return color, radii, invdepths, handle
 
 
-def rasterize_gaussians(means3D: torch.Tensor, means2D: torch.Tensor, sh: Optional[torch.Tensor],
-                        colors_precomp: Optional[torch.Tensor], opacities: torch.Tensor, scales: Optional[torch.Tensor],
-                        rotations: Optional[torch.Tensor], cov3Ds_precomp: Optional[torch.Tensor],
-                        raster_settings: GaussianRasterizationSettings) -> tuple:
+def rasterize_gaussians(
+    means3D: torch.Tensor,
+    means2D: torch.Tensor,
+    sh: Optional[torch.Tensor],
+    colors_precomp: Optional[torch.Tensor],
+    opacities: torch.Tensor,
+    scales: Optional[torch.Tensor],
+    rotations: Optional[torch.Tensor],
+    cov3Ds_precomp: Optional[torch.Tensor],
+    raster_settings: GaussianRasterizationSettings,
+) -> tuple:
     """INRIA's functional entry (empty tensors standing for "not given" are accepted, as INRIA passes them)."""
-    return functional_entry(GaussianRasterizer, means3D, means2D, sh, colors_precomp, opacities, scales, rotations,
-                            cov3Ds_precomp, raster_settings)
+    return functional_entry(
+        GaussianRasterizer,
+        means3D,
+        means2D,
+        sh,
+        colors_precomp,
+        opacities,
+        scales,
+        rotations,
+        cov3Ds_precomp,
+        raster_settings,
+    )
 
 
 class GaussianRasterizer(InriaRasterizer):
@@ -150,19 +202,38 @@ class GaussianRasterizer(InriaRasterizer):
     def __init__(self, raster_settings: GaussianRasterizationSettings):
         super().__init__(raster_settings)
 
-    def forward(self, means3D: torch.Tensor, means2D: torch.Tensor, opacities: torch.Tensor,
-                shs: Optional[torch.Tensor] = None, colors_precomp: Optional[torch.Tensor] = None,
-                scales: Optional[torch.Tensor] = None, rotations: Optional[torch.Tensor] = None,
-                cov3D_precomp: Optional[torch.Tensor] = None
-                ) -> Union[Tuple[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    def forward(
+        self,
+        means3D: torch.Tensor,
+        means2D: torch.Tensor,
+        opacities: torch.Tensor,
+        shs: Optional[torch.Tensor] = None,
+        colors_precomp: Optional[torch.Tensor] = None,
+        scales: Optional[torch.Tensor] = None,
+        rotations: Optional[torch.Tensor] = None,
+        cov3D_precomp: Optional[torch.Tensor] = None,
+    ) -> Union[Tuple[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Returns (color [3, H, W], radii [N] int32), plus invdepths [1, H, W] when the
         settings name ``antialiasing``; see the module docstring."""
         settings = self.raster_settings
         if cov3D_precomp is not None and not (isinstance(cov3D_precomp, torch.Tensor) and cov3D_precomp.numel() == 0):
-            raise ValueError("cov3D_precomp: splat takes scales and rotations for 3D Gaussians, not precomputed "
-                             "covariances (INRIA's default: compute_cov3D_python off)")
-        check_inputs(settings, means3D, means2D, opacities, shs, colors_precomp, scales, rotations, None,
-                     num_scales=3, cov_size=6)
+            raise ValueError(
+                "cov3D_precomp: splat takes scales and rotations for 3D Gaussians, not precomputed "
+                "covariances (INRIA's default: compute_cov3D_python off)"
+            )
+        check_inputs(
+            settings,
+            means3D,
+            means2D,
+            opacities,
+            shs,
+            colors_precomp,
+            scales,
+            rotations,
+            None,
+            num_scales=3,
+            cov_size=6,
+        )
         aa = settings.antialiasing
         if aa is not None and not isinstance(aa, bool):
             raise ValueError(f"antialiasing must be a bool, got {aa!r}")

@@ -103,6 +103,7 @@ Where the definitions differ from 2DGS's kernel (docs/porting.md has the detail)
 
 An argument splat cannot honour raises a one-line error naming it.
 """
+
 from __future__ import annotations
 
 import math
@@ -114,8 +115,18 @@ from .._backend import has_cuda_kernels, has_extension
 from ..geometry import quat_to_rotmat
 from ..outputs import compose
 from ..rasterize import _check_magnitude, _RasterizeSurfels, _screen_bounds, depth_in_range, rasterize
-from .inria_family import (CULL_FAR, NEAR, Camera, InriaRasterizer, camera_from_settings, check_inputs,
-                           colors_for_splat, edge_tensors, functional_entry, run_render)
+from .inria_family import (
+    CULL_FAR,
+    NEAR,
+    Camera,
+    InriaRasterizer,
+    camera_from_settings,
+    check_inputs,
+    colors_for_splat,
+    edge_tensors,
+    functional_entry,
+    run_render,
+)
 
 #: 2DGS's kernel constant far_n: the far end of the distortion's normalised
 #: depth m(z) (its near_n is NEAR).
@@ -158,7 +169,7 @@ def _radii_2dgs(M, drawn_radii, width, height):
     ellipse reaching the camera plane (C*_22 >= 0) has no box: max(W, H).
     """
     M = M.detach().double()
-    dual = (M * M.new_tensor([1.0, 1.0, -1.0 / RADIUS_CUTOFF ** 2])) @ M.transpose(1, 2)  # [N, 3, 3]
+    dual = (M * M.new_tensor([1.0, 1.0, -1.0 / RADIUS_CUTOFF**2])) @ M.transpose(1, 2)  # [N, 3, 3]
     c22 = dual[:, 2, 2]
     bounded = c22 < 0
     c22 = torch.where(bounded, c22, -torch.ones_like(c22))
@@ -217,13 +228,15 @@ def _rasterize_transforms(cam, transforms, means3D, colors, opacities, backgroun
         Tu, Tv, Tw = Tuvw[:, 0:3], Tuvw[:, 3:6], Tuvw[:, 6:9]
         Tuvw = torch.cat([Tu + delta[:, :1] * Tw, Tv + delta[:, 1:] * Tw, Tw], dim=1)
         center = center + delta
-    sums = _RasterizeSurfels.apply(Tuvw, center, normal, colors, opacities, depth.contiguous(), rect,
-                                   width, height, NEAR, CULL_FAR)
+    sums = _RasterizeSurfels.apply(
+        Tuvw, center, normal, colors, opacities, depth.contiguous(), rect, width, height, NEAR, CULL_FAR
+    )
     return compose(*sums, background=background, radii=radii, means2d=handle), M
 
 
-def _render(cam: Camera, settings, means3D, shs, colors_precomp, opacities, scales, rotations, cov3D_precomp, bg,
-            want_handle):
+def _render(
+    cam: Camera, settings, means3D, shs, colors_precomp, opacities, scales, rotations, cov3D_precomp, bg, want_handle
+):
     """(color [3, H, W], radii [N], allmap [7, H, W], means2d [N, 2] pixel handle)."""
     dtype, device = means3D.dtype, means3D.device
     n = means3D.shape[0]
@@ -232,39 +245,74 @@ def _render(cam: Camera, settings, means3D, shs, colors_precomp, opacities, scal
     colors, sh_degree = colors_for_splat(cam, settings, means3D, shs, colors_precomp, may_fuse=not precomp)
     if precomp:
         if not (has_cuda_kernels() if means3D.is_cuda else has_extension()):
-            raise RuntimeError(f"cov3D_precomp needs splat's compiled kernels for {device.type} tensors, "
-                               "which are unavailable (scales and rotations work without them)")
-        out, M = _rasterize_transforms(cam, cov3D_precomp.to(dtype), means3D, colors, opac, background,
-                                       viewmat, K, want_handle)
+            raise RuntimeError(
+                f"cov3D_precomp needs splat's compiled kernels for {device.type} tensors, "
+                "which are unavailable (scales and rotations work without them)"
+            )
+        out, M = _rasterize_transforms(
+            cam, cov3D_precomp.to(dtype), means3D, colors, opac, background, viewmat, K, want_handle
+        )
         normal_view = out.normal  # [H, W, 3] already camera space
     else:
         if cov3D_precomp is not None:  # N = 0: nothing to transform
             scales, rotations = means3D.new_zeros(0, 2), means3D.new_zeros(0, 4) + 1
         scales = scales.to(dtype) * settings.scale_modifier
         rotations = rotations.to(dtype)
-        out = rasterize(means3D, rotations, scales, opac, colors, viewmat, K, cam.width, cam.height,
-                        near=NEAR, far=CULL_FAR, background=background, sh_degree=sh_degree)
+        out = rasterize(
+            means3D,
+            rotations,
+            scales,
+            opac,
+            colors,
+            viewmat,
+            K,
+            cam.width,
+            cam.height,
+            near=NEAR,
+            far=CULL_FAR,
+            background=background,
+            sh_degree=sh_degree,
+        )
         normal_view = out.normal @ viewmat[:3, :3].T  # [H, W, 3] world -> camera
         M = _screen_matrices(means3D.detach(), rotations.detach(), scales.detach(), viewmat, K)
     radii = _radii_2dgs(M, out.radii, cam.width, cam.height)
-    allmap = torch.cat([
-        (out.depth * out.alpha)[None],  # sum w z: splat's depth is that over alpha
-        out.alpha[None],
-        normal_view.permute(2, 0, 1),
-        out.median_depth[None],
-        (out.distortion * DISTORTION_SCALE)[None],
-    ], dim=0)
+    allmap = torch.cat(
+        [
+            (out.depth * out.alpha)[None],  # sum w z: splat's depth is that over alpha
+            out.alpha[None],
+            normal_view.permute(2, 0, 1),
+            out.median_depth[None],
+            (out.distortion * DISTORTION_SCALE)[None],
+        ],
+        dim=0,
+    )
     return out.rgb.permute(2, 0, 1), radii, allmap, out.means2d
 
 
-def rasterize_gaussians(means3D: torch.Tensor, means2D: torch.Tensor, sh: Optional[torch.Tensor],
-                        colors_precomp: Optional[torch.Tensor], opacities: torch.Tensor, scales: Optional[torch.Tensor],
-                        rotations: Optional[torch.Tensor], cov3Ds_precomp: Optional[torch.Tensor],
-                        raster_settings: GaussianRasterizationSettings
-                        ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def rasterize_gaussians(
+    means3D: torch.Tensor,
+    means2D: torch.Tensor,
+    sh: Optional[torch.Tensor],
+    colors_precomp: Optional[torch.Tensor],
+    opacities: torch.Tensor,
+    scales: Optional[torch.Tensor],
+    rotations: Optional[torch.Tensor],
+    cov3Ds_precomp: Optional[torch.Tensor],
+    raster_settings: GaussianRasterizationSettings,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """2DGS's functional entry (empty tensors standing for "not given" are accepted, as 2DGS passes them)."""
-    return functional_entry(GaussianRasterizer, means3D, means2D, sh, colors_precomp, opacities, scales, rotations,
-                            cov3Ds_precomp, raster_settings)
+    return functional_entry(
+        GaussianRasterizer,
+        means3D,
+        means2D,
+        sh,
+        colors_precomp,
+        opacities,
+        scales,
+        rotations,
+        cov3Ds_precomp,
+        raster_settings,
+    )
 
 
 class GaussianRasterizer(InriaRasterizer):
@@ -273,10 +321,17 @@ class GaussianRasterizer(InriaRasterizer):
     def __init__(self, raster_settings: GaussianRasterizationSettings):
         super().__init__(raster_settings)
 
-    def forward(self, means3D: torch.Tensor, means2D: torch.Tensor, opacities: torch.Tensor,
-                shs: Optional[torch.Tensor] = None, colors_precomp: Optional[torch.Tensor] = None,
-                scales: Optional[torch.Tensor] = None, rotations: Optional[torch.Tensor] = None,
-                cov3D_precomp: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        means3D: torch.Tensor,
+        means2D: torch.Tensor,
+        opacities: torch.Tensor,
+        shs: Optional[torch.Tensor] = None,
+        colors_precomp: Optional[torch.Tensor] = None,
+        scales: Optional[torch.Tensor] = None,
+        rotations: Optional[torch.Tensor] = None,
+        cov3D_precomp: Optional[torch.Tensor] = None,
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Returns (color [3, H, W], radii [N] int32, allmap [7, H, W]); see the module docstring."""
         settings = self.raster_settings
         check_inputs(settings, means3D, means2D, opacities, shs, colors_precomp, scales, rotations, cov3D_precomp)

@@ -100,6 +100,7 @@ tile counts in ``meta`` (splat bins in tiles of
 ``flatten_ids`` or ``isect_offsets``: reading one raises a ``KeyError``
 that says so.
 """
+
 from __future__ import annotations
 
 import functools
@@ -129,13 +130,30 @@ class _Meta(dict):
         raise KeyError(key)
 
 
-def rasterization_2dgs(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor, opacities: torch.Tensor,
-                       colors: torch.Tensor, viewmats: torch.Tensor, Ks: torch.Tensor, width: int, height: int,
-                       near_plane: float = 0.01, far_plane: float = 1e10, radius_clip: float = 0.0,
-                       eps2d: float = 0.3, sh_degree: Optional[int] = None, packed: bool = False,
-                       tile_size: int = 16, backgrounds: Optional[torch.Tensor] = None, render_mode: str = "RGB",
-                       sparse_grad: bool = False, absgrad: bool = False, distloss: bool = False,
-                       depth_mode: str = "expected") -> tuple:
+def rasterization_2dgs(
+    means: torch.Tensor,
+    quats: torch.Tensor,
+    scales: torch.Tensor,
+    opacities: torch.Tensor,
+    colors: torch.Tensor,
+    viewmats: torch.Tensor,
+    Ks: torch.Tensor,
+    width: int,
+    height: int,
+    near_plane: float = 0.01,
+    far_plane: float = 1e10,
+    radius_clip: float = 0.0,
+    eps2d: float = 0.3,
+    sh_degree: Optional[int] = None,
+    packed: bool = False,
+    tile_size: int = 16,
+    backgrounds: Optional[torch.Tensor] = None,
+    render_mode: str = "RGB",
+    sparse_grad: bool = False,
+    absgrad: bool = False,
+    distloss: bool = False,
+    depth_mode: str = "expected",
+) -> tuple:
     """Renders N surfels into C cameras with gsplat 1.5's interface and splat's maths.
 
     Args:
@@ -175,9 +193,28 @@ def rasterization_2dgs(means: torch.Tensor, quats: torch.Tensor, scales: torch.T
         ``meta["means2d"]`` [C, N, 2] (projected centres) are leaves whose
         ``.grad`` after ``backward()`` is dL/d(screen translation) in pixels.
     """
-    _check_arguments(means, scales, colors, viewmats, Ks, width, height, near_plane, far_plane, radius_clip,
-                     eps2d, sh_degree, packed, tile_size, backgrounds, render_mode, sparse_grad, absgrad,
-                     distloss, depth_mode)
+    _check_arguments(
+        means,
+        scales,
+        colors,
+        viewmats,
+        Ks,
+        width,
+        height,
+        near_plane,
+        far_plane,
+        radius_clip,
+        eps2d,
+        sh_degree,
+        packed,
+        tile_size,
+        backgrounds,
+        render_mode,
+        sparse_grad,
+        absgrad,
+        distloss,
+        depth_mode,
+    )
     n_cameras = viewmats.shape[0]
     per_camera_colors = sh_degree is None and colors.dim() == 3
     outs = []
@@ -185,12 +222,26 @@ def rasterization_2dgs(means: torch.Tensor, quats: torch.Tensor, scales: torch.T
         viewmat, K = viewmats[c], Ks[c]
         camera_opacities = opacities
         if radius_clip > 0:
-            camera_opacities = _clip_by_radius(means, quats, scales, opacities, viewmat, K, width, height,
-                                               near_plane, far_plane, radius_clip)
-        outs.append(rasterize(means, quats, scales[:, :2], camera_opacities,
-                              colors[c] if per_camera_colors else colors, viewmat, K, width, height,
-                              near=near_plane, far=far_plane,
-                              background=None if backgrounds is None else backgrounds[c], sh_degree=sh_degree))
+            camera_opacities = _clip_by_radius(
+                means, quats, scales, opacities, viewmat, K, width, height, near_plane, far_plane, radius_clip
+            )
+        outs.append(
+            rasterize(
+                means,
+                quats,
+                scales[:, :2],
+                camera_opacities,
+                colors[c] if per_camera_colors else colors,
+                viewmat,
+                K,
+                width,
+                height,
+                near=near_plane,
+                far=far_plane,
+                background=None if backgrounds is None else backgrounds[c],
+                sh_degree=sh_degree,
+            )
+        )
 
     alphas = torch.stack([o.alpha for o in outs])[..., None]  # [C, H, W, 1]
     render_colors = _render_colors(outs, render_mode)  # [C, H, W, X]
@@ -199,18 +250,44 @@ def rasterization_2dgs(means: torch.Tensor, quats: torch.Tensor, scales: torch.T
         depth = render_colors[..., -1] if depth_mode == "expected" else torch.stack([o.median_depth for o in outs])
         surf_normals = _surface_normals(depth, Ks, viewmats)
     meta = _meta(outs, means, quats, opacities, viewmats, width, height, tile_size, packed)
-    return (render_colors, alphas, torch.stack([o.normal for o in outs]), surf_normals, meta["render_distort"],
-            torch.stack([o.median_depth for o in outs])[..., None], meta)
+    return (
+        render_colors,
+        alphas,
+        torch.stack([o.normal for o in outs]),
+        surf_normals,
+        meta["render_distort"],
+        torch.stack([o.median_depth for o in outs])[..., None],
+        meta,
+    )
 
 
-def rasterization(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor, opacities: torch.Tensor,
-                  colors: torch.Tensor, viewmats: torch.Tensor, Ks: torch.Tensor, width: int, height: int,
-                  near_plane: float = 0.01, far_plane: float = 1e10, radius_clip: float = 0.0, eps2d: float = 0.3,
-                  sh_degree: Optional[int] = None, packed: bool = True, tile_size: int = 16,
-                  backgrounds: Optional[torch.Tensor] = None, render_mode: str = "RGB", sparse_grad: bool = False,
-                  absgrad: bool = False, rasterize_mode: str = "classic", channel_chunk: int = 32,
-                  distributed: bool = False, camera_model: str = "pinhole",
-                  covars: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, dict]:
+def rasterization(
+    means: torch.Tensor,
+    quats: torch.Tensor,
+    scales: torch.Tensor,
+    opacities: torch.Tensor,
+    colors: torch.Tensor,
+    viewmats: torch.Tensor,
+    Ks: torch.Tensor,
+    width: int,
+    height: int,
+    near_plane: float = 0.01,
+    far_plane: float = 1e10,
+    radius_clip: float = 0.0,
+    eps2d: float = 0.3,
+    sh_degree: Optional[int] = None,
+    packed: bool = True,
+    tile_size: int = 16,
+    backgrounds: Optional[torch.Tensor] = None,
+    render_mode: str = "RGB",
+    sparse_grad: bool = False,
+    absgrad: bool = False,
+    rasterize_mode: str = "classic",
+    channel_chunk: int = 32,
+    distributed: bool = False,
+    camera_model: str = "pinhole",
+    covars: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor, dict]:
     """Renders N 3D Gaussians into C cameras with gsplat 1.5's ``rasterization`` interface
     and splat's maths (:func:`splat.rasterize_3dgs` per camera).
 
@@ -254,9 +331,28 @@ def rasterization(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor
         raise ValueError(f"eps2d={eps2d!r}: splat's screen-space dilation is fixed at {cv.EWA_DILATION} px^2")
     if not isinstance(scales, torch.Tensor) or scales.dim() != 2 or scales.shape[1] != 3:
         raise ValueError(f"scales must be [N, 3], got {_shape(scales)}")
-    _check_arguments(means, scales, colors, viewmats, Ks, width, height, near_plane, far_plane, radius_clip,
-                     eps2d, sh_degree, packed, tile_size, backgrounds, render_mode, sparse_grad, absgrad,
-                     False, "expected")
+    _check_arguments(
+        means,
+        scales,
+        colors,
+        viewmats,
+        Ks,
+        width,
+        height,
+        near_plane,
+        far_plane,
+        radius_clip,
+        eps2d,
+        sh_degree,
+        packed,
+        tile_size,
+        backgrounds,
+        render_mode,
+        sparse_grad,
+        absgrad,
+        False,
+        "expected",
+    )
     antialiased = rasterize_mode == "antialiased"
     per_camera_colors = sh_degree is None and colors.dim() == 3
     outs, conics, opacities_used = [], [], []
@@ -267,16 +363,38 @@ def rasterization(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor
             # The radii decide which Gaussians draw at all: a projection before
             # the render (its conics and opacities, unclipped, are meta's).
             with torch.no_grad():
-                kin = gaussian_kernel_inputs(means.detach(), quats.detach(), scales.detach(), opacities.detach(),
-                                             viewmat.detach(), K.detach(), width, height, near_plane, far_plane,
-                                             antialiased)
+                kin = gaussian_kernel_inputs(
+                    means.detach(),
+                    quats.detach(),
+                    scales.detach(),
+                    opacities.detach(),
+                    viewmat.detach(),
+                    K.detach(),
+                    width,
+                    height,
+                    near_plane,
+                    far_plane,
+                    antialiased,
+                )
             radii = torch.zeros(means.shape[0], dtype=torch.int32, device=means.device)
             radii[kin["ids"]] = kin["radii"]
             camera_opacities = torch.where(radii > radius_clip, opacities, torch.zeros_like(opacities))
         out, rendered_from = rasterize_3dgs_and_inputs(
-            means, quats, scales, camera_opacities, colors[c] if per_camera_colors else colors, viewmat, K, width,
-            height, near=near_plane, far=far_plane, background=None if backgrounds is None else backgrounds[c],
-            sh_degree=sh_degree, antialiased=antialiased)
+            means,
+            quats,
+            scales,
+            camera_opacities,
+            colors[c] if per_camera_colors else colors,
+            viewmat,
+            K,
+            width,
+            height,
+            near=near_plane,
+            far=far_plane,
+            background=None if backgrounds is None else backgrounds[c],
+            sh_degree=sh_degree,
+            antialiased=antialiased,
+        )
         outs.append(out)
         if kin is None:
             kin = rendered_from
@@ -300,13 +418,34 @@ def rasterization(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor
     return render_colors, alphas, meta
 
 
-def _check_arguments(means, scales, colors, viewmats, Ks, width, height, near_plane, far_plane, radius_clip,
-                     eps2d, sh_degree, packed, tile_size, backgrounds, render_mode, sparse_grad, absgrad,
-                     distloss, depth_mode):
+def _check_arguments(
+    means,
+    scales,
+    colors,
+    viewmats,
+    Ks,
+    width,
+    height,
+    near_plane,
+    far_plane,
+    radius_clip,
+    eps2d,
+    sh_degree,
+    packed,
+    tile_size,
+    backgrounds,
+    render_mode,
+    sparse_grad,
+    absgrad,
+    distloss,
+    depth_mode,
+):
     """One-line errors naming gsplat's argument, for what splat.rasterize does not check itself."""
     if absgrad:
-        raise ValueError("absgrad=True: splat computes no absolute (AbsGS) per-pixel 2D-mean gradient; "
-                         "use absgrad=False and DefaultStrategy(absgrad=False)")
+        raise ValueError(
+            "absgrad=True: splat computes no absolute (AbsGS) per-pixel 2D-mean gradient; "
+            "use absgrad=False and DefaultStrategy(absgrad=False)"
+        )
     if sparse_grad:
         raise ValueError("sparse_grad=True: splat returns dense gradients; use sparse_grad=False")
     if render_mode not in RENDER_MODES:
@@ -323,17 +462,26 @@ def _check_arguments(means, scales, colors, viewmats, Ks, width, height, near_pl
     for name, value in (("radius_clip", radius_clip), ("eps2d", eps2d)):
         if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    if not (isinstance(near_plane, (int, float)) and isinstance(far_plane, (int, float))
-            and 0 < near_plane < far_plane < math.inf):
-        raise ValueError(f"need 0 < near_plane < far_plane < inf, got near_plane={near_plane!r}, "
-                         f"far_plane={far_plane!r}")
+    if not (
+        isinstance(near_plane, (int, float))
+        and isinstance(far_plane, (int, float))
+        and 0 < near_plane < far_plane < math.inf
+    ):
+        raise ValueError(
+            f"need 0 < near_plane < far_plane < inf, got near_plane={near_plane!r}, far_plane={far_plane!r}"
+        )
     if not isinstance(means, torch.Tensor) or means.dim() != 2:
         got = list(means.shape) if isinstance(means, torch.Tensor) else type(means).__name__
-        raise ValueError(f"means must be [N, 3] (gsplat 1.5.0's layout; leading batch dimensions are not "
-                         f"supported), got {got}")
+        raise ValueError(
+            f"means must be [N, 3] (gsplat 1.5.0's layout; leading batch dimensions are not supported), got {got}"
+        )
     n = means.shape[0]
-    if not isinstance(viewmats, torch.Tensor) or viewmats.dim() != 3 or viewmats.shape[1:] != (4, 4) \
-            or viewmats.shape[0] == 0:
+    if (
+        not isinstance(viewmats, torch.Tensor)
+        or viewmats.dim() != 3
+        or viewmats.shape[1:] != (4, 4)
+        or viewmats.shape[0] == 0
+    ):
         raise ValueError(f"viewmats must be [C, 4, 4] with C >= 1, got {_shape(viewmats)}")
     n_cameras = viewmats.shape[0]
     if not isinstance(Ks, torch.Tensor) or Ks.shape != (n_cameras, 3, 3):
@@ -344,18 +492,20 @@ def _check_arguments(means, scales, colors, viewmats, Ks, width, height, near_pl
         raise ValueError(f"colors must be a tensor, got {type(colors).__name__}")
     if sh_degree is None:
         if colors.shape[-1] != 3 or colors.shape[:-1] not in ((n,), (n_cameras, n)):
-            raise ValueError(f"colors must be [N, 3] or [C, N, 3] (splat renders 3 channels), "
-                             f"got {list(colors.shape)}")
+            raise ValueError(f"colors must be [N, 3] or [C, N, 3] (splat renders 3 channels), got {list(colors.shape)}")
     elif colors.dim() != 3:
-        raise ValueError(f"colors with sh_degree must be [N, K, 3] (per-camera SH coefficients are not "
-                         f"supported), got {list(colors.shape)}")
-    if backgrounds is not None and (not isinstance(backgrounds, torch.Tensor)
-                                    or backgrounds.shape != (n_cameras, 3)):
+        raise ValueError(
+            f"colors with sh_degree must be [N, K, 3] (per-camera SH coefficients are not "
+            f"supported), got {list(colors.shape)}"
+        )
+    if backgrounds is not None and (not isinstance(backgrounds, torch.Tensor) or backgrounds.shape != (n_cameras, 3)):
         raise ValueError(f"backgrounds must be [C, 3] with C = {n_cameras}, got {_shape(backgrounds)}")
     if backgrounds is not None and not render_mode.startswith("RGB"):
         # gsplat would add T * background to its depth channel; splat puts nothing behind depth.
-        raise ValueError(f"backgrounds with render_mode={render_mode!r}: splat composites no background "
-                         "behind depth; pass backgrounds=None")
+        raise ValueError(
+            f"backgrounds with render_mode={render_mode!r}: splat composites no background "
+            "behind depth; pass backgrounds=None"
+        )
 
 
 def _shape(t):
@@ -417,14 +567,18 @@ def _meta(outs, means, quats, opacities, viewmats, width, height, tile_size, pac
     radii = torch.stack([_gsplat_radii(o.radii) for o in outs])  # [C, N, 2]
     centres = torch.stack([o.means2d.detach() for o in outs])  # [C, N, 2]
     depths = torch.stack([_camera_depths(means, v) for v in viewmats])  # [C, N]
-    normals = (torch.stack([_camera_normals(means, quats, v) for v in viewmats]) if quats is not None  # [C, N, 3]
-               else means.new_zeros(n_cameras, n, 3))
+    normals = (
+        torch.stack([_camera_normals(means, quats, v) for v in viewmats])
+        if quats is not None  # [C, N, 3]
+        else means.new_zeros(n_cameras, n, 3)
+    )
     camera_opacities = opacities.expand(n_cameras, n)  # [C, N]
     camera_ids = gaussian_ids = None
     if packed:
         camera_ids, gaussian_ids = (radii > 0).all(-1).nonzero(as_tuple=True)  # [nnz] each, camera-major
         radii, centres, depths, normals, camera_opacities = (
-            t[camera_ids, gaussian_ids] for t in (radii, centres, depths, normals, camera_opacities))
+            t[camera_ids, gaussian_ids] for t in (radii, centres, depths, normals, camera_opacities)
+        )
     means2d = centres.clone().requires_grad_(True)
     gradient_2dgs = torch.zeros_like(centres).requires_grad_(True)
     for c, out in enumerate(outs):
@@ -435,11 +589,23 @@ def _meta(outs, means, quats, opacities, viewmats, width, height, tile_size, pac
             cols = gaussian_ids[rows] if packed else None
             out.means2d.register_hook(functools.partial(_add_grad, (means2d, gradient_2dgs), c, rows, cols))
     tile_width, tile_height = math.ceil(width / tile_size), math.ceil(height / tile_size)
-    return _Meta(camera_ids=camera_ids, gaussian_ids=gaussian_ids, radii=radii, means2d=means2d, depths=depths,
-                 opacities=camera_opacities, normals=normals, tile_width=tile_width, tile_height=tile_height,
-                 width=width, height=height, tile_size=tile_size, n_cameras=n_cameras,
-                 render_distort=torch.stack([o.distortion for o in outs])[..., None],
-                 gradient_2dgs=gradient_2dgs)
+    return _Meta(
+        camera_ids=camera_ids,
+        gaussian_ids=gaussian_ids,
+        radii=radii,
+        means2d=means2d,
+        depths=depths,
+        opacities=camera_opacities,
+        normals=normals,
+        tile_width=tile_width,
+        tile_height=tile_height,
+        width=width,
+        height=height,
+        tile_size=tile_size,
+        n_cameras=n_cameras,
+        render_distort=torch.stack([o.distortion for o in outs])[..., None],
+        gradient_2dgs=gradient_2dgs,
+    )
 
 
 def _add_grad(sinks, camera, rows, cols, grad):

@@ -9,6 +9,7 @@ units).  This module converts those to splat's camera and tensors, checks
 the arguments with one-line errors in the INRIA family's names, and carries
 ``means2D``'s gradient around splat's rasterizers.
 """
+
 from __future__ import annotations
 
 import math
@@ -75,16 +76,24 @@ def camera_from_settings(settings: NamedTuple) -> Camera:
     view_t = _matrix4("viewmatrix", settings.viewmatrix)
     full_t = _matrix4("projmatrix", settings.projmatrix)
     if not torch.allclose(view_t[:, 3], view_t.new_tensor([0, 0, 0, 1]), atol=1e-6):
-        raise ValueError("viewmatrix must be 2DGS's world_view_transform (world->camera transposed: translation "
-                         f"in the last row, last column (0, 0, 0, 1)), got last column {view_t[:, 3].tolist()}")
+        raise ValueError(
+            "viewmatrix must be 2DGS's world_view_transform (world->camera transposed: translation "
+            f"in the last row, last column (0, 0, 0, 1)), got last column {view_t[:, 3].tolist()}"
+        )
     viewmat = view_t.T.contiguous()
     P = torch.linalg.solve(view_t, full_t).T  # [4, 4]; full_t = view_t @ P^T
     big = float(P[:2, :3].abs().max())
     tol = 1e-5 * max(big, 1.0)
-    if not (torch.allclose(P[3], P.new_tensor([0, 0, 1, 0]), atol=tol) and abs(float(P[1, 0])) <= tol
-            and abs(float(P[0, 3])) <= tol and abs(float(P[1, 3])) <= tol):
-        raise ValueError("projmatrix must be world_view_transform @ projection_matrix with a pinhole projection "
-                         "whose w is the camera z (2DGS's getProjectionMatrix, transposed)")
+    if not (
+        torch.allclose(P[3], P.new_tensor([0, 0, 1, 0]), atol=tol)
+        and abs(float(P[1, 0])) <= tol
+        and abs(float(P[0, 3])) <= tol
+        and abs(float(P[1, 3])) <= tol
+    ):
+        raise ValueError(
+            "projmatrix must be world_view_transform @ projection_matrix with a pinhole projection "
+            "whose w is the camera z (2DGS's getProjectionMatrix, transposed)"
+        )
     for name, tan, p in (("tanfovx", settings.tanfovx, float(P[0, 0])), ("tanfovy", settings.tanfovy, float(P[1, 1]))):
         if not (isinstance(tan, (int, float)) and math.isfinite(tan) and tan > 0) or abs(p * tan - 1.0) > 1e-4:
             raise ValueError(f"{name}={tan!r} disagrees with projmatrix, whose focal term is 1/{name} = {p!r}")
@@ -107,8 +116,19 @@ def camera_from_settings(settings: NamedTuple) -> Camera:
     return Camera(viewmat=viewmat, K=K, width=width, height=height, campos=campos, campos_is_centre=is_centre)
 
 
-def check_inputs(settings, means3D, means2D, opacities, shs, colors_precomp, scales, rotations, cov3D_precomp,
-                  num_scales=2, cov_size=9):
+def check_inputs(
+    settings,
+    means3D,
+    means2D,
+    opacities,
+    shs,
+    colors_precomp,
+    scales,
+    rotations,
+    cov3D_precomp,
+    num_scales=2,
+    cov_size=9,
+):
     """2DGS's (and INRIA's: ``num_scales=3``, ``cov_size=6``) argument rules,
     with one-line errors that use their names."""
     if (shs is None) == (colors_precomp is None):
@@ -119,10 +139,22 @@ def check_inputs(settings, means3D, means2D, opacities, shs, colors_precomp, sca
     if not isinstance(means3D, torch.Tensor) or means3D.dim() != 2 or means3D.shape[1] != 3:
         raise ValueError(f"means3D must be a [N, 3] tensor, got {describe_shape(means3D)}")
     n = means3D.shape[0]
-    shapes = {"opacities": ((n, 1), (n,)), "scales": ((n, num_scales),), "rotations": ((n, 4),),
-              "colors_precomp": ((n, 3),), "cov3D_precomp": ((n, cov_size),), "means2D": ((n, 2), (n, 3))}
-    values = {"opacities": opacities, "scales": scales, "rotations": rotations, "colors_precomp": colors_precomp,
-              "cov3D_precomp": cov3D_precomp, "means2D": means2D}
+    shapes = {
+        "opacities": ((n, 1), (n,)),
+        "scales": ((n, num_scales),),
+        "rotations": ((n, 4),),
+        "colors_precomp": ((n, 3),),
+        "cov3D_precomp": ((n, cov_size),),
+        "means2D": ((n, 2), (n, 3)),
+    }
+    values = {
+        "opacities": opacities,
+        "scales": scales,
+        "rotations": rotations,
+        "colors_precomp": colors_precomp,
+        "cov3D_precomp": cov3D_precomp,
+        "means2D": means2D,
+    }
     for name, value in values.items():
         if value is not None and (not isinstance(value, torch.Tensor) or tuple(value.shape) not in shapes[name]):
             want = " or ".join(str(list(s)) for s in shapes[name])
@@ -132,9 +164,16 @@ def check_inputs(settings, means3D, means2D, opacities, shs, colors_precomp, sca
         degree = settings.sh_degree
         if not isinstance(degree, int) or isinstance(degree, bool) or not 0 <= degree <= MAX_SH_DEGREE:
             raise ValueError(f"sh_degree must be an int in 0..{MAX_SH_DEGREE}, got {degree!r}")
-        if not isinstance(shs, torch.Tensor) or shs.dim() != 3 or shs.shape[0] != n or shs.shape[2] != 3 \
-                or shs.shape[1] < num_sh_bases(degree):
-            raise ValueError(f"shs must be [N, >= {num_sh_bases(degree)}, 3] for sh_degree={degree}, got {describe_shape(shs)}")
+        if (
+            not isinstance(shs, torch.Tensor)
+            or shs.dim() != 3
+            or shs.shape[0] != n
+            or shs.shape[2] != 3
+            or shs.shape[1] < num_sh_bases(degree)
+        ):
+            raise ValueError(
+                f"shs must be [N, >= {num_sh_bases(degree)}, 3] for sh_degree={degree}, got {describe_shape(shs)}"
+            )
     modifier = settings.scale_modifier
     if not isinstance(modifier, (int, float)) or not math.isfinite(modifier) or modifier < 0:
         raise ValueError(f"scale_modifier must be a finite number >= 0, got {modifier!r}")
@@ -171,10 +210,15 @@ def edge_tensors(cam, settings, means3D, opacities, bg):
         z = (means3D.detach().double() @ viewmat[:3, :3].T.double() + viewmat[:3, 3].double())[:, 2]
         if bool((z <= NEAR).any()):
             rows = (z <= NEAR).nonzero().flatten()[:5].tolist()
-            raise ValueError(f"prefiltered=True, but means3D rows {rows} lie at camera z <= {NEAR} "
-                             "(the original kernel traps here)")
-    return (viewmat, cam.K.to(dtype=dtype, device=device), opacities.reshape(means3D.shape[0]).to(dtype),
-            bg.reshape(3).to(dtype=dtype, device=device))
+            raise ValueError(
+                f"prefiltered=True, but means3D rows {rows} lie at camera z <= {NEAR} (the original kernel traps here)"
+            )
+    return (
+        viewmat,
+        cam.K.to(dtype=dtype, device=device),
+        opacities.reshape(means3D.shape[0]).to(dtype),
+        bg.reshape(3).to(dtype=dtype, device=device),
+    )
 
 
 def snapshot(path, tensors):
@@ -196,8 +240,9 @@ class RenderWithMeans2D(torch.autograd.Function):
         if ctx.needs_input_grad[3] and not any(needs):
             needs[0] = True  # splat draws its pixel handle only for a graph; means3D's own gradient is dropped
         with torch.enable_grad():
-            leaves = tuple(t.detach().requires_grad_(need) if isinstance(t, torch.Tensor) else t
-                           for t, need in zip(tensors, needs))
+            leaves = tuple(
+                t.detach().requires_grad_(need) if isinstance(t, torch.Tensor) else t for t, need in zip(tensors, needs)
+            )
             color, radii, allmap, handle = render(cam, settings, *leaves, want_handle=ctx.needs_input_grad[3])
         ctx.inner = (leaves, color, allmap, handle)
         ctx.cam, ctx.settings = cam, settings
@@ -229,14 +274,17 @@ class RenderWithMeans2D(torch.autograd.Function):
                 if v_handle is not None:
                     scale = v_handle.new_tensor(ctx.cam.ndc_per_pixel)
                     v_means2D[:, :2] += (v_handle * scale).to(v_means2D.dtype)
-        v_tensors = tuple(by_id.get(id(t)) if isinstance(t, torch.Tensor) and need else None
-                          for t, need in zip(leaves, ctx.needs_input_grad[4:]))
+        v_tensors = tuple(
+            by_id.get(id(t)) if isinstance(t, torch.Tensor) and need else None
+            for t, need in zip(leaves, ctx.needs_input_grad[4:])
+        )
         ctx.inner = None
         return (None, None, None, v_means2D) + v_tensors
 
 
-def functional_entry(rasterizer_cls, means3D, means2D, sh, colors_precomp, opacities, scales, rotations,
-                     cov3Ds_precomp, raster_settings):
+def functional_entry(
+    rasterizer_cls, means3D, means2D, sh, colors_precomp, opacities, scales, rotations, cov3Ds_precomp, raster_settings
+):
     """The INRIA-family ``rasterize_gaussians(...)``: ``rasterizer_cls(raster_settings)`` called with
     empty tensors (how those modules say "not given") as None."""
 
@@ -244,8 +292,16 @@ def functional_entry(rasterizer_cls, means3D, means2D, sh, colors_precomp, opaci
         return None if isinstance(t, torch.Tensor) and t.numel() == 0 and means3D.shape[0] > 0 else t
 
     rasterizer = rasterizer_cls(raster_settings)
-    return rasterizer(means3D, means2D, opacities, shs=given(sh), colors_precomp=given(colors_precomp),
-                      scales=given(scales), rotations=given(rotations), cov3D_precomp=given(cov3Ds_precomp))
+    return rasterizer(
+        means3D,
+        means2D,
+        opacities,
+        shs=given(sh),
+        colors_precomp=given(colors_precomp),
+        scales=given(scales),
+        rotations=given(rotations),
+        cov3D_precomp=given(cov3Ds_precomp),
+    )
 
 
 def run_render(render, cam: Camera, settings: NamedTuple, means2D: Optional[torch.Tensor], tensors: tuple):
@@ -254,8 +310,9 @@ def run_render(render, cam: Camera, settings: NamedTuple, means2D: Optional[torc
     ``means2D`` gets one; with ``settings.debug``, the inputs are saved to
     ``snapshot_fw.dump`` when it raises (as the INRIA family's kernels do)."""
     try:
-        if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                           for t in tensors + (means2D,)):
+        if torch.is_grad_enabled() and any(
+            isinstance(t, torch.Tensor) and t.requires_grad for t in tensors + (means2D,)
+        ):
             return RenderWithMeans2D.apply(render, cam, settings, means2D, *tensors)
         color, radii, third, _ = render(cam, settings, *tensors, want_handle=False)
         return color, radii, third

@@ -124,8 +124,15 @@ def load_scene(
     if layout == "colmap":
         return load_colmap(root, downscale=downscale, background=background, test_every=test_every, **und)
     if layout == "transforms":
-        return load_transforms(root, downscale=downscale, background=background, test_every=test_every,
-                               masks=masks, eval_masks=eval_masks, **und)
+        return load_transforms(
+            root,
+            downscale=downscale,
+            background=background,
+            test_every=test_every,
+            masks=masks,
+            eval_masks=eval_masks,
+            **und,
+        )
     return load_nerf(root, downscale=downscale, background=background)
 
 
@@ -135,7 +142,13 @@ def load_scene_from_config(data_cfg: dict, eval_masks: bool = False) -> SceneDat
     trainer passes ``eval.masked != false``)."""
     d = data_cfg
     return load_scene(
-        d["path"], downscale=d["downscale"], background=d["background"], test_every=d["test_every"],
-        layout=d["layout"], masks=d["masks"], cache_dir=d["cache_dir"] or None,
-        blank_pixels=d["undistort_blank_pixels"], eval_masks=eval_masks,
+        d["path"],
+        downscale=d["downscale"],
+        background=d["background"],
+        test_every=d["test_every"],
+        layout=d["layout"],
+        masks=d["masks"],
+        cache_dir=d["cache_dir"] or None,
+        blank_pixels=d["undistort_blank_pixels"],
+        eval_masks=eval_masks,
     )

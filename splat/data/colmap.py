@@ -43,8 +43,20 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
-from .types import (BackgroundLike, DataError, Frame, SceneData, check_intrinsics, check_points, check_pose,
-                    first_repeat, holdout_split, image_size, parse_background, scaled_K)
+from .types import (
+    BackgroundLike,
+    DataError,
+    Frame,
+    SceneData,
+    check_intrinsics,
+    check_points,
+    check_pose,
+    first_repeat,
+    holdout_split,
+    image_size,
+    parse_background,
+    scaled_K,
+)
 from .undistort import DISTORTED_MODELS, PINHOLE_MODELS, LensCamera, load_camera_image
 
 __all__ = [
@@ -164,9 +176,7 @@ def read_cameras_text(path: Path) -> dict[int, ColmapCamera]:
         params = np.array([_num(path, ln, t, float, "camera parameter") for t in tok[4:]])
         expected = _MODEL_PARAMS_BY_NAME.get(model)
         if expected is not None and len(params) != expected:
-            raise DataError(
-                f"{path}: line {ln}: camera model {model} takes {expected} parameters, got {len(params)}"
-            )
+            raise DataError(f"{path}: line {ln}: camera model {model} takes {expected} parameters, got {len(params)}")
         if cid in cams:
             raise DataError(f"{path}: line {ln}: duplicate camera id {cid}")
         cams[cid] = ColmapCamera(cid, model, w, h, params)
@@ -283,9 +293,7 @@ class _BinReader:
     def cstring(self, what: str) -> str:
         end = self.buf.find(b"\x00", self.pos)
         if end < 0:
-            raise DataError(
-                f"{self.path}: truncated or corrupt binary model: unterminated {what} at offset {self.pos}"
-            )
+            raise DataError(f"{self.path}: truncated or corrupt binary model: unterminated {what} at offset {self.pos}")
         raw = self.buf[self.pos : end]
         self.pos = end + 1
         return raw.decode("utf-8", errors="replace")
@@ -481,8 +489,10 @@ def load_colmap(
     twice = first_repeat(os.path.normpath(im.name) for im in sorted(images.values(), key=lambda x: x.id))
     if twice is not None:
         ids = [im.id for im in images.values() if os.path.normpath(im.name) == twice]
-        raise DataError(f"{files['images']}: image ids {' and '.join(map(str, sorted(ids)))} are both named "
-                        f"{twice!r} (two poses for one image); remove the duplicate")
+        raise DataError(
+            f"{files['images']}: image ids {' and '.join(map(str, sorted(ids)))} are both named "
+            f"{twice!r} (two poses for one image); remove the duplicate"
+        )
 
     image_dir = root / "images"
     frames: list[Frame] = []
@@ -510,8 +520,9 @@ def load_colmap(
 
         # Check the size before decoding the whole image (PIL reads the header lazily).
         _check_size(ipath, cam, files["cameras"])
-        img, mask, (fx, fy, cx, cy) = load_camera_image(ipath, lens, downscale, bg, cache_dir, blank_pixels,
-                                                        camera_name=f"{files['cameras']}: camera {cam.id}")
+        img, mask, (fx, fy, cx, cy) = load_camera_image(
+            ipath, lens, downscale, bg, cache_dir, blank_pixels, camera_name=f"{files['cameras']}: camera {cam.id}"
+        )
         frames.append(
             Frame(
                 stem=Path(im.name).stem,

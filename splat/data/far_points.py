@@ -99,15 +99,15 @@ def _agreeing(points: torch.Tensor, colors: torch.Tensor, frames: Sequence) -> t
     Ks = torch.stack([f.K for f in frames]).float()
     diffs = torch.full((len(frames), len(points)), float("nan"))
     for start in range(0, len(points), 4096):
-        p = points[start:start + 4096]
+        p = points[start : start + 4096]
         uv, z = project_points(p, V, Ks)  # [C, k, 2], [C, k]
         for c, f in enumerate(frames):
             j = torch.floor(uv[c, :, 0]).long()
             i = torch.floor(uv[c, :, 1]).long()
             ok = (z[c] > 1e-6) & (j >= 0) & (j < f.width) & (i >= 0) & (i < f.height)
             seen = f.image[i[ok], j[ok]].float()  # [k', 3]
-            d = (seen - colors[start:start + 4096][ok]).abs().mean(-1)
-            diffs[c, start:start + 4096][ok] = d
+            d = (seen - colors[start : start + 4096][ok]).abs().mean(-1)
+            diffs[c, start : start + 4096][ok] = d
     views = (~diffs.isnan()).sum(0)
     agree = (diffs <= FAR_COLOR_TOLERANCE).sum(0)  # NaN compares False: unseen views never agree
     # The view a candidate came from always agrees: ask for two more, and a majority.
@@ -135,8 +135,9 @@ def far_points(frames: Sequence, holes: List[torch.Tensor]) -> Tuple[torch.Tenso
             cols.append(c)
     points, colors = torch.cat(pts), torch.cat(cols)
     # A cell's angular size, seen from the sphere's centre at its radius.
-    cell_angle = min(f.width / hole.shape[1] / math.sqrt(float(f.K[0, 0] * f.K[1, 1]))
-                     for f, hole in zip(frames, holes))
+    cell_angle = min(
+        f.width / hole.shape[1] / math.sqrt(float(f.K[0, 0] * f.K[1, 1])) for f, hole in zip(frames, holes)
+    )
     points, colors = _merge(points, colors, FAR_SPACING_CELLS * cell_angle * radius)
     keep = _agreeing(points, colors, frames)
     return points[keep].contiguous(), colors[keep].contiguous()

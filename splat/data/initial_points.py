@@ -63,9 +63,21 @@ from ..geometry import in_image, project_points
 if TYPE_CHECKING:
     from .types import SceneData
 
-__all__ = ["InitialPoints", "initial_points", "coverage", "uncovered_filter", "pixel_footprint",
-           "hole_cells", "thin_to_cells", "COVERAGE_CELLS", "FILL_SPACING_CELLS", "FILL_BELOW", "MAX_INIT_SCALE_PX",
-           "MIN_INIT_POINTS", "INIT_MODES"]
+__all__ = [
+    "InitialPoints",
+    "initial_points",
+    "coverage",
+    "uncovered_filter",
+    "pixel_footprint",
+    "hole_cells",
+    "thin_to_cells",
+    "COVERAGE_CELLS",
+    "FILL_SPACING_CELLS",
+    "FILL_BELOW",
+    "MAX_INIT_SCALE_PX",
+    "MIN_INIT_POINTS",
+    "INIT_MODES",
+]
 
 INIT_MODES = ("auto", "points", "triangulate", "stereo", "random")
 #: Cells across the width of a view when measuring coverage (~5 px at 256 px,
@@ -185,14 +197,14 @@ def coverage(points: torch.Tensor, frames: Sequence, background: Optional[torch.
     return sum(fractions) / len(fractions)
 
 
-def hole_cells(points: torch.Tensor, frames: Sequence,
-               background: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+def hole_cells(points: torch.Tensor, frames: Sequence, background: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """Per view, [rows, cols] bool: the content cells ``points`` [M, 3] leave uncovered."""
     return [~cov & _counted_cells(f, background) for f, cov in zip(frames, covered_cells(points, frames))]
 
 
-def uncovered_filter(points: torch.Tensor, frames: Sequence,
-                     background: Optional[torch.Tensor] = None) -> Callable[[torch.Tensor], torch.Tensor]:
+def uncovered_filter(
+    points: torch.Tensor, frames: Sequence, background: Optional[torch.Tensor] = None
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """A predicate on candidate points [K, 3] -> [K] bool: True where a
     candidate projects into a content cell that ``points`` leave uncovered,
     in at least one view."""
@@ -269,10 +281,10 @@ def _triangulated(frames, cache_dir, required: bool):
 
     if not pycolmap_available():
         if required:
-            raise ConfigError("model.init=triangulate needs pycolmap: pip install pycolmap "
-                              "(or pip install -e '.[sfm]')")
-        _log("no point cloud and pycolmap is not installed (pip install pycolmap): "
-             "using plane-sweep stereo")
+            raise ConfigError(
+                "model.init=triangulate needs pycolmap: pip install pycolmap (or pip install -e '.[sfm]')"
+            )
+        _log("no point cloud and pycolmap is not installed (pip install pycolmap): using plane-sweep stereo")
         return None
     _log(f"triangulating the {len(frames)} training images with their known poses (pycolmap; cached)")
     return triangulate_scene(frames, cache_dir=cache_dir)
@@ -297,21 +309,30 @@ def _no_shared_view_error(frames, min_views: float) -> SplatInputError:
     if spread <= 1e-9 * max(1.0, float(centers.norm(dim=1).max())):
         return SplatInputError(
             f"initialisation found no points: all {len(frames)} training cameras sit at one point, so "
-            "nothing can be triangulated; check the poses (a panorama cannot be trained)")
+            "nothing can be triangulated; check the poses (a panorama cannot be trained)"
+        )
     return SplatInputError(
         f"initialisation found no points: no region is seen by {math.ceil(min_views * len(frames))} "
         f"of the {len(frames)} training cameras (model.init_random_min_views={min_views}); the cameras "
-        "share no view: check the poses (facing apart? a wrong axis convention?)")
+        "share no view: check the poses (facing apart? a wrong axis convention?)"
+    )
 
 
 def _fmt(n: int) -> str:
     return f"{n:,}"
 
 
-def initial_points(scene: SceneData, init: str, num_stereo: int, num_random: int, random_min_views: float = 0.5,
-                   fill_spacing: float = FILL_SPACING_CELLS, cache_dir: Optional[Union[str, Path]] = None,
-                   scene_name: str = "the scene",
-                   background: Optional[torch.Tensor] = None) -> InitialPoints:
+def initial_points(
+    scene: SceneData,
+    init: str,
+    num_stereo: int,
+    num_random: int,
+    random_min_views: float = 0.5,
+    fill_spacing: float = FILL_SPACING_CELLS,
+    cache_dir: Optional[Union[str, Path]] = None,
+    scene_name: str = "the scene",
+    background: Optional[torch.Tensor] = None,
+) -> InitialPoints:
     """The start for ``model.init=init`` (see the module doc).
 
     Args:
@@ -395,15 +416,21 @@ def initial_points(scene: SceneData, init: str, num_stereo: int, num_random: int
 
     pts, cols = current()
     if len(pts) == 0 and num_random <= 0:
-        raise SplatInputError(f"model.init_num_random={num_random}: no surfels to train ({scene_name} has "
-                              "no point cloud and no other source found points)")
+        raise SplatInputError(
+            f"model.init_num_random={num_random}: no surfels to train ({scene_name} has "
+            "no point cloud and no other source found points)"
+        )
     if len(pts) == 0:
         raise _no_shared_view_error(frames, random_min_views)
     counts = " + ".join(f"{_fmt(len(p))} {label}" for p, _, label in parts)
     if len(parts) == 1 and parts[0][2] == "scene":
         counts = f"the scene's {_fmt(len(pts))}"
     cov_text = " -> ".join(f"{100 * c:.0f} %" for c in covs)
-    desc = (f"{counts} points (coverage {cov_text}; {time.perf_counter() - t0:.0f} s)")
-    return InitialPoints(points=pts.contiguous(), colors=cols.clamp(0, 1).contiguous(),
-                         max_scales=MAX_INIT_SCALE_PX * pixel_footprint(pts, frames),
-                         description=desc, coverage=covs)
+    desc = f"{counts} points (coverage {cov_text}; {time.perf_counter() - t0:.0f} s)"
+    return InitialPoints(
+        points=pts.contiguous(),
+        colors=cols.clamp(0, 1).contiguous(),
+        max_scales=MAX_INIT_SCALE_PX * pixel_footprint(pts, frames),
+        description=desc,
+        coverage=covs,
+    )

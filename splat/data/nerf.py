@@ -41,8 +41,18 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from .types import (BackgroundLike, DataError, Frame, SceneData, check_intrinsics, check_pose, image_size, load_image,
-                    parse_background, scaled_K)
+from .types import (
+    BackgroundLike,
+    DataError,
+    Frame,
+    SceneData,
+    check_intrinsics,
+    check_pose,
+    image_size,
+    load_image,
+    parse_background,
+    scaled_K,
+)
 
 __all__ = ["CAMERA_KEY_GROUPS", "CameraKeys", "opengl_c2w_to_viewmat", "load_nerf", "pinhole_intrinsics"]
 
@@ -115,7 +125,9 @@ def _fmt(v: Optional[float]) -> str:
 #: alone: Metashape exports write it at the top level and the coefficients
 #: per frame.
 CAMERA_KEY_GROUPS = (
-    ("w",), ("h",), ("camera_model",),
+    ("w",),
+    ("h",),
+    ("camera_model",),
     ("fl_x", "fl_y", "camera_angle_x", "camera_angle_y"),
     ("cx", "cy"),
     ("k1", "k2", "k3", "k4", "p1", "p2"),
@@ -203,8 +215,10 @@ def resolve_unique_image(json_path: Path, where: str, file_path: Any, seen: dict
     p = _resolve_image(json_path, where, file_path)
     key = os.path.normcase(os.path.abspath(p))
     if key in seen:
-        raise DataError(f"{json_path}: {where} and {seen[key]} both use image {file_path!r} (a duplicated frame: "
-                        "it would be trained on twice or be both a train and a test view); remove one")
+        raise DataError(
+            f"{json_path}: {where} and {seen[key]} both use image {file_path!r} (a duplicated frame: "
+            "it would be trained on twice or be both a train and a test view); remove one"
+        )
     seen[key] = where
     return p
 
@@ -218,8 +232,9 @@ def _transform(json_path: Path, where: str, frame: dict) -> np.ndarray:
             raise TypeError
         M = np.asarray(rows, dtype=np.float64)
     except (TypeError, ValueError, OverflowError):
-        raise DataError(f"{json_path}: {where}: 'transform_matrix' is not a numeric matrix "
-                        "(a list of rows of json numbers)") from None
+        raise DataError(
+            f"{json_path}: {where}: 'transform_matrix' is not a numeric matrix (a list of rows of json numbers)"
+        ) from None
     if M.shape == (3, 4):
         M = np.vstack([M, [0.0, 0.0, 0.0, 1.0]])
     if M.shape != (4, 4):

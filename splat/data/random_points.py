@@ -138,6 +138,7 @@ def photo_consistent_points(
     p = torch.cat(cands)[:want]
     if len(p) == 0:
         return p, torch.zeros(0, 3)
+
     def score_points(p):
         """(score, colour): higher is more photo-consistent."""
         uv, z = project_points(p, V, Ks)
@@ -171,7 +172,7 @@ def photo_consistent_points(
         """score_points over chunks of candidates (see SCORE_CANDIDATE_VIEWS):
         its patches are [views, candidates, 27] floats, 2 GB at once for 60 views."""
         chunk = max(64, SCORE_CANDIDATE_VIEWS // C)
-        parts = [score_points(p[i:i + chunk]) for i in range(0, len(p), chunk)]
+        parts = [score_points(p[i : i + chunk]) for i in range(0, len(p), chunk)]
         return torch.cat([s for s, _ in parts]), torch.cat([m for _, m in parts])
 
     # Coarse to fine: score the candidates, then jitter the best ones by about

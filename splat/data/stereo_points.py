@@ -100,7 +100,7 @@ def _depth_map(ref, nbrs, depths, chunk=16):
     D = len(depths)
     costs = torch.empty(D, h, w)
     for d0 in range(0, D, chunk):
-        ds = depths[d0:d0 + chunk]
+        ds = depths[d0 : d0 + chunk]
         pts = camera_to_world(V0, (rays[None] * ds[:, None, None]).reshape(-1, 3))  # [d*P, 3]
         ncc_all = []
         for g1, K1, V1 in nbrs:
@@ -108,11 +108,17 @@ def _depth_map(ref, nbrs, depths, chunk=16):
             H1, W1 = g1.shape[-2:]
             grid = torch.stack([2 * uv[0, :, 0] / W1 - 1, 2 * uv[0, :, 1] / H1 - 1], -1)
             grid = torch.where((z[0] > 1e-6)[:, None], grid, torch.full_like(grid, 2.0))
-            warped = F.grid_sample(g1, grid.view(1, len(ds) * h, w, 2), mode="bilinear",
-                                   padding_mode="zeros", align_corners=False)
+            warped = F.grid_sample(
+                g1, grid.view(1, len(ds) * h, w, 2), mode="bilinear", padding_mode="zeros", align_corners=False
+            )
             warped = warped.view(len(ds), 1, h, w)
-            inside = F.grid_sample(torch.ones_like(g1), grid.view(1, len(ds) * h, w, 2), mode="bilinear",
-                                   padding_mode="zeros", align_corners=False).view(len(ds), 1, h, w)
+            inside = F.grid_sample(
+                torch.ones_like(g1),
+                grid.view(1, len(ds) * h, w, 2),
+                mode="bilinear",
+                padding_mode="zeros",
+                align_corners=False,
+            ).view(len(ds), 1, h, w)
             m1, v1 = _local_stats(warped)
             cross = F.avg_pool2d(warped * g0, PATCH, stride=1, padding=PATCH // 2, count_include_pad=False)
             ncc = (cross - m0 * m1) / (s0 * v1.sqrt()).clamp_min(1e-6)
@@ -120,7 +126,7 @@ def _depth_map(ref, nbrs, depths, chunk=16):
             ncc_all.append(ncc[:, 0])
         ncc_all = torch.stack(ncc_all)  # [N, d, h, w]
         best2 = ncc_all.topk(min(2, len(nbrs)), dim=0).values.mean(0)
-        costs[d0:d0 + len(ds)] = 1 - best2
+        costs[d0 : d0 + len(ds)] = 1 - best2
     cmin, idx = costs.min(0)
     # Sub-plane refinement: a parabola through the minimum and its two neighbours.
     i0 = idx.clamp(1, D - 2)
@@ -226,8 +232,7 @@ def stereo_points(
             far = 1000.0 * near
         depths = 1.0 / torch.linspace(1.0 / near, 1.0 / far, num_depths)
         _, g0, K0 = level(r)
-        depth_maps[r] = (_depth_map((g0, K0, V[r]), [(*level(o)[1:], V[o]) for o in order],
-                                    depths), K0)
+        depth_maps[r] = (_depth_map((g0, K0, V[r]), [(*level(o)[1:], V[o]) for o in order], depths), K0)
     if not depth_maps:
         return empty
 

@@ -92,8 +92,22 @@ import numpy as np
 import torch
 
 from .nerf import CameraKeys, _read_json, _transform, opengl_c2w_to_viewmat, pinhole_intrinsics, resolve_unique_image
-from .types import (BackgroundLike, DataError, Frame, SceneData, area_downscale, check_intrinsics, check_points,
-                    check_pose, first_repeat, holdout_split, image_size, parse_background, read_mask, scaled_K)
+from .types import (
+    BackgroundLike,
+    DataError,
+    Frame,
+    SceneData,
+    area_downscale,
+    check_intrinsics,
+    check_points,
+    check_pose,
+    first_repeat,
+    holdout_split,
+    image_size,
+    parse_background,
+    read_mask,
+    scaled_K,
+)
 from .undistort import LensCamera, default_cache_dir, load_camera_image
 
 __all__ = ["MASK_MODES", "load_transforms", "lens_camera_from_json"]
@@ -116,23 +130,29 @@ def lens_camera_from_json(json_path: Path, where: str, meta: dict, frame: dict, 
     if model in _PINHOLE_NAMES:
         bad = [x for x, v in k.items() if v != 0.0]
         if bad:
-            raise DataError(f"{json_path}: {where}: camera_model {model} with nonzero distortion {bad[0]}="
-                            f"{k[bad[0]]}; use camera_model OPENCV")
+            raise DataError(
+                f"{json_path}: {where}: camera_model {model} with nonzero distortion {bad[0]}="
+                f"{k[bad[0]]}; use camera_model OPENCV"
+            )
         return LensCamera("PINHOLE", W, H, (fx, fy, cx, cy))
     if model == "OPENCV":
         if k["k4"] != 0.0:
-            raise DataError(f"{json_path}: {where}: k4={k['k4']} (nerfstudio's r^8 term) is not supported "
-                            "for camera_model OPENCV")
+            raise DataError(
+                f"{json_path}: {where}: k4={k['k4']} (nerfstudio's r^8 term) is not supported for camera_model OPENCV"
+            )
         if k["k3"] != 0.0:
-            return LensCamera("FULL_OPENCV", W, H, (fx, fy, cx, cy, k["k1"], k["k2"], k["p1"], k["p2"],
-                                                    k["k3"], 0.0, 0.0, 0.0))
+            return LensCamera(
+                "FULL_OPENCV", W, H, (fx, fy, cx, cy, k["k1"], k["k2"], k["p1"], k["p2"], k["k3"], 0.0, 0.0, 0.0)
+            )
         return LensCamera("OPENCV", W, H, (fx, fy, cx, cy, k["k1"], k["k2"], k["p1"], k["p2"]))
     if model == "OPENCV_FISHEYE":
         if k["p1"] != 0.0 or k["p2"] != 0.0:
             raise DataError(f"{json_path}: {where}: camera_model OPENCV_FISHEYE has no p1/p2")
         return LensCamera("OPENCV_FISHEYE", W, H, (fx, fy, cx, cy, k["k1"], k["k2"], k["k3"], k["k4"]))
-    raise DataError(f"{json_path}: {where}: camera_model {model!r} is not supported "
-                    "(supported: PINHOLE, SIMPLE_PINHOLE, OPENCV, OPENCV_FISHEYE)")
+    raise DataError(
+        f"{json_path}: {where}: camera_model {model!r} is not supported "
+        "(supported: PINHOLE, SIMPLE_PINHOLE, OPENCV, OPENCV_FISHEYE)"
+    )
 
 
 def _read_ply_points(path: Path) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
@@ -173,9 +193,11 @@ def _split(json_path: Path, meta: dict, paths: list[str], test_every: int) -> tu
     for key, lst in lists.items():
         if lst is None:
             have = next(k for k in lists if k != key)
-            raise DataError(f"{json_path}: '{have}' without '{key}': the frames in neither list would be silently "
-                            "left out; give both lists (an empty one for no test split), or neither (then every "
-                            "data.test_every-th frame is a test view)")
+            raise DataError(
+                f"{json_path}: '{have}' without '{key}': the frames in neither list would be silently "
+                "left out; give both lists (an empty one for no test split), or neither (then every "
+                "data.test_every-th frame is a test view)"
+            )
         if not isinstance(lst, list) or not all(isinstance(x, str) for x in lst):
             raise DataError(f"{json_path}: '{key}' must be a list of file paths")
     index = {_norm(p): i for i, p in enumerate(paths)}
@@ -189,8 +211,10 @@ def _split(json_path: Path, meta: dict, paths: list[str], test_every: int) -> tu
     twice = first_repeat(train + test)
     if twice is not None:
         keys = " and ".join(f"'{k}'" for k, v in picked.items() if twice in v)
-        raise DataError(f"{json_path}: {paths[twice]!r} is named twice, in {keys}: a view must be in one split "
-                        "once (a test image that is also trained on inflates the test metrics)")
+        raise DataError(
+            f"{json_path}: {paths[twice]!r} is named twice, in {keys}: a view must be in one split "
+            "once (a test image that is also trained on inflates the test metrics)"
+        )
     if not train:
         raise DataError(f"{json_path}: 'train_filenames' is empty: zero training frames")
     return train, test
@@ -216,13 +240,15 @@ def _mask_for_undistortion(m: np.ndarray, cache_dir) -> Path:
         try:
             atomic_write_bytes(out, buf.getvalue())
         except OSError as e:
-            raise DataError(f"{out}: cannot write the mask cache ({e}); set SPLAT_CACHE_DIR "
-                            "or data.cache_dir to a writable folder") from e
+            raise DataError(
+                f"{out}: cannot write the mask cache ({e}); set SPLAT_CACHE_DIR or data.cache_dir to a writable folder"
+            ) from e
     return out
 
 
-def load_mask(path: Path, cam: LensCamera, downscale: int, cache_dir: Optional[Union[str, Path]] = None,
-              blank_pixels: float = 0.0) -> torch.Tensor:
+def load_mask(
+    path: Path, cam: LensCamera, downscale: int, cache_dir: Optional[Union[str, Path]] = None, blank_pixels: float = 0.0
+) -> torch.Tensor:
     """``[h, w]`` weights of mask file ``path`` for an image of camera ``cam``:
     read by :func:`splat.data.types.read_mask` (see the module docstring),
     then undistorted and area-averaged like the image."""
@@ -283,8 +309,9 @@ def load_transforms(
         W, H = image_size(ipath)
         cam = lens_camera_from_json(json_path, where, meta, fr, W, H)
         check_intrinsics(f"{json_path}: {where}", *cam.fxfycxcy())
-        img, alpha, (fx, fy, cx, cy) = load_camera_image(ipath, cam, downscale, bg, cache_dir, blank_pixels,
-                                                         camera_name=f"{json_path.name}: {where}")
+        img, alpha, (fx, fy, cx, cy) = load_camera_image(
+            ipath, cam, downscale, bg, cache_dir, blank_pixels, camera_name=f"{json_path.name}: {where}"
+        )
         loss_mask = m = None
         if (masks != "none" or (eval_masks and k in test_set)) and "mask_path" in fr:
             mpath = json_path.parent / fr["mask_path"]
@@ -300,10 +327,16 @@ def load_transforms(
             elif masks == "ignore":
                 loss_mask = m
         return Frame(
-            stem=ipath.stem, image_path=ipath, image=img.contiguous(), mask=alpha,
+            stem=ipath.stem,
+            image_path=ipath,
+            image=img.contiguous(),
+            mask=alpha,
             viewmat=check_pose(f"{json_path}: {where}", opengl_c2w_to_viewmat(c2w)),
-            K=scaled_K(fx, fy, cx, cy, downscale), width=img.shape[1], height=img.shape[0],
-            loss_mask=loss_mask, object_mask=m,
+            K=scaled_K(fx, fy, cx, cy, downscale),
+            width=img.shape[1],
+            height=img.shape[0],
+            loss_mask=loss_mask,
+            object_mask=m,
         )
 
     # Frames in no split list are not decoded (nor checked beyond their file's existence).
@@ -316,5 +349,10 @@ def load_transforms(
         if not ply.is_file():
             raise DataError(f"{ply}: point cloud not found (ply_file_path in {json_path})")
         points, colors = _read_ply_points(ply)
-    return SceneData(train=[frames[k] for k in train_idx], test=[frames[k] for k in test_idx], points=points,
-                     point_colors=colors, layout="transforms")
+    return SceneData(
+        train=[frames[k] for k in train_idx],
+        test=[frames[k] for k in test_idx],
+        points=points,
+        point_colors=colors,
+        layout="transforms",
+    )

@@ -124,8 +124,15 @@ def _triangulate(pycolmap, frames: Sequence, work: Path, verbose: bool) -> Tuple
     extraction = pycolmap.FeatureExtractionOptions()
     extraction.num_threads = min(os.cpu_count() or 1, 8)
     extraction.use_gpu = False
-    pycolmap.extract_features(db_path, image_dir, image_names=names, camera_mode=pycolmap.CameraMode.PER_IMAGE,
-                              reader_options=reader, extraction_options=extraction, device=pycolmap.Device.cpu)
+    pycolmap.extract_features(
+        db_path,
+        image_dir,
+        image_names=names,
+        camera_mode=pycolmap.CameraMode.PER_IMAGE,
+        reader_options=reader,
+        extraction_options=extraction,
+        device=pycolmap.Device.cpu,
+    )
 
     matching = pycolmap.FeatureMatchingOptions()
     matching.num_threads = extraction.num_threads
@@ -137,8 +144,9 @@ def _triangulate(pycolmap, frames: Sequence, work: Path, verbose: bool) -> Tuple
         pairs_file.write_text("".join(f"{names[i]} {names[j]}\n" for i, j in _neighbour_pairs(frames, NEIGHBOURS)))
         pairing = pycolmap.ImportedPairingOptions()
         pairing.match_list_path = str(pairs_file)
-        pycolmap.match_image_pairs(db_path, matching_options=matching, pairing_options=pairing,
-                                   device=pycolmap.Device.cpu)
+        pycolmap.match_image_pairs(
+            db_path, matching_options=matching, pairing_options=pairing, device=pycolmap.Device.cpu
+        )
 
     # The reconstruction uses the database's ids, with splat's intrinsics and poses.
     db = pycolmap.Database.open(str(db_path)) if hasattr(pycolmap.Database, "open") else pycolmap.Database(str(db_path))
@@ -148,22 +156,28 @@ def _triangulate(pycolmap, frames: Sequence, work: Path, verbose: bool) -> Tuple
         for name, f in zip(names, frames):
             im = db_images[name]
             K = f.K.double()
-            cam = pycolmap.Camera(model="PINHOLE", width=f.width, height=f.height,
-                                  params=[float(K[0, 0]), float(K[1, 1]), float(K[0, 2]), float(K[1, 2])],
-                                  camera_id=im.camera_id)
+            cam = pycolmap.Camera(
+                model="PINHOLE",
+                width=f.width,
+                height=f.height,
+                params=[float(K[0, 0]), float(K[1, 1]), float(K[0, 2]), float(K[1, 2])],
+                camera_id=im.camera_id,
+            )
             db.update_camera(cam)
             rec.add_camera_with_trivial_rig(cam)
             V = f.viewmat.double().cpu().numpy()
             pose = pycolmap.Rigid3d(pycolmap.Rotation3d(V[:3, :3]), V[:3, 3])
-            rec.add_image_with_trivial_frame(pycolmap.Image(name=name, camera_id=im.camera_id, image_id=im.image_id),
-                                             pose)
+            rec.add_image_with_trivial_frame(
+                pycolmap.Image(name=name, camera_id=im.camera_id, image_id=im.image_id), pose
+            )
     finally:
         db.close()
 
     options = pycolmap.IncrementalPipelineOptions()
     options.num_threads = extraction.num_threads
-    rec = pycolmap.triangulate_points(rec, db_path, image_dir, out_dir, clear_points=True, options=options,
-                                      refine_intrinsics=False)
+    rec = pycolmap.triangulate_points(
+        rec, db_path, image_dir, out_dir, clear_points=True, options=options, refine_intrinsics=False
+    )
     if verbose:
         print(rec.summary())
     pts = rec.points3D
@@ -189,8 +203,9 @@ def _read_cache(path: Path) -> Tuple[np.ndarray, np.ndarray]:
     return xyz, rgb
 
 
-def triangulate_scene(frames: Sequence, cache_dir: Optional[os.PathLike] = None,
-                      verbose: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+def triangulate_scene(
+    frames: Sequence, cache_dir: Optional[os.PathLike] = None, verbose: bool = False
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """Triangulated points of ``frames`` (see the module doc), cached on disk.
 
     Returns (points [M, 3] float32, colours [M, 3] float32 in [0, 1]); M may
@@ -207,8 +222,10 @@ def triangulate_scene(frames: Sequence, cache_dir: Optional[os.PathLike] = None,
             xyz, rgb = _read_cache(out)
             return torch.from_numpy(xyz).float(), torch.from_numpy(rgb).float()
         except Exception as e:  # any failure to read back a disposable entry: recompute it
-            print(f"warning: corrupt triangulation cache entry {out} ({type(e).__name__}: {e}): recomputing it",
-                  file=sys.stderr)
+            print(
+                f"warning: corrupt triangulation cache entry {out} ({type(e).__name__}: {e}): recomputing it",
+                file=sys.stderr,
+            )
     work = Path(tempfile.mkdtemp(prefix="splat_triangulate_"))
     try:
         xyz, rgb = triangulate_frames(frames, work, verbose=verbose)
@@ -217,6 +234,8 @@ def triangulate_scene(frames: Sequence, cache_dir: Optional[os.PathLike] = None,
     try:
         atomic_write(out, lambda f: np.savez(f, xyz=xyz.astype(np.float32), rgb=rgb.astype(np.float32)))
     except OSError as e:
-        raise DataError(f"{out}: cannot write the triangulation cache ({e}); set SPLAT_CACHE_DIR "
-                        "or data.cache_dir to a writable folder") from e
+        raise DataError(
+            f"{out}: cannot write the triangulation cache ({e}); set SPLAT_CACHE_DIR "
+            "or data.cache_dir to a writable folder"
+        ) from e
     return torch.from_numpy(xyz).float(), torch.from_numpy(rgb).float()

@@ -20,8 +20,22 @@ import torch.nn.functional as F
 
 from ..errors import SplatInputError
 
-__all__ = ["DataError", "Frame", "SceneData", "area_downscale", "check_intrinsics", "check_points", "check_pose",
-           "first_repeat", "holdout_split", "image_size", "load_image", "parse_background", "read_image", "read_mask"]
+__all__ = [
+    "DataError",
+    "Frame",
+    "SceneData",
+    "area_downscale",
+    "check_intrinsics",
+    "check_points",
+    "check_pose",
+    "first_repeat",
+    "holdout_split",
+    "image_size",
+    "load_image",
+    "parse_background",
+    "read_image",
+    "read_mask",
+]
 
 
 class DataError(SplatInputError):
@@ -125,10 +139,7 @@ class SceneData:
 
     def __repr__(self) -> str:
         npts = 0 if self.points is None else self.points.shape[0]
-        return (
-            f"SceneData(layout={self.layout!r}, train={len(self.train)}, "
-            f"test={len(self.test)}, points={npts})"
-        )
+        return f"SceneData(layout={self.layout!r}, train={len(self.train)}, test={len(self.test)}, points={npts})"
 
 
 BackgroundLike = Union[Sequence[float], torch.Tensor, np.ndarray]
@@ -258,13 +269,17 @@ def _grey_to_rgb(path: Path, im) -> tuple[np.ndarray, float]:
     if im.mode == "F":
         full = 1.0
         if not np.all(np.isfinite(raw)) or raw.min(initial=0.0) < 0 or raw.max(initial=0.0) > 1:
-            raise DataError(f"{path}: float (mode F) image has values outside [0, 1] or non-finite values; "
-                            "only [0, 1] float images are supported")
+            raise DataError(
+                f"{path}: float (mode F) image has values outside [0, 1] or non-finite values; "
+                "only [0, 1] float images are supported"
+            )
     else:
         full = 65535.0
         if im.mode == "I" and (raw.min(initial=0) < 0 or raw.max(initial=0) > 65535):
-            raise DataError(f"{path}: 32-bit integer image with values outside 0..65535; only 8- and 16-bit "
-                            "integer images are supported")
+            raise DataError(
+                f"{path}: 32-bit integer image with values outside 0..65535; only 8- and 16-bit "
+                "integer images are supported"
+            )
     grey = raw.astype(np.float32)
     rgb = np.repeat(grey[..., None], 3, axis=-1)  # [H, W, 3]
     key = im.info.get("transparency")
@@ -311,8 +326,10 @@ def read_mask(path: Path) -> np.ndarray:
         full = 1.0  # stored as 0/1 labels
     m = (m / np.float32(full)).astype(np.float32)
     if not m.max() > MASK_EMPTY_BELOW:
-        raise DataError(f"{path}: mask is empty (no pixel above 1/255: it would mask out the whole image); "
-                        "masks are white (or any nonzero label) where the image is kept")
+        raise DataError(
+            f"{path}: mask is empty (no pixel above 1/255: it would mask out the whole image); "
+            "masks are white (or any nonzero label) where the image is kept"
+        )
     return m
 
 
@@ -338,9 +355,7 @@ def area_downscale(x: torch.Tensor, s: int) -> torch.Tensor:
     return F.avg_pool2d(x.permute(2, 0, 1)[None], kernel_size=s, stride=s)[0].permute(1, 2, 0)
 
 
-def load_image(
-    path: Path, downscale: int, background: torch.Tensor
-) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def load_image(path: Path, downscale: int, background: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Read an image file into ``(image [h, w, 3], mask [h, w] or None)``.
 
     * Any 8- or 16-bit image is read at its full bit depth by
@@ -407,8 +422,10 @@ def check_pose(source: str, viewmat: np.ndarray) -> torch.Tensor:
     centre = -R.T @ t
     worst = float(max(np.abs(t).max(), np.abs(centre).max()))
     if worst > MAX_COORDINATE:
-        raise DataError(f"{source}: absurd camera pose: translation of magnitude {worst:.3g} "
-                        f"(more than {MAX_COORDINATE:g} scene units)")
+        raise DataError(
+            f"{source}: absurd camera pose: translation of magnitude {worst:.3g} "
+            f"(more than {MAX_COORDINATE:g} scene units)"
+        )
     return torch.from_numpy(V).float()
 
 
@@ -418,8 +435,10 @@ def check_points(source: str, xyz: np.ndarray) -> None:
     bad = ~np.all(np.isfinite(xyz) & (np.abs(np.nan_to_num(xyz, nan=np.inf)) <= MAX_COORDINATE), axis=-1)
     if bad.any():
         k = int(np.argmax(bad))
-        raise DataError(f"{source}: point {k} (0-based, {int(bad.sum())} bad in all) has a non-finite or absurd "
-                        f"coordinate {xyz[k].tolist()} (limit {MAX_COORDINATE:g})")
+        raise DataError(
+            f"{source}: point {k} (0-based, {int(bad.sum())} bad in all) has a non-finite or absurd "
+            f"coordinate {xyz[k].tolist()} (limit {MAX_COORDINATE:g})"
+        )
 
 
 def check_intrinsics(source: str, fx: float, fy: float, cx: float, cy: float) -> None:
@@ -439,9 +458,7 @@ def scaled_K(fx: float, fy: float, cx: float, cy: float, downscale: int) -> torc
     maps to ``s(J + 0.5)``, so every coordinate is simply divided by ``s``.
     """
     s = float(downscale)
-    K = torch.tensor(
-        [[fx / s, 0.0, cx / s], [0.0, fy / s, cy / s], [0.0, 0.0, 1.0]], dtype=torch.float64
-    )
+    K = torch.tensor([[fx / s, 0.0, cx / s], [0.0, fy / s, cy / s], [0.0, 0.0, 1.0]], dtype=torch.float64)
     return K.float()
 
 
@@ -453,8 +470,10 @@ def holdout_split(source: str, n: int, test_every: int) -> tuple[list[int], list
     k = int(test_every) if test_every and test_every > 0 else 0
     train = [i for i in range(n) if not k or i % k]
     if not train:
-        raise DataError(f"{source}: zero training frames ({n} frame(s), test_every={test_every} puts them all in "
-                        "the test split); set data.test_every=0 to train on every frame with no test split")
+        raise DataError(
+            f"{source}: zero training frames ({n} frame(s), test_every={test_every} puts them all in "
+            "the test split); set data.test_every=0 to train on every frame with no test split"
+        )
     return train, [i for i in range(n) if k and i % k == 0]
 
 

@@ -110,9 +110,7 @@ def _cv2():
     try:
         import cv2
     except ImportError as e:  # it is in install_requires; this is a broken install
-        raise ImportError(
-            "undistorting images needs OpenCV: pip install opencv-python-headless"
-        ) from e
+        raise ImportError("undistorting images needs OpenCV: pip install opencv-python-headless") from e
     return cv2
 
 
@@ -242,9 +240,11 @@ def undistorted_camera(
     new = LensCamera("PINHOLE", W2, H2, (fx, fy, cx * W2 / W, cy * H2 / H))
     area = valid_area(cam, new)
     if area < MIN_VALID_AREA:
-        raise ValueError(f"camera {cam}: undistortion leaves valid pixels over {100 * area:.2g}% of the source "
-                         f"image's area (at least {100 * MIN_VALID_AREA:g}% needed): implausible distortion "
-                         "coefficients")
+        raise ValueError(
+            f"camera {cam}: undistortion leaves valid pixels over {100 * area:.2g}% of the source "
+            f"image's area (at least {100 * MIN_VALID_AREA:g}% needed): implausible distortion "
+            "coefficients"
+        )
     return new
 
 
@@ -314,9 +314,11 @@ def _cache_key(src: Path, cam: LensCamera, new_cam: LensCamera, kind: str) -> st
     except OSError as e:
         raise DataError(f"{src}: cannot read image ({e})") from None
     ident = {
-        "v": _CACHE_VERSION, "content": content.hexdigest(),
+        "v": _CACHE_VERSION,
+        "content": content.hexdigest(),
         "cam": [cam.model, cam.width, cam.height, [float(v) for v in cam.params]],
-        "new": [new_cam.width, new_cam.height, [float(v) for v in new_cam.params]], "kind": kind,
+        "new": [new_cam.width, new_cam.height, [float(v) for v in new_cam.params]],
+        "kind": kind,
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -364,8 +366,9 @@ def undistort_file(
     ``kind="image"`` keeps colour and alpha; ``kind="mask"`` stores one grey
     channel (the mean of the source's channels, times its alpha).  Returns the
     PNG's path, to be read by the ordinary image loader."""
-    from .types import load_image
     import torch
+
+    from .types import load_image
 
     src = Path(src)
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
@@ -394,8 +397,10 @@ def undistort_file(
         else:
             _write_png(out, rgb2, a2, bits)
     except OSError as e:
-        raise DataError(f"{out}: cannot write the undistortion cache ({e}); set SPLAT_CACHE_DIR "
-                        "or data.cache_dir to a writable folder") from e
+        raise DataError(
+            f"{out}: cannot write the undistortion cache ({e}); set SPLAT_CACHE_DIR "
+            "or data.cache_dir to a writable folder"
+        ) from e
     return out
 
 
@@ -431,8 +436,9 @@ def load_camera_image(
         raise DataError(f"{path}: cannot undistort{where}: {e}") from None
     s = int(downscale)
     if new_cam.width < s or new_cam.height < s:  # else load_image would blame the cache file
-        raise DataError(f"{path}: undistorted image of {new_cam.width}x{new_cam.height} pixels is smaller than "
-                        f"downscale factor {s}")
+        raise DataError(
+            f"{path}: undistorted image of {new_cam.width}x{new_cam.height} pixels is smaller than downscale factor {s}"
+        )
     cached = undistort_file(path, cam, new_cam, cache_dir, kind=kind)
     try:
         img, mask = load_image(cached, downscale, background)
@@ -440,8 +446,9 @@ def load_camera_image(
     except DataError as e:  # a truncated or overwritten entry: the cache is disposable
         problem = str(e).removeprefix(f"{cached}: ")
     if problem is not None:
-        print(f"warning: corrupt undistortion cache entry {cached} ({problem}) for {path}: recomputed it",
-              file=sys.stderr)
+        print(
+            f"warning: corrupt undistortion cache entry {cached} ({problem}) for {path}: recomputed it", file=sys.stderr
+        )
         cached = undistort_file(path, cam, new_cam, cache_dir, kind=kind, refresh=True)
         img, mask = load_image(cached, downscale, background)
     return img, mask, new_cam.fxfycxcy()

@@ -18,9 +18,20 @@ processes) are :mod:`splat.checkpoints`'.  The trainer (:mod:`splat.trainer`)
 asks these modules whatever depends on ranks; docs/distributed.md is the
 user's guide.
 """
+
 from .exchange import exchange_counts, exchange_rows
 from .group import Group, from_environment, launched_ranks, leave
 from .sharded_render import Camera, ShardedRender, camera_rank, render_sharded
 
-__all__ = ["Group", "from_environment", "launched_ranks", "leave", "exchange_counts", "exchange_rows", "Camera",
-           "ShardedRender", "camera_rank", "render_sharded"]
+__all__ = [
+    "Group",
+    "from_environment",
+    "launched_ranks",
+    "leave",
+    "exchange_counts",
+    "exchange_rows",
+    "Camera",
+    "ShardedRender",
+    "camera_rank",
+    "render_sharded",
+]

@@ -4,6 +4,7 @@ Every rank calls them, in the same order; with one process they return
 their input and do no communication.  Bookkeeping tensors live where the
 backend can move them (:func:`comm_device`).
 """
+
 from __future__ import annotations
 
 from typing import Sequence

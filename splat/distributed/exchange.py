@@ -12,6 +12,7 @@ number of times in the same order: these are collectives.  So a rank whose
 loss does not use what it received must still connect it to its loss (a
 zero term; :func:`splat.distributed.sharded_render.render_sharded` returns one).
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -36,8 +37,9 @@ def exchange_counts(send_counts: Sequence[int], group: Group) -> list[int]:
     return [int(c) for c in recv.tolist()]
 
 
-def exchange_rows(x: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int],
-                  group: Group) -> torch.Tensor:
+def exchange_rows(
+    x: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int], group: Group
+) -> torch.Tensor:
     """Sends rows of ``x`` [sum(send_counts), ...] to the ranks: the first
     send_counts[0] to rank 0, the next send_counts[1] to rank 1, ...
     Returns the rows received [sum(recv_counts), ...], rank 0's first.

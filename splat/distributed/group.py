@@ -11,6 +11,7 @@ code path for one process or N.
 Backend: NCCL when each rank has a GPU of its own (LOCAL_RANK picks it),
 gloo otherwise, so CPU clusters and the tests here run the same code.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -88,8 +89,10 @@ def from_environment(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S)
     if not 0 <= rank < world:
         raise ConfigError(f"environment variable RANK={rank} is outside [0, WORLD_SIZE={world})")
     if device.startswith("cuda:"):
-        raise ConfigError(f"device={device}: with several processes each rank takes the GPU LOCAL_RANK; "
-                          "use device=auto or device=cuda")
+        raise ConfigError(
+            f"device={device}: with several processes each rank takes the GPU LOCAL_RANK; "
+            "use device=auto or device=cuda"
+        )
     if timeout_s <= 0:
         raise ConfigError(f"distributed.timeout_s={timeout_s} must be > 0")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -100,8 +103,10 @@ def from_environment(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S)
         backend, dev = "nccl", torch.device("cuda", local_rank)
         torch.cuda.set_device(dev)
     elif device == "cuda":
-        raise ConfigError(f"device=cuda: {local_world} processes on this machine but {gpus} GPU(s) visible; "
-                          "start at most one process per GPU (--nproc_per_node)")
+        raise ConfigError(
+            f"device=cuda: {local_world} processes on this machine but {gpus} GPU(s) visible; "
+            "start at most one process per GPU (--nproc_per_node)"
+        )
     else:
         backend, dev = "gloo", torch.device("cpu")
     import torch.distributed as dist

@@ -3,6 +3,7 @@
 running one function; what each returns comes back to the caller.  For the
 tests and benchmarks of splat.distributed on one machine; training itself
 is started by torchrun."""
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,9 @@ def free_port() -> int:
 
 
 def _entry(fn, rank, world, port, out_dir, threads, args):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+    )
     torch.set_num_threads(threads)
     from .group import from_environment, leave
 

@@ -12,6 +12,7 @@ statistics, ids), in one all-to-all per tensor.
 Rebalancing is collective: every rank calls it, in the same order.  With
 one process it does no communication.
 """
+
 from __future__ import annotations
 
 from typing import Dict, Sequence

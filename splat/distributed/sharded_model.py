@@ -8,6 +8,7 @@ model holds its shard, rows tagged with their global ``ids``.
 * :func:`sum_replicated_gradients` for parameters every rank holds whole
   (the appearance corrections).
 """
+
 from __future__ import annotations
 
 from typing import Dict, Sequence
@@ -15,10 +16,10 @@ from typing import Dict, Sequence
 import torch
 
 from ..model import GaussianModel
-from .group import Group
-from .sharded_render import Camera, ShardedRender, render_sharded
 from .collectives import gather_to_main
+from .group import Group
 from .shard import balanced_slice
+from .sharded_render import Camera, ShardedRender, render_sharded
 
 
 def shard_of(params: Dict[str, torch.Tensor], sh_degree: int, group: Group) -> GaussianModel:
@@ -27,16 +28,29 @@ def shard_of(params: Dict[str, torch.Tensor], sh_degree: int, group: Group) -> G
     n = params["means"].shape[0]
     start, stop = balanced_slice(n, group.world_size, group.rank)
     # Copies: a view would keep the whole model alive on every rank.
-    return GaussianModel({k: v[start:stop].clone() for k, v in params.items()}, sh_degree,
-                         ids=torch.arange(start, stop), next_id=n)
+    return GaussianModel(
+        {k: v[start:stop].clone() for k, v in params.items()}, sh_degree, ids=torch.arange(start, stop), next_id=n
+    )
 
 
-def render_model(model: GaussianModel, cameras: Sequence[Camera], group: Group, sh_degree: int,
-                 near: float, far: float) -> ShardedRender:
+def render_model(
+    model: GaussianModel, cameras: Sequence[Camera], group: Group, sh_degree: int, near: float, far: float
+) -> ShardedRender:
     """:func:`splat.distributed.render_sharded` of ``model``'s shard with SH
     degree ``sh_degree``."""
-    return render_sharded(model.means, model.quats, model.scales, model.opacities, model.colors(sh_degree),
-                          model.ids.to(model.means.device), cameras, group, near=near, far=far, sh_degree=sh_degree)
+    return render_sharded(
+        model.means,
+        model.quats,
+        model.scales,
+        model.opacities,
+        model.colors(sh_degree),
+        model.ids.to(model.means.device),
+        cameras,
+        group,
+        near=near,
+        far=far,
+        sh_degree=sh_degree,
+    )
 
 
 @torch.no_grad()
@@ -50,8 +64,9 @@ def whole_model(model: GaussianModel, group: Group):
     if ids is None:
         return None
     order = torch.argsort(ids)
-    return GaussianModel({k: v[order] for k, v in params.items()}, model.sh_degree, ids=ids[order],
-                         next_id=model.next_id)
+    return GaussianModel(
+        {k: v[order] for k, v in params.items()}, model.sh_degree, ids=ids[order], next_id=model.next_id
+    )
 
 
 def sum_replicated_gradients(module: torch.nn.Module, group: Group, sparse: bool = False) -> None:

@@ -25,6 +25,7 @@ the exchange (the ``anchor``).
 The maths is :func:`splat.rasterize`'s (same projection, kernels and
 composition); only where each step runs differs.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,7 +33,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..outputs import RasterOutput, compose
+from ..outputs import compose
 from ..rasterize import _empty_sums, _RasterizeSurfels, project_for_kernels
 from .exchange import comm_device, exchange_rows
 from .group import Group
@@ -89,8 +90,19 @@ def camera_rank(index: int, world_size: int) -> int:
     return index % world_size
 
 
-def render_sharded(means, quats, scales, opacities, colors, ids, cameras: Sequence[Camera], group: Group,
-                   near=0.2, far=100.0, sh_degree=None) -> ShardedRender:
+def render_sharded(
+    means,
+    quats,
+    scales,
+    opacities,
+    colors,
+    ids,
+    cameras: Sequence[Camera],
+    group: Group,
+    near=0.2,
+    far=100.0,
+    sh_degree=None,
+) -> ShardedRender:
     """Renders ``cameras`` from the surfels of every rank (see the module doc).
 
     Args:
@@ -109,12 +121,29 @@ def render_sharded(means, quats, scales, opacities, colors, ids, cameras: Sequen
     for cam in cameras:
         fused = means.device.type == "cpu" and not (cam.viewmat.requires_grad or cam.K.requires_grad)
         proj, rgb, means2d, Tuvw, center = project_for_kernels(
-            means, quats, scales, opacities, colors, cam.viewmat, cam.K, cam.width, cam.height, near, far,
-            sh_degree, grad, fused)
+            means,
+            quats,
+            scales,
+            opacities,
+            colors,
+            cam.viewmat,
+            cam.K,
+            cam.width,
+            cam.height,
+            near,
+            far,
+            sh_degree,
+            grad,
+            fused,
+        )
         rect = proj["pixel_rect"]
         sel = ((rect[:, 2] > rect[:, 0]) & (rect[:, 3] > rect[:, 1])).nonzero().flatten()
-        floats.append(torch.cat([Tuvw[sel], center[sel], proj["normal"][sel], rgb[sel], opacities[sel, None],
-                                 proj["depth"][sel, None]], 1))
+        floats.append(
+            torch.cat(
+                [Tuvw[sel], center[sel], proj["normal"][sel], rgb[sel], opacities[sel, None], proj["depth"][sel, None]],
+                1,
+            )
+        )
         ints.append(torch.cat([rect[sel].long(), ids[sel, None].long()], 1))
         handles.append(means2d)
         radii.append(proj["radii"])
@@ -122,8 +151,11 @@ def render_sharded(means, quats, scales, opacities, colors, ids, cameras: Sequen
     # Rows go out grouped by destination rank, cameras in batch order within.
     order = sorted(range(len(cameras)), key=lambda i: (owners[i], i))
     x = torch.cat([floats[i] for i in order]) if order else means.new_zeros(0, RECORD_FLOATS)
-    xi = torch.cat([ints[i] for i in order]) if order else torch.zeros(0, RECORD_INTS, dtype=torch.int64,
-                                                                        device=means.device)
+    xi = (
+        torch.cat([ints[i] for i in order])
+        if order
+        else torch.zeros(0, RECORD_INTS, dtype=torch.int64, device=means.device)
+    )
     send_counts = [sum(floats[i].shape[0] for i in order if owners[i] == d) for d in range(world)]
     # Per-camera row counts, to cut what arrives into cameras.
     mine = [i for i in range(len(cameras)) if owners[i] == rank]
@@ -146,15 +178,35 @@ def render_sharded(means, quats, scales, opacities, colors, ids, cameras: Sequen
             sums = _empty_sums(cam.width, cam.height, y.dtype, y.device)
         else:
             Tuvw, center, normal, rgb, opacity, depth = torch.split(rec, _SPLIT, dim=1)
-            sums = _RasterizeSurfels.apply(Tuvw, center, normal, rgb, opacity[:, 0], depth[:, 0].detach(),
-                                           irec[:, :4].to(torch.int32), cam.width, cam.height, near, far)
+            sums = _RasterizeSurfels.apply(
+                Tuvw,
+                center,
+                normal,
+                rgb,
+                opacity[:, 0],
+                depth[:, 0].detach(),
+                irec[:, :4].to(torch.int32),
+                cam.width,
+                cam.height,
+                near,
+                far,
+            )
         outputs[i] = compose(*sums, background=cam.background, radii=None, means2d=None)
     anchor = y.sum() * 0.0 if y.requires_grad else y.new_zeros(())
-    bytes_sent = x.numel() * x.element_size() + xi.numel() * xi.element_size() - (
-        sum(floats[i].numel() * x.element_size() + ints[i].numel() * 8 for i in mine))  # rows kept here do not travel
+    bytes_sent = (
+        x.numel() * x.element_size()
+        + xi.numel() * xi.element_size()
+        - (sum(floats[i].numel() * x.element_size() + ints[i].numel() * 8 for i in mine))
+    )  # rows kept here do not travel
     from_others = sum(c for s, c in enumerate(recv_counts) if s != rank)
-    return ShardedRender(outputs=outputs, means2d=handles, radii=radii, anchor=anchor, bytes_sent=int(bytes_sent),
-                         bytes_backward=int(from_others * RECORD_FLOATS * x.element_size()))
+    return ShardedRender(
+        outputs=outputs,
+        means2d=handles,
+        radii=radii,
+        anchor=anchor,
+        bytes_sent=int(bytes_sent),
+        bytes_backward=int(from_others * RECORD_FLOATS * x.element_size()),
+    )
 
 
 def _in_id_order(y, yi, blocks):
@@ -167,8 +219,9 @@ def _in_id_order(y, yi, blocks):
         ids = yi[a:b, 4]
         if bool((ids[1:] > ids[:-1]).all()):
             return y[a:b], yi[a:b]
-    rows = torch.cat([torch.arange(a, b, device=y.device) for a, b in blocks] +
-                     [torch.zeros(0, dtype=torch.int64, device=y.device)])
+    rows = torch.cat(
+        [torch.arange(a, b, device=y.device) for a, b in blocks] + [torch.zeros(0, dtype=torch.int64, device=y.device)]
+    )
     rows = rows[torch.argsort(yi[rows, 4], stable=True)]
     return y[rows], yi[rows]
 

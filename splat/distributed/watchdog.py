@@ -23,6 +23,7 @@ Checkpoints are unaffected: one counts only once its manifest exists
 (:mod:`splat.checkpoints`), so ``--resume`` continues from the
 last complete one.
 """
+
 from __future__ import annotations
 
 import os
@@ -91,8 +92,10 @@ class Watchdog:
             except Exception as e:  # the store itself is gone
                 if self._stop.is_set():
                     return
-                lost = (f"the rendezvous store stopped answering ({type(e).__name__}); it lives in "
-                        f"{'torchrun' if os.environ.get('TORCHELASTIC_RUN_ID') else 'rank 0'}")
+                lost = (
+                    f"the rendezvous store stopped answering ({type(e).__name__}); it lives in "
+                    f"{'torchrun' if os.environ.get('TORCHELASTIC_RUN_ID') else 'rank 0'}"
+                )
             if lost is not None and not self._stop.is_set():
                 self._lost = lost
                 if not self._main_reporting:
@@ -129,8 +132,12 @@ class Watchdog:
         return None
 
     def _exit(self, lost: str) -> None:
-        print(f"error: rank {self.group.rank} stopping: {lost}; restart with --resume to continue from the last "
-              "complete checkpoint", file=sys.stderr, flush=True)
+        print(
+            f"error: rank {self.group.rank} stopping: {lost}; restart with --resume to continue from the last "
+            "complete checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(EXIT_CODE)
 
     # ------------------------------------------------------- the main thread

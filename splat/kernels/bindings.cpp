@@ -23,8 +23,7 @@ namespace {
 // one), with unit column stride.
 void check_rows(const torch::Tensor& t, const char* name, int64_t n, int64_t cols,
                 torch::ScalarType dtype) {
-  TORCH_CHECK(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ",
-              dtype);
+  TORCH_CHECK(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ", dtype);
   TORCH_CHECK(t.dim() == 2 && t.size(0) == n && t.size(1) == cols, name, " must be [", n, ", ",
               cols, "]");
   TORCH_CHECK(t.stride(1) == 1 && t.stride(0) >= cols, name,
@@ -34,8 +33,7 @@ void check_rows(const torch::Tensor& t, const char* name, int64_t n, int64_t col
 void check_input(const torch::Tensor& t, const char* name, int64_t n, int64_t cols,
                  torch::ScalarType dtype) {
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
-  TORCH_CHECK(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ",
-              dtype);
+  TORCH_CHECK(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ", dtype);
   TORCH_CHECK(t.size(0) == n, name, " has ", t.size(0), " rows, expected ", n);
   if (cols > 0) TORCH_CHECK(t.dim() == 2 && t.size(1) == cols, name, " must be [N, ", cols, "]");
 }
@@ -52,12 +50,18 @@ splat::SurfelArrays<T> surfel_arrays(SPLAT_SURFEL_PARAMS) {
   check_input(depth, "depth", n, 0, dtype);
   check_input(pixel_rect, "pixel_rect", n, 4, torch::kInt32);
   TORCH_CHECK(n < (int64_t(1) << 31), "too many surfels");
-  return splat::SurfelArrays<T>{Tuvw.data_ptr<T>(),    center.data_ptr<T>(),
-                                normal.data_ptr<T>(),  color.data_ptr<T>(),
-                                opacity.data_ptr<T>(), depth.data_ptr<T>(),
-                                pixel_rect.data_ptr<int32_t>(), n,
-                                static_cast<int>(width), static_cast<int>(height),
-                                static_cast<T>(near),  static_cast<T>(far)};
+  return splat::SurfelArrays<T>{Tuvw.data_ptr<T>(),
+                                center.data_ptr<T>(),
+                                normal.data_ptr<T>(),
+                                color.data_ptr<T>(),
+                                opacity.data_ptr<T>(),
+                                depth.data_ptr<T>(),
+                                pixel_rect.data_ptr<int32_t>(),
+                                n,
+                                static_cast<int>(width),
+                                static_cast<int>(height),
+                                static_cast<T>(near),
+                                static_cast<T>(far)};
 }
 
 // torch::empty, in reused memory (cpu/scratch.h) when large: the kernels'
@@ -67,8 +71,9 @@ torch::Tensor scratch_empty(c10::IntArrayRef sizes, const torch::TensorOptions& 
   for (const int64_t s : sizes) numel *= s;
   const size_t bytes = size_t(numel) * opts.dtype().itemsize();
   if (bytes < splat::kScratchMinBytes) return torch::empty(sizes, opts);
-  return torch::from_blob(splat::scratch_acquire(bytes), sizes,
-                          [](void* block) { splat::scratch_release(block); }, opts);
+  return torch::from_blob(
+      splat::scratch_acquire(bytes), sizes, [](void* block) { splat::scratch_release(block); },
+      opts);
 }
 
 int tiles_along(int64_t pixels) {
@@ -111,17 +116,17 @@ struct ForwardImages {
 
   template <typename T>
   splat::ForwardOutputs<T> outputs() {
-    return splat::ForwardOutputs<T>{color_sum.data_ptr<T>(),  transmittance.data_ptr<T>(),
-                                    depth_sum.data_ptr<T>(),  normal_sum.data_ptr<T>(),
-                                    distortion.data_ptr<T>(), median_depth.data_ptr<T>(),
-                                    end.data_ptr<int32_t>(),  median_index.data_ptr<int32_t>(),
-                                    totals.data_ptr<T>()};
+    return splat::ForwardOutputs<T>{
+        color_sum.data_ptr<T>(),  transmittance.data_ptr<T>(),      depth_sum.data_ptr<T>(),
+        normal_sum.data_ptr<T>(), distortion.data_ptr<T>(),         median_depth.data_ptr<T>(),
+        end.data_ptr<int32_t>(),  median_index.data_ptr<int32_t>(), totals.data_ptr<T>()};
   }
 
   // The ops' return value: the six images, the saved state, the binning.
   std::vector<torch::Tensor> results() {
-    auto tile_offsets = torch::from_blob(offsets.data(), {int64_t(offsets.size())}, torch::kInt64).clone();
-    return {color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth,
+    auto tile_offsets =
+        torch::from_blob(offsets.data(), {int64_t(offsets.size())}, torch::kInt64).clone();
+    return {color_sum, transmittance, depth_sum, normal_sum,   distortion, median_depth,
             end,       median_index,  totals,    tile_offsets, point_list};
   }
 };
@@ -147,20 +152,24 @@ std::vector<torch::Tensor> forward_cpu(SPLAT_SURFEL_PARAMS) {
 // broadcast: one value (per channel) for every pixel, as autograd hands over
 // for a sum or mean.
 template <typename T>
-splat::UpstreamGrads<T> upstream_grads(const torch::Tensor& v_color_sum, const torch::Tensor& v_transmittance,
-                                       const torch::Tensor& v_depth_sum, const torch::Tensor& v_normal_sum,
-                                       const torch::Tensor& v_distortion, const torch::Tensor& v_median_depth,
-                                       int64_t width, int64_t height) {
-  const torch::Tensor* ups[6] = {&v_color_sum, &v_transmittance, &v_depth_sum,
-                                 &v_normal_sum, &v_distortion, &v_median_depth};
-  const char* up_names[6] = {"v_color_sum", "v_transmittance", "v_depth_sum",
-                             "v_normal_sum", "v_distortion", "v_median_depth"};
+splat::UpstreamGrads<T> upstream_grads(const torch::Tensor& v_color_sum,
+                                       const torch::Tensor& v_transmittance,
+                                       const torch::Tensor& v_depth_sum,
+                                       const torch::Tensor& v_normal_sum,
+                                       const torch::Tensor& v_distortion,
+                                       const torch::Tensor& v_median_depth, int64_t width,
+                                       int64_t height) {
+  const torch::Tensor* ups[6] = {&v_color_sum,  &v_transmittance, &v_depth_sum,
+                                 &v_normal_sum, &v_distortion,    &v_median_depth};
+  const char* up_names[6] = {"v_color_sum",  "v_transmittance", "v_depth_sum",
+                             "v_normal_sum", "v_distortion",    "v_median_depth"};
   int64_t pixel_stride[6], channel_stride[6];
   for (int a = 0; a < 6; ++a) {
     const torch::Tensor& t = *ups[a];
     const int64_t channels = (a == 0 || a == 3) ? 3 : 0;
-    TORCH_CHECK(t.scalar_type() == c10::CppTypeToScalarType<T>::value && t.dim() == (channels ? 3 : 2) &&
-                    t.size(0) == height && t.size(1) == width && (!channels || t.size(2) == channels),
+    TORCH_CHECK(t.scalar_type() == c10::CppTypeToScalarType<T>::value &&
+                    t.dim() == (channels ? 3 : 2) && t.size(0) == height && t.size(1) == width &&
+                    (!channels || t.size(2) == channels),
                 up_names[a], " must be [H, W", channels ? ", 3" : "", "] of the input dtype");
     const bool broadcast = t.stride(0) == 0 && t.stride(1) == 0 && (!channels || t.stride(2) <= 1);
     TORCH_CHECK(t.is_contiguous() || broadcast, up_names[a],
@@ -178,24 +187,26 @@ splat::UpstreamGrads<T> upstream_grads(const torch::Tensor& v_color_sum, const t
 }
 
 // packed: forward_cpu's last result (the SIMD kernels' surfel records).
-torch::Tensor backward_cpu(SPLAT_SURFEL_PARAMS, SPLAT_BACKWARD_STATE_PARAMS, const torch::Tensor& packed) {
+torch::Tensor backward_cpu(SPLAT_SURFEL_PARAMS, SPLAT_BACKWARD_STATE_PARAMS,
+                           const torch::Tensor& packed) {
   auto v_surfels = scratch_empty({Tuvw.size(0), splat::kGradSize}, Tuvw.options());
   const int tiles_x = tiles_along(width), tiles_y = tiles_along(height);
   AT_DISPATCH_FLOATING_TYPES(Tuvw.scalar_type(), "splat_backward_cpu", [&] {
     // forward_cpu's packed records, if they match this kernel mode (else repacked)
-    const bool reuse = packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() && packed.numel() > 0 &&
+    const bool reuse = packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() &&
+                       packed.numel() > 0 &&
                        packed.numel() == splat::packed_surfel_bytes<scalar_t>(Tuvw.size(0));
     const uint8_t* packed_in = reuse ? packed.data_ptr<uint8_t>() : nullptr;
     auto s = surfel_arrays<scalar_t>(SPLAT_SURFEL_NAMES);
-    splat::TileBins bins{tile_offsets.data_ptr<int64_t>(), point_list.data_ptr<int32_t>(),
-                         tiles_x, tiles_y};
-    const auto up = upstream_grads<scalar_t>(v_color_sum, v_transmittance, v_depth_sum, v_normal_sum,
-                                             v_distortion, v_median_depth, width, height);
+    splat::TileBins bins{tile_offsets.data_ptr<int64_t>(), point_list.data_ptr<int32_t>(), tiles_x,
+                         tiles_y};
+    const auto up =
+        upstream_grads<scalar_t>(v_color_sum, v_transmittance, v_depth_sum, v_normal_sum,
+                                 v_distortion, v_median_depth, width, height);
     splat::backward_cpu<scalar_t>(s, bins, end.data_ptr<int32_t>(),
                                   median_index.data_ptr<int32_t>(),
-                                  transmittance.data_ptr<scalar_t>(),
-                                  totals.data_ptr<scalar_t>(), up,
-                                  v_surfels.data_ptr<scalar_t>(), packed_in);
+                                  transmittance.data_ptr<scalar_t>(), totals.data_ptr<scalar_t>(),
+                                  up, v_surfels.data_ptr<scalar_t>(), packed_in);
   });
   return v_surfels;
 }
@@ -212,9 +223,15 @@ splat::GaussianArrays<T> gaussian_arrays(SPLAT_GAUSSIAN_PARAMS) {
   check_input(depth, "depth", n, 0, dtype);
   check_input(pixel_rect, "pixel_rect", n, 4, torch::kInt32);
   TORCH_CHECK(n < (int64_t(1) << 31), "too many Gaussians");
-  return splat::GaussianArrays<T>{params.data_ptr<T>(), color.data_ptr<T>(), depth.data_ptr<T>(),
-                                  pixel_rect.data_ptr<int32_t>(), n, static_cast<int>(width),
-                                  static_cast<int>(height), static_cast<T>(near), static_cast<T>(far)};
+  return splat::GaussianArrays<T>{params.data_ptr<T>(),
+                                  color.data_ptr<T>(),
+                                  depth.data_ptr<T>(),
+                                  pixel_rect.data_ptr<int32_t>(),
+                                  n,
+                                  static_cast<int>(width),
+                                  static_cast<int>(height),
+                                  static_cast<T>(near),
+                                  static_cast<T>(far)};
 }
 
 std::vector<torch::Tensor> forward_gaussians(SPLAT_GAUSSIAN_PARAMS) {
@@ -232,12 +249,15 @@ torch::Tensor backward_gaussians(SPLAT_GAUSSIAN_PARAMS, SPLAT_BACKWARD_STATE_PAR
   const int tiles_x = tiles_along(width), tiles_y = tiles_along(height);
   AT_DISPATCH_FLOATING_TYPES(params.scalar_type(), "splat_backward_gaussians_cpu", [&] {
     const auto g = gaussian_arrays<scalar_t>(SPLAT_GAUSSIAN_NAMES);
-    splat::TileBins bins{tile_offsets.data_ptr<int64_t>(), point_list.data_ptr<int32_t>(), tiles_x, tiles_y};
-    const auto up = upstream_grads<scalar_t>(v_color_sum, v_transmittance, v_depth_sum, v_normal_sum,
-                                             v_distortion, v_median_depth, width, height);
-    splat::backward_gaussians_cpu<scalar_t>(g, bins, end.data_ptr<int32_t>(), median_index.data_ptr<int32_t>(),
-                                            transmittance.data_ptr<scalar_t>(), totals.data_ptr<scalar_t>(), up,
-                                            v_gaussians.data_ptr<scalar_t>());
+    splat::TileBins bins{tile_offsets.data_ptr<int64_t>(), point_list.data_ptr<int32_t>(), tiles_x,
+                         tiles_y};
+    const auto up =
+        upstream_grads<scalar_t>(v_color_sum, v_transmittance, v_depth_sum, v_normal_sum,
+                                 v_distortion, v_median_depth, width, height);
+    splat::backward_gaussians_cpu<scalar_t>(
+        g, bins, end.data_ptr<int32_t>(), median_index.data_ptr<int32_t>(),
+        transmittance.data_ptr<scalar_t>(), totals.data_ptr<scalar_t>(), up,
+        v_gaussians.data_ptr<scalar_t>());
   });
   return v_gaussians;
 }
@@ -246,8 +266,7 @@ torch::Tensor backward_gaussians(SPLAT_GAUSSIAN_PARAMS, SPLAT_BACKWARD_STATE_PAR
 // coefficients, or an empty tensor for no colour output.
 template <typename T>
 splat::ProjectInputs<T> project_inputs(const torch::Tensor& means, const torch::Tensor& quats,
-                                       const torch::Tensor& scales,
-                                       const torch::Tensor& opacities,
+                                       const torch::Tensor& scales, const torch::Tensor& opacities,
                                        const torch::Tensor& coeffs, int64_t sh_degree,
                                        const torch::Tensor& viewmat, const torch::Tensor& K,
                                        int64_t width, int64_t height, double near, double far) {
@@ -261,8 +280,9 @@ splat::ProjectInputs<T> project_inputs(const torch::Tensor& means, const torch::
   if (with_sh) {
     check_input(coeffs, "coeffs", n, 0, dtype);
     TORCH_CHECK(coeffs.dim() == 3 && coeffs.size(2) == 3, "coeffs must be [N, K, 3]");
-    TORCH_CHECK(sh_degree >= 0 && sh_degree <= 3 && coeffs.size(1) >= (sh_degree + 1) * (sh_degree + 1),
-                "coeffs has too few SH coefficients for sh_degree ", sh_degree);
+    TORCH_CHECK(
+        sh_degree >= 0 && sh_degree <= 3 && coeffs.size(1) >= (sh_degree + 1) * (sh_degree + 1),
+        "coeffs has too few SH coefficients for sh_degree ", sh_degree);
   }
   TORCH_CHECK(viewmat.numel() == 16 && K.numel() == 9, "viewmat must be [4, 4] and K [3, 3]");
   splat::ProjectInputs<T> in{};
@@ -304,7 +324,7 @@ std::vector<torch::Tensor> project_forward(const torch::Tensor& means, const tor
                                        K, width, height, near, far);
     in.limit_finite = limit_finite;
     in.limit_drawn = limit_drawn;
-    splat::ProjectOutputs<scalar_t> out{Tuvw.data_ptr<scalar_t>(),  center.data_ptr<scalar_t>(),
+    splat::ProjectOutputs<scalar_t> out{Tuvw.data_ptr<scalar_t>(),   center.data_ptr<scalar_t>(),
                                         normal.data_ptr<scalar_t>(), color.data_ptr<scalar_t>(),
                                         depth.data_ptr<scalar_t>(),  rect.data_ptr<int32_t>(),
                                         radii.data_ptr<int32_t>()};
@@ -357,8 +377,15 @@ splat::SsimArgs<T> ssim_args(const torch::Tensor& x, const torch::Tensor& y,
                   y.scalar_type() == x.scalar_type() && window.scalar_type() == x.scalar_type(),
               "ssim: x, y and window must be contiguous and of one dtype");
   TORCH_CHECK(window.dim() == 1 && window.size(0) % 2 == 1, "ssim: window must be [K], K odd");
-  splat::SsimArgs<T> a{x.data_ptr<T>(), y.data_ptr<T>(), window.data_ptr<T>(),
-                       static_cast<int>(window.size(0)), x.size(0), x.size(1), x.size(2), c1, c2};
+  splat::SsimArgs<T> a{x.data_ptr<T>(),
+                       y.data_ptr<T>(),
+                       window.data_ptr<T>(),
+                       static_cast<int>(window.size(0)),
+                       x.size(0),
+                       x.size(1),
+                       x.size(2),
+                       c1,
+                       c2};
   return a;
 }
 
@@ -372,7 +399,7 @@ std::vector<torch::Tensor> ssim_forward(const torch::Tensor& x, const torch::Ten
   double mean = 0.0;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "splat_ssim_forward", [&] {
     mean = splat::ssim_forward_cpu(ssim_args<scalar_t>(x, y, window, c1, c2),
-                                             with_grad ? maps.data_ptr<scalar_t>() : nullptr);
+                                   with_grad ? maps.data_ptr<scalar_t>() : nullptr);
   });
   return {torch::tensor(mean, x.options()), maps};
 }
@@ -385,8 +412,8 @@ torch::Tensor ssim_backward(const torch::Tensor& x, const torch::Tensor& y,
               "ssim: gradient maps must be [3, H, W, C] of x's dtype");
   auto dx = scratch_empty(x.sizes(), x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "splat_ssim_backward", [&] {
-    splat::ssim_backward_cpu(ssim_args<scalar_t>(x, y, window, c1, c2),
-                                       maps.data_ptr<scalar_t>(), scale, dx.data_ptr<scalar_t>());
+    splat::ssim_backward_cpu(ssim_args<scalar_t>(x, y, window, c1, c2), maps.data_ptr<scalar_t>(),
+                             scale, dx.data_ptr<scalar_t>());
   });
   return dx;
 }
@@ -398,13 +425,16 @@ splat::NormalLossArgs<T> normal_loss_args(const torch::Tensor& depth, const torc
                                           const torch::Tensor& viewmat) {
   TORCH_CHECK(depth.dim() == 2, "normal loss: depth must be [H, W]");
   const int64_t H = depth.size(0), W = depth.size(1);
-  TORCH_CHECK(normal.dim() == 3 && normal.size(0) == H && normal.size(1) == W && normal.size(2) == 3,
-              "normal loss: normal must be [H, W, 3]");
-  TORCH_CHECK(alpha.dim() == 2 && alpha.size(0) == H && alpha.size(1) == W, "normal loss: alpha must be [H, W]");
+  TORCH_CHECK(
+      normal.dim() == 3 && normal.size(0) == H && normal.size(1) == W && normal.size(2) == 3,
+      "normal loss: normal must be [H, W, 3]");
+  TORCH_CHECK(alpha.dim() == 2 && alpha.size(0) == H && alpha.size(1) == W,
+              "normal loss: alpha must be [H, W]");
   for (const auto* t : {&depth, &normal, &alpha})
     TORCH_CHECK(t->is_contiguous() && t->scalar_type() == depth.scalar_type(),
                 "normal loss: depth, normal and alpha must be contiguous and of one dtype");
-  TORCH_CHECK(K.numel() == 9 && viewmat.numel() == 16, "normal loss: K must be [3, 3] and viewmat [4, 4]");
+  TORCH_CHECK(K.numel() == 9 && viewmat.numel() == 16,
+              "normal loss: K must be [3, 3] and viewmat [4, 4]");
   const auto Kd = K.detach().to(torch::kCPU, torch::kFloat64).contiguous();
   const auto Vd = viewmat.detach().to(torch::kCPU, torch::kFloat64).contiguous();
   splat::NormalLossArgs<T> a{};
@@ -426,20 +456,22 @@ torch::Tensor normal_loss_forward(const torch::Tensor& depth, const torch::Tenso
                                   const torch::Tensor& viewmat) {
   double loss = 0.0;
   AT_DISPATCH_FLOATING_TYPES(depth.scalar_type(), "splat_normal_loss_forward", [&] {
-    loss = splat::normal_loss_forward_cpu<scalar_t>(normal_loss_args<scalar_t>(depth, normal, alpha, K, viewmat));
+    loss = splat::normal_loss_forward_cpu<scalar_t>(
+        normal_loss_args<scalar_t>(depth, normal, alpha, K, viewmat));
   });
   return torch::tensor(loss, depth.options());
 }
 
-std::vector<torch::Tensor> normal_loss_backward(const torch::Tensor& depth, const torch::Tensor& normal,
+std::vector<torch::Tensor> normal_loss_backward(const torch::Tensor& depth,
+                                                const torch::Tensor& normal,
                                                 const torch::Tensor& alpha, const torch::Tensor& K,
                                                 const torch::Tensor& viewmat, double scale) {
   auto v_depth = scratch_empty(depth.sizes(), depth.options());
   auto v_normal = scratch_empty(normal.sizes(), normal.options());
   AT_DISPATCH_FLOATING_TYPES(depth.scalar_type(), "splat_normal_loss_backward", [&] {
-    splat::normal_loss_backward_cpu<scalar_t>(normal_loss_args<scalar_t>(depth, normal, alpha, K, viewmat),
-                                              scale, v_depth.data_ptr<scalar_t>(),
-                                              v_normal.data_ptr<scalar_t>());
+    splat::normal_loss_backward_cpu<scalar_t>(
+        normal_loss_args<scalar_t>(depth, normal, alpha, K, viewmat), scale,
+        v_depth.data_ptr<scalar_t>(), v_normal.data_ptr<scalar_t>());
   });
   return {v_depth, v_normal};
 }
@@ -469,21 +501,30 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("project_backward_cpu", &project_backward, "its exact backward");
   m.def("ssim_forward_cpu", &ssim_forward, "fused SSIM (mean) and its gradient maps on the CPU");
   m.def("ssim_backward_cpu", &ssim_backward, "its backward: d mean(SSIM) / dx, scaled");
-  m.def("normal_loss_forward_cpu", &normal_loss_forward, "fused depth-normal consistency loss on the CPU");
-  m.def("normal_loss_backward_cpu", &normal_loss_backward, "its backward: (d/ddepth, d/dnormal), scaled");
-  m.def("set_cpu_kernel_mode", [](int64_t mode) {
-    TORCH_CHECK(mode >= 0 && mode <= 2, "CPU kernel mode must be 0 (reference), 1 (scalar) or 2 (simd)");
-    splat::set_cpu_kernel_mode(static_cast<int>(mode));
-  }, "0: pixel by pixel over rectangles, 1: over exact spans, 2: 8 float32 lanes (default)");
+  m.def("normal_loss_forward_cpu", &normal_loss_forward,
+        "fused depth-normal consistency loss on the CPU");
+  m.def("normal_loss_backward_cpu", &normal_loss_backward,
+        "its backward: (d/ddepth, d/dnormal), scaled");
+  m.def(
+      "set_cpu_kernel_mode",
+      [](int64_t mode) {
+        TORCH_CHECK(mode >= 0 && mode <= 2,
+                    "CPU kernel mode must be 0 (reference), 1 (scalar) or 2 (simd)");
+        splat::set_cpu_kernel_mode(static_cast<int>(mode));
+      },
+      "0: pixel by pixel over rectangles, 1: over exact spans, 2: 8 float32 lanes (default)");
   m.def("cpu_kernel_mode", &splat::cpu_kernel_mode);
-  m.def("release_cpu_scratch", [] { return int64_t(splat::release_scratch_cache()); },
-        "frees the CPU kernels' cached buffers (cpu/scratch.h); returns the bytes freed");
+  m.def(
+      "release_cpu_scratch", [] { return int64_t(splat::release_scratch_cache()); },
+      "frees the CPU kernels' cached buffers (cpu/scratch.h); returns the bytes freed");
   m.def("exp_float32", &exp_float32, "core.h's float32 exp: (scalar, 8 lanes)");
 #ifdef SPLAT_WITH_CUDA
   m.def("forward_cuda", &splat::forward_cuda, "rasterize forward on the GPU");
   m.def("backward_cuda", &splat::backward_cuda, "rasterize backward on the GPU");
-  m.def("forward_gaussians_cuda", &splat::forward_gaussians_cuda, "rasterize 3D Gaussians forward on the GPU");
-  m.def("backward_gaussians_cuda", &splat::backward_gaussians_cuda, "its backward: [N, gauss_grad_record_size]");
+  m.def("forward_gaussians_cuda", &splat::forward_gaussians_cuda,
+        "rasterize 3D Gaussians forward on the GPU");
+  m.def("backward_gaussians_cuda", &splat::backward_gaussians_cuda,
+        "its backward: [N, gauss_grad_record_size]");
   m.attr("with_cuda") = true;
 #else
   m.attr("with_cuda") = false;

@@ -50,8 +50,8 @@ constexpr int kChannels = 3;
 
 // Number of scalars in the per-surfel gradient record written by the backward
 // pass, in this order: Tu(3) Tv(3) Tw(3) centre(2) normal(3) colour(3) opacity(1).
-constexpr int kGradTu = 0, kGradTv = 3, kGradTw = 6, kGradCenter = 9,
-              kGradNormal = 11, kGradColor = 14, kGradOpacity = 17, kGradSize = 18;
+constexpr int kGradTu = 0, kGradTv = 3, kGradTw = 6, kGradCenter = 9, kGradNormal = 11,
+              kGradColor = 14, kGradOpacity = 17, kGradSize = 18;
 
 // Per-surfel inputs of the pixel loop, read from flat arrays.
 //   Tuvw   [N, 9]  rows Tu, Tv, Tw of M
@@ -67,8 +67,8 @@ struct SurfelParams {
 };
 
 template <typename T>
-SPLAT_HD void load_surfel(const T* Tuvw, const T* center, const T* opacity,
-                          int64_t id, SurfelParams<T>& s) {
+SPLAT_HD void load_surfel(const T* Tuvw, const T* center, const T* opacity, int64_t id,
+                          SurfelParams<T>& s) {
   for (int k = 0; k < 3; ++k) {
     s.Tu[k] = Tuvw[id * 9 + k];
     s.Tv[k] = Tuvw[id * 9 + 3 + k];
@@ -353,9 +353,8 @@ SPLAT_HD void init_pixel(PixelState<T>& p) {
 // normal per surfel, V for one per lane (a 3D Gaussian's normal varies over
 // its footprint).
 template <typename V, typename T, typename HitT, typename NormalT>
-SPLAT_HD MaskOf<V> blend_lanes(PixelState<V>& p, const HitT& h, MaskOf<V> active,
-                               const T* color, const NormalT* normal, T near, T far,
-                               int32_t list_pos) {
+SPLAT_HD MaskOf<V> blend_lanes(PixelState<V>& p, const HitT& h, MaskOf<V> active, const T* color,
+                               const NormalT* normal, T near, T far, int32_t list_pos) {
   const V next_T = p.transmittance * (T(1) - h.alpha);
   const MaskOf<V> stop = next_T < T(kTransmittanceMin);
   const MaskOf<V> go = mask_and(active, mask_not(stop));
@@ -364,11 +363,11 @@ SPLAT_HD MaskOf<V> blend_lanes(PixelState<V>& p, const HitT& h, MaskOf<V> active
   const V nd = normalized_depth(h.z, near, far);
   p.m_shift = select(mask_and(go, MaskOf<V>(p.end == 0)), nd, p.m_shift);
   const V m = nd - p.m_shift;
-  for (int c = 0; c < kChannels; ++c) p.color[c] = select(go, p.color[c] + w * color[c], p.color[c]);
+  for (int c = 0; c < kChannels; ++c)
+    p.color[c] = select(go, p.color[c] + w * color[c], p.color[c]);
   p.depth_sum = select(go, p.depth_sum + w * h.z, p.depth_sum);
   for (int k = 0; k < 3; ++k) p.normal[k] = select(go, p.normal[k] + w * normal[k], p.normal[k]);
-  p.distortion =
-      select(go, p.distortion + w * (m * m * p.A + p.D2 - T(2) * m * p.D), p.distortion);
+  p.distortion = select(go, p.distortion + w * (m * m * p.A + p.D2 - T(2) * m * p.D), p.distortion);
   p.A = select(go, p.A + w, p.A);
   p.D = select(go, p.D + w * m, p.D);
   p.D2 = select(go, p.D2 + w * m * m, p.D2);
@@ -382,8 +381,8 @@ SPLAT_HD MaskOf<V> blend_lanes(PixelState<V>& p, const HitT& h, MaskOf<V> active
 
 // The scalar form: returns false (pixel unchanged) when the pixel is finished.
 template <typename T, typename HitT>
-SPLAT_HD bool blend(PixelState<T>& p, const HitT& h, const T* color, const T* normal, T near,
-                    T far, int32_t list_pos) {
+SPLAT_HD bool blend(PixelState<T>& p, const HitT& h, const T* color, const T* normal, T near, T far,
+                    int32_t list_pos) {
   return !blend_lanes<T>(p, h, true, color, normal, near, far, list_pos);
 }
 
@@ -491,22 +490,23 @@ SPLAT_HD SampleGrad<V> blend_backward(BackwardState<V>& st, const PixelGrad<V>& 
   st.transmittance = select(active, T_i, st.transmittance);
 
   // d distortion / d m_i = w_i (2 m_i A - 2 D)
-  const V v_z = r.w * g.v_depth_sum +
-                g.v_distortion * r.w * (T(2) * m * g.A - T(2) * g.D) * normalized_depth_dz(z, near, far);
+  const V v_z = r.w * g.v_depth_sum + g.v_distortion * r.w * (T(2) * m * g.A - T(2) * g.D) *
+                                          normalized_depth_dz(z, near, far);
   r.v_z = select(is_median, v_z + g.v_median, v_z);
   return r;
 }
 
 template <typename T, typename V>
-SPLAT_HD void backward_lanes(BackwardState<V>& st, const PixelGrad<V>& g,
-                             const SurfelParams<T>& s, const Hit<V>& h, MaskOf<V> active,
-                             const T* color, const T* normal, V px, V py, T near, T far,
-                             MaskOf<V> is_median, V* grad) {
+SPLAT_HD void backward_lanes(BackwardState<V>& st, const PixelGrad<V>& g, const SurfelParams<T>& s,
+                             const Hit<V>& h, MaskOf<V> active, const T* color, const T* normal,
+                             V px, V py, T near, T far, MaskOf<V> is_median, V* grad) {
   const V zero = V(T(0));
-  const SampleGrad<V> sg = blend_backward(st, g, h.alpha, h.z, active, color, normal, near, far, is_median);
+  const SampleGrad<V> sg =
+      blend_backward(st, g, h.alpha, h.z, active, color, normal, near, far, is_median);
   const V w = sg.w, v_alpha = sg.v_alpha, v_z = sg.v_z;
 
-  for (int c = 0; c < kChannels; ++c) grad[kGradColor + c] += select(active, w * g.v_color[c], zero);
+  for (int c = 0; c < kChannels; ++c)
+    grad[kGradColor + c] += select(active, w * g.v_color[c], zero);
   for (int k = 0; k < 3; ++k) grad[kGradNormal + k] += select(active, w * g.v_normal[k], zero);
 
   // alpha = min(kAlphaMax, o G): the clamp has zero gradient.
@@ -547,10 +547,9 @@ SPLAT_HD void backward_lanes(BackwardState<V>& st, const PixelGrad<V>& g,
 
 // The scalar form, for one contributing sample.
 template <typename T>
-SPLAT_HD void backward_step(BackwardState<T>& st, const PixelGrad<T>& g,
-                            const SurfelParams<T>& s, const Hit<T>& h,
-                            const T* color, const T* normal, T px, T py,
-                            T near, T far, bool is_median, T* grad) {
+SPLAT_HD void backward_step(BackwardState<T>& st, const PixelGrad<T>& g, const SurfelParams<T>& s,
+                            const Hit<T>& h, const T* color, const T* normal, T px, T py, T near,
+                            T far, bool is_median, T* grad) {
   backward_lanes(st, g, s, h, true, color, normal, px, py, near, far, is_median, grad);
 }
 
@@ -624,7 +623,8 @@ struct GaussianHit {
 };
 
 template <typename T, typename V>
-SPLAT_HD void intersect_gaussian(const GaussianParams<T>& g, V px, V py, T near, GaussianHit<V>& h) {
+SPLAT_HD void intersect_gaussian(const GaussianParams<T>& g, V px, V py, T near,
+                                 GaussianHit<V>& h) {
   const T* q = g.p;
   h.d[0] = px - q[kGaussCenter];
   h.d[1] = py - q[kGaussCenter + 1];
@@ -640,8 +640,8 @@ SPLAT_HD void intersect_gaussian(const GaussianParams<T>& g, V px, V py, T near,
   const V raw_alpha = q[kGaussOpacity] * h.G;
   h.alpha = select(raw_alpha < T(kAlphaMax), raw_alpha, V(T(kAlphaMax)));
   for (int r = 0; r < 3; ++r)
-    h.Qd[r] = q[kGaussPeakDen + sym3_index(r, 0)] * h.d[0] + q[kGaussPeakDen + sym3_index(r, 1)] * h.d[1] +
-              q[kGaussPeakDen + sym3_index(r, 2)];
+    h.Qd[r] = q[kGaussPeakDen + sym3_index(r, 0)] * h.d[0] +
+              q[kGaussPeakDen + sym3_index(r, 1)] * h.d[1] + q[kGaussPeakDen + sym3_index(r, 2)];
   h.num = q[kGaussPeakNum] * h.d[0] + q[kGaussPeakNum + 1] * h.d[1] + q[kGaussPeakNum + 2];
   h.den = h.d[0] * h.Qd[0] + h.d[1] * h.Qd[1] + h.Qd[2];
   const MaskOf<V> ray_ok = h.den > T(0);
@@ -664,11 +664,12 @@ SPLAT_HD void intersect_gaussian(const GaussianParams<T>& g, V px, V py, T near,
 // Differentiates one contributing Gaussian sample at pixel centre (px, py)
 // (the maths above, backwards) and adds to `grad` (kGaussGradSize).
 template <typename T>
-SPLAT_HD void backward_gaussian_step(BackwardState<T>& st, const PixelGrad<T>& g, const GaussianParams<T>& gp,
-                                     const GaussianHit<T>& h, const T* color, T near, T far, bool is_median,
-                                     T* grad) {
+SPLAT_HD void backward_gaussian_step(BackwardState<T>& st, const PixelGrad<T>& g,
+                                     const GaussianParams<T>& gp, const GaussianHit<T>& h,
+                                     const T* color, T near, T far, bool is_median, T* grad) {
   const T* q = gp.p;
-  const SampleGrad<T> sg = blend_backward(st, g, h.alpha, h.z, true, color, h.normal, near, far, is_median);
+  const SampleGrad<T> sg =
+      blend_backward(st, g, h.alpha, h.z, true, color, h.normal, near, far, is_median);
   const T w = sg.w;
   T v_z = sg.v_z;
   for (int c = 0; c < kChannels; ++c) grad[kGaussGradColor + c] += w * g.v_color[c];

@@ -16,7 +16,8 @@ struct SurfelArrays {
   const T* color;       // [N, 3]
   const T* opacity;     // [N]
   const T* depth;       // [N] camera z of the centre: the sort key
-  const int32_t* pixel_rect;  // [N, 4] pixels it may draw: x0, y0, x1, y1 (exclusive); empty = culled
+  const int32_t*
+      pixel_rect;  // [N, 4] pixels it may draw: x0, y0, x1, y1 (exclusive); empty = culled
   int64_t num_surfels;
   int width, height;
   T near, far;

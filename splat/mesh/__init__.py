@@ -16,7 +16,18 @@ from .unbounded import contract, extract_unbounded, uncontract
 from .views import FusionView, fused_depth, render_fusion_views
 
 __all__ = [
-    "FusionView", "MeshOptions", "MissingOpen3D", "contract", "extract_mesh", "extract_unbounded",
-    "fuse_tsdf", "fused_depth", "import_open3d", "keep_large_clusters", "observe_vertices",
-    "remove_unseen", "render_fusion_views", "uncontract",
+    "FusionView",
+    "MeshOptions",
+    "MissingOpen3D",
+    "contract",
+    "extract_mesh",
+    "extract_unbounded",
+    "fuse_tsdf",
+    "fused_depth",
+    "import_open3d",
+    "keep_large_clusters",
+    "observe_vertices",
+    "remove_unseen",
+    "render_fusion_views",
+    "uncontract",
 ]

@@ -70,7 +70,7 @@ def bounded_tsdf_bytes(views: Sequence[FusionView], voxel: float, depth_trunc: f
         packed = ((b[0] & 0x1FFFFF) << 42) | ((b[1] & 0x1FFFFF) << 21) | (b[2] & 0x1FFFFF)
         keys.append(np.unique(packed))
     blocks = len(np.unique(np.concatenate(keys))) if keys else 0
-    return blocks * BLOCK_RESOLUTION ** 3 * VOXEL_BYTES * BOUNDED_BLOCK_FACTOR
+    return blocks * BLOCK_RESOLUTION**3 * VOXEL_BYTES * BOUNDED_BLOCK_FACTOR
 
 
 def unbounded_tsdf_bytes(resolution: int) -> int:
@@ -84,8 +84,9 @@ def check_fits(needed: int, what: str, suggestion: str, available: Optional[int]
     ``suggestion`` what would fit."""
     available = available_memory_bytes() if available is None else available
     if available is not None and needed > available:
-        raise SplatInputError(f"{what}: meshing needs about {_size(needed)}, more than the "
-                              f"{_size(available)} available; {suggestion}")
+        raise SplatInputError(
+            f"{what}: meshing needs about {_size(needed)}, more than the {_size(available)} available; {suggestion}"
+        )
 
 
 def _size(n: int) -> str:

@@ -45,8 +45,9 @@ if TYPE_CHECKING:
 SEEN_CHUNK = 1 << 20
 
 
-def observe_vertices(vertices: np.ndarray, views: Sequence[FusionView], tolerance: float | np.ndarray,
-                     with_color: bool = False) -> tuple[np.ndarray, Optional[np.ndarray]]:
+def observe_vertices(
+    vertices: np.ndarray, views: Sequence[FusionView], tolerance: float | np.ndarray, with_color: bool = False
+) -> tuple[np.ndarray, Optional[np.ndarray]]:
     """Which vertices the views see (module doc), and optionally their colour.
 
     vertices [M, 3]; tolerance: a float or [M] per vertex.  Returns
@@ -77,13 +78,18 @@ def observe_vertices(vertices: np.ndarray, views: Sequence[FusionView], toleranc
                 color_cnt[idx] += on_surface.double()
     color = None
     if with_color:
-        color = torch.where(color_cnt[:, None] > 0, color_sum / color_cnt.clamp_min(1.0)[:, None],
-                            torch.full_like(color_sum, 0.5)).numpy()
+        color = torch.where(
+            color_cnt[:, None] > 0, color_sum / color_cnt.clamp_min(1.0)[:, None], torch.full_like(color_sum, 0.5)
+        ).numpy()
     return seen.numpy(), color
 
 
-def remove_unseen(mesh: open3d.geometry.TriangleMesh, views: Sequence[FusionView], tolerance: float | np.ndarray,
-                  recolor: bool = False) -> tuple[open3d.geometry.TriangleMesh, float]:
+def remove_unseen(
+    mesh: open3d.geometry.TriangleMesh,
+    views: Sequence[FusionView],
+    tolerance: float | np.ndarray,
+    recolor: bool = False,
+) -> tuple[open3d.geometry.TriangleMesh, float]:
     """Drop the triangles with a vertex no view sees; returns (mesh, share of the
     area removed).  ``mesh`` is an open3d legacy TriangleMesh, changed in place;
     ``recolor`` also sets its vertex colours from the views (:func:`observe_vertices`).
@@ -101,8 +107,9 @@ def remove_unseen(mesh: open3d.geometry.TriangleMesh, views: Sequence[FusionView
     return mesh, float(removed)
 
 
-def keep_large_clusters(mesh: open3d.geometry.TriangleMesh, min_triangles: int = 50,
-                        max_clusters: Optional[int] = None) -> tuple[open3d.geometry.TriangleMesh, int]:
+def keep_large_clusters(
+    mesh: open3d.geometry.TriangleMesh, min_triangles: int = 50, max_clusters: Optional[int] = None
+) -> tuple[open3d.geometry.TriangleMesh, int]:
     """Drop connected components with fewer than ``min_triangles`` triangles,
     and all but the ``max_clusters`` largest when given; returns (mesh,
     number of clusters kept).  Changed in place."""
@@ -113,7 +120,7 @@ def keep_large_clusters(mesh: open3d.geometry.TriangleMesh, min_triangles: int =
     keep = counts >= int(min_triangles)
     if max_clusters is not None and keep.sum() > max_clusters:
         order = np.argsort(-counts)
-        keep[order[int(max_clusters):]] = False
+        keep[order[int(max_clusters) :]] = False
     mesh.remove_triangles_by_mask(~keep[labels])
     mesh.remove_unreferenced_vertices()
     return mesh, int(keep.sum())

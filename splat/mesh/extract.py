@@ -87,9 +87,12 @@ def default_depth_trunc(views: Sequence[FusionView], radius: float) -> float:
     trunc = 2.0 * radius
     if len(depths) and (depths <= trunc).mean() < 0.5:
         chosen = float(np.quantile(depths, 0.95)) * 1.05
-        print(f"warning: depth_trunc = 2 x scene radius ({trunc:.4g}) would drop "
-              f"{100 * (depths > trunc).mean():.0f} % of the measured depth; using {chosen:.4g} "
-              f"(set --depth-trunc to choose)", file=sys.stderr)
+        print(
+            f"warning: depth_trunc = 2 x scene radius ({trunc:.4g}) would drop "
+            f"{100 * (depths > trunc).mean():.0f} % of the measured depth; using {chosen:.4g} "
+            f"(set --depth-trunc to choose)",
+            file=sys.stderr,
+        )
         return chosen
     return trunc
 
@@ -100,8 +103,9 @@ def _clean(mesh, views, tolerance, options: MeshOptions, recolor: bool):
     if not options.keep_unseen:
         mesh, removed = remove_unseen(mesh, views, tolerance, recolor=recolor)
         notes.append(f"{100 * removed:.1f} % of the area unseen and removed")
-    mesh, kept = keep_large_clusters(mesh, options.min_cluster_triangles,
-                                     options.max_clusters if options.max_clusters > 0 else None)
+    mesh, kept = keep_large_clusters(
+        mesh, options.min_cluster_triangles, options.max_clusters if options.max_clusters > 0 else None
+    )
     notes.append(f"{kept} clusters kept")
     return mesh, notes
 
@@ -120,26 +124,29 @@ def _why_empty(views, alpha_min: float, depth_trunc: Optional[float], notes) -> 
     """Why a fusion gave no triangles, for the error line."""
     measured = sum(int((v.depth > 0).sum()) for v in views)
     if measured == 0:
-        return (f"no pixel of the {len(views)} train views reaches alpha {alpha_min:g} "
-                "(--alpha-min)")
+        return f"no pixel of the {len(views)} train views reaches alpha {alpha_min:g} (--alpha-min)"
     if depth_trunc is not None:
         within = sum(int(((v.depth > 0) & (v.depth <= depth_trunc)).sum()) for v in views)
         if within == 0:
             nearest = min(float(v.depth[v.depth > 0].min()) for v in views if (v.depth > 0).any())
-            return (f"every measured depth lies beyond depth_trunc {depth_trunc:.4g} (--depth-trunc; "
-                    f"the nearest is {nearest:.4g})")
-    return (f"{measured} pixels were fused but no surface survived ({'; '.join(notes) or 'no clean-up'}); "
-            "try a finer --mesh-res, --keep-unseen or --keep-clusters 0")
+            return (
+                f"every measured depth lies beyond depth_trunc {depth_trunc:.4g} (--depth-trunc; "
+                f"the nearest is {nearest:.4g})"
+            )
+    return (
+        f"{measured} pixels were fused but no surface survived ({'; '.join(notes) or 'no clean-up'}); "
+        "try a finer --mesh-res, --keep-unseen or --keep-clusters 0"
+    )
 
 
-def write_mesh(o3d: Any, mesh: "open3d.geometry.TriangleMesh", path: Path) -> None:
+def write_mesh(o3d: Any, mesh: open3d.geometry.TriangleMesh, path: Path) -> None:
     """Writes ``mesh`` to ``path`` atomically: beside it first, then renamed,
     so that a killed write leaves the previous file (or none), never a
     truncated one.  A failed write is an OSError naming the file."""
     path = Path(path)
     folder = path.parent
     for old in folder.glob(f".{path.name}.tmp*.ply"):  # left by a killed writer
-        pid = old.name[len(path.name) + 5:-4]
+        pid = old.name[len(path.name) + 5 : -4]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             old.unlink(missing_ok=True)
     if not os.access(folder, os.W_OK):
@@ -155,8 +162,14 @@ def write_mesh(o3d: Any, mesh: "open3d.geometry.TriangleMesh", path: Path) -> No
         tmp.unlink(missing_ok=True)
 
 
-def extract_mesh(model_dir: str | Path, data: Optional[str] = None, overrides: Sequence[str] = (),
-                 unbounded: bool = False, options: Optional[MeshOptions] = None, progress: bool | str = "auto") -> Path:
+def extract_mesh(
+    model_dir: str | Path,
+    data: Optional[str] = None,
+    overrides: Sequence[str] = (),
+    unbounded: bool = False,
+    options: Optional[MeshOptions] = None,
+    progress: bool | str = "auto",
+) -> Path:
     """Mesh the run in ``model_dir``; returns the path written (module doc).
 
     An empty result is an error (:class:`splat.errors.SplatInputError`)
@@ -168,11 +181,16 @@ def extract_mesh(model_dir: str | Path, data: Optional[str] = None, overrides: S
     options = options or MeshOptions()
     check_options(options)
     if unbounded:
-        check_fits(unbounded_tsdf_bytes(options.mesh_res), f"--mesh-res {options.mesh_res} (--unbounded)",
-                   "lower --mesh-res (the grid grows with its cube)")
+        check_fits(
+            unbounded_tsdf_bytes(options.mesh_res),
+            f"--mesh-res {options.mesh_res} (--unbounded)",
+            "lower --mesh-res (the grid grows with its cube)",
+        )
     t0 = time.perf_counter()
     model, cfg, scene = load_run(model_dir, data, overrides)
-    views = render_fusion_views(model, cfg, scene.train, _depth_ratio(options, cfg, unbounded), options.alpha_min, progress)
+    views = render_fusion_views(
+        model, cfg, scene.train, _depth_ratio(options, cfg, unbounded), options.alpha_min, progress
+    )
     radius = float(scene.scene_radius())
     depth_trunc = None
     if unbounded:
@@ -188,17 +206,24 @@ def extract_mesh(model_dir: str | Path, data: Optional[str] = None, overrides: S
     else:
         depth_trunc = float(options.depth_trunc) if options.depth_trunc else default_depth_trunc(views, radius)
         voxel = depth_trunc / options.mesh_res
-        check_fits(bounded_tsdf_bytes(views, voxel, depth_trunc), f"--mesh-res {options.mesh_res}",
-                   "lower --mesh-res (the blocks grow with its square) or --depth-trunc")
+        check_fits(
+            bounded_tsdf_bytes(views, voxel, depth_trunc),
+            f"--mesh-res {options.mesh_res}",
+            "lower --mesh-res (the blocks grow with its square) or --depth-trunc",
+        )
         mesh = fuse_tsdf(views, voxel, 5.0 * voxel, depth_trunc, progress)
         mesh, notes = _clean(mesh, views, UNSEEN_TOLERANCE_VOXELS * voxel, options, recolor=False)
         how = f"voxel {voxel:.4g}, sdf_trunc {5 * voxel:.4g}, depth_trunc {depth_trunc:.4g}"
         path = Path(model_dir) / "mesh.ply"
     if len(mesh.triangles) == 0:
         kept = f"; the older {path.name} is left as it was" if path.exists() else ""
-        raise SplatInputError(f"{path}: not written, the mesh is empty: "
-                              f"{_why_empty(views, options.alpha_min, depth_trunc, notes)}{kept}")
+        raise SplatInputError(
+            f"{path}: not written, the mesh is empty: {_why_empty(views, options.alpha_min, depth_trunc, notes)}{kept}"
+        )
     write_mesh(o3d, mesh, path)
-    print(f"wrote {path}: {len(mesh.vertices)} vertices, {len(mesh.triangles)} triangles ({how}; "
-          f"{'; '.join(notes)}) in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    print(
+        f"wrote {path}: {len(mesh.vertices)} vertices, {len(mesh.triangles)} triangles ({how}; "
+        f"{'; '.join(notes)}) in {time.perf_counter() - t0:.1f} s",
+        file=sys.stderr,
+    )
     return path

@@ -41,9 +41,22 @@ from ..geometry import camera_to_world, pixel_rays, seen_by
 if TYPE_CHECKING:
     import open3d
 
-__all__ = ["BOX_PAD_FRACTION", "CAP_FRACTION", "THRESHOLD_FRACTION", "DEFAULT_SAMPLES", "CHUNK",
-           "depth_points", "padded_box", "in_box", "triangle_areas", "sample_surface", "point_mesh_distance",
-           "distance_scores", "seen_mask", "evaluate_mesh"]
+__all__ = [
+    "BOX_PAD_FRACTION",
+    "CAP_FRACTION",
+    "THRESHOLD_FRACTION",
+    "DEFAULT_SAMPLES",
+    "CHUNK",
+    "depth_points",
+    "padded_box",
+    "in_box",
+    "triangle_areas",
+    "sample_surface",
+    "point_mesh_distance",
+    "distance_scores",
+    "seen_mask",
+    "evaluate_mesh",
+]
 
 #: The reference points' box is padded by this fraction of its diagonal D on every side.
 BOX_PAD_FRACTION = 0.05
@@ -128,13 +141,19 @@ def _raycasting_scene(vertices: np.ndarray, triangles: np.ndarray):
     import open3d as o3d
 
     scene = o3d.t.geometry.RaycastingScene()
-    scene.add_triangles(o3d.core.Tensor(np.ascontiguousarray(vertices, dtype=np.float32)),
-                        o3d.core.Tensor(np.ascontiguousarray(triangles, dtype=np.uint32)))
+    scene.add_triangles(
+        o3d.core.Tensor(np.ascontiguousarray(vertices, dtype=np.float32)),
+        o3d.core.Tensor(np.ascontiguousarray(triangles, dtype=np.uint32)),
+    )
     return scene
 
 
-def point_mesh_distance(points: np.ndarray, vertices: np.ndarray, triangles: np.ndarray,
-                        scene: Optional[open3d.t.geometry.RaycastingScene] = None) -> np.ndarray:
+def point_mesh_distance(
+    points: np.ndarray,
+    vertices: np.ndarray,
+    triangles: np.ndarray,
+    scene: Optional[open3d.t.geometry.RaycastingScene] = None,
+) -> np.ndarray:
     """Exact distance from each of ``points`` [M, 3] to the nearest point of
     any triangle of the mesh (``vertices`` [V, 3], ``triangles`` [T, 3]):
     ``min_t min_{x in t} |p - x|``, by open3d's
@@ -146,13 +165,14 @@ def point_mesh_distance(points: np.ndarray, vertices: np.ndarray, triangles: np.
     pts = np.asarray(points, dtype=np.float32)
     out = np.empty(len(pts), dtype=np.float64)
     for s in range(0, len(pts), CHUNK):
-        q = o3d.core.Tensor(np.ascontiguousarray(pts[s:s + CHUNK]))
-        out[s:s + CHUNK] = scene.compute_distance(q).numpy()
+        q = o3d.core.Tensor(np.ascontiguousarray(pts[s : s + CHUNK]))
+        out[s : s + CHUNK] = scene.compute_distance(q).numpy()
     return out
 
 
-def distance_scores(d_acc: np.ndarray, d_comp: np.ndarray, diag: float, cap: float = CAP_FRACTION,
-                    threshold: float = THRESHOLD_FRACTION) -> dict:
+def distance_scores(
+    d_acc: np.ndarray, d_comp: np.ndarray, diag: float, cap: float = CAP_FRACTION, threshold: float = THRESHOLD_FRACTION
+) -> dict:
     """Accuracy, completeness, Chamfer (as % of ``diag``), precision, recall
     and F1 from the distances of the mesh samples to the ground truth
     (``d_acc`` [S]) and of the reference points to the mesh (``d_comp`` [R]).
@@ -177,13 +197,27 @@ def distance_scores(d_acc: np.ndarray, d_comp: np.ndarray, diag: float, cap: flo
         f1 = 2.0 * precision * recall / (precision + recall)
     else:
         f1 = 0.0 if precision == 0 and recall == 0 else float("nan")
-    return dict(accuracy_pct=100.0 * acc / diag, completeness_pct=100.0 * comp / diag,
-                chamfer_pct=100.0 * 0.5 * (acc + comp) / diag, precision=precision, recall=recall, f1=f1)
+    return dict(
+        accuracy_pct=100.0 * acc / diag,
+        completeness_pct=100.0 * comp / diag,
+        chamfer_pct=100.0 * 0.5 * (acc + comp) / diag,
+        precision=precision,
+        recall=recall,
+        f1=f1,
+    )
 
 
-def seen_mask(points: np.ndarray, viewmats: torch.Tensor, Ks: torch.Tensor, widths: Sequence[int],
-              heights: Sequence[int], gt_vertices: np.ndarray, gt_triangles: np.ndarray, tol: float,
-              gt_scene: Optional[open3d.t.geometry.RaycastingScene] = None) -> np.ndarray:
+def seen_mask(
+    points: np.ndarray,
+    viewmats: torch.Tensor,
+    Ks: torch.Tensor,
+    widths: Sequence[int],
+    heights: Sequence[int],
+    gt_vertices: np.ndarray,
+    gt_triangles: np.ndarray,
+    tol: float,
+    gt_scene: Optional[open3d.t.geometry.RaycastingScene] = None,
+) -> np.ndarray:
     """[M] bool: point m of ``points`` [M, 3] is seen by at least one camera
     (``viewmats`` [C, 4, 4] world -> camera, ``Ks`` [C, 3, 3], image sizes
     ``widths``/``heights`` [C]) given the ground-truth mesh as occluder.
@@ -207,12 +241,12 @@ def seen_mask(points: np.ndarray, viewmats: torch.Tensor, Ks: torch.Tensor, widt
         todo = np.flatnonzero(~seen)
         if len(todo) == 0:
             break
-        V = viewmats[c:c + 1].double()  # [1, 4, 4]
-        visible = seen_by(pts[todo], V, Ks[c:c + 1].double(), int(widths[c]), int(heights[c]))[0].numpy()
+        V = viewmats[c : c + 1].double()  # [1, 4, 4]
+        visible = seen_by(pts[todo], V, Ks[c : c + 1].double(), int(widths[c]), int(heights[c]))[0].numpy()
         todo = todo[visible]
         origin = camera_to_world(V[0], torch.zeros(1, 3, dtype=torch.float64)).numpy()  # [1, 3] camera centre
         for s in range(0, len(todo), CHUNK):
-            idx = todo[s:s + CHUNK]
+            idx = todo[s : s + CHUNK]
             d = pts[idx].numpy() - origin  # [K, 3]
             dist = np.linalg.norm(d, axis=1)  # [K]
             rays = np.concatenate([np.broadcast_to(origin, d.shape), d / dist[:, None]], 1)  # [K, 6]
@@ -221,9 +255,16 @@ def seen_mask(points: np.ndarray, viewmats: torch.Tensor, Ks: torch.Tensor, widt
     return seen
 
 
-def evaluate_mesh(pred_vertices: np.ndarray, pred_triangles: np.ndarray, gt_vertices: np.ndarray,
-                  gt_triangles: np.ndarray, reference: np.ndarray, cameras: Optional[tuple] = None,
-                  samples: int = DEFAULT_SAMPLES, seed: int = 0) -> dict:
+def evaluate_mesh(
+    pred_vertices: np.ndarray,
+    pred_triangles: np.ndarray,
+    gt_vertices: np.ndarray,
+    gt_triangles: np.ndarray,
+    reference: np.ndarray,
+    cameras: Optional[tuple] = None,
+    samples: int = DEFAULT_SAMPLES,
+    seed: int = 0,
+) -> dict:
     """All the figures of the module docstring for the predicted mesh
     (``pred_vertices`` [V, 3], ``pred_triangles`` [T, 3]) against the
     ground-truth mesh (``gt_vertices`` [V', 3], ``gt_triangles`` [T', 3]) and
@@ -252,12 +293,21 @@ def evaluate_mesh(pred_vertices: np.ndarray, pred_triangles: np.ndarray, gt_vert
     area = float(triangle_areas(pred_vertices, pred_triangles).sum())
     res.update(
         unseen_share=unseen,
-        threshold_pct=100.0 * THRESHOLD_FRACTION, cap_pct=100.0 * CAP_FRACTION, box_pad_pct=100.0 * BOX_PAD_FRACTION,
-        diagonal=diag, threshold=THRESHOLD_FRACTION * diag, cap=CAP_FRACTION * diag,
-        box_min=lo.tolist(), box_max=hi.tolist(),
-        n_reference_points=int(len(reference)), n_mesh_samples=int(len(pts)), n_mesh_samples_drawn=int(samples),
+        threshold_pct=100.0 * THRESHOLD_FRACTION,
+        cap_pct=100.0 * CAP_FRACTION,
+        box_pad_pct=100.0 * BOX_PAD_FRACTION,
+        diagonal=diag,
+        threshold=THRESHOLD_FRACTION * diag,
+        cap=CAP_FRACTION * diag,
+        box_min=lo.tolist(),
+        box_max=hi.tolist(),
+        n_reference_points=int(len(reference)),
+        n_mesh_samples=int(len(pts)),
+        n_mesh_samples_drawn=int(samples),
         sample_seed=int(seed),
-        mesh_vertices=int(len(pred_vertices)), mesh_triangles=int(len(pred_triangles)), mesh_area=area,
+        mesh_vertices=int(len(pred_vertices)),
+        mesh_triangles=int(len(pred_triangles)),
+        mesh_area=area,
         mesh_area_in_box=area * float(inside.mean()),
     )
     return res

@@ -41,8 +41,9 @@ BLOCK_RESOLUTION = 8
 INITIAL_BLOCKS = 4096
 
 
-def fuse_tsdf(views: Sequence[FusionView], voxel: float, sdf_trunc: float, depth_trunc: float,
-              progress: bool | str = "auto") -> open3d.geometry.TriangleMesh:
+def fuse_tsdf(
+    views: Sequence[FusionView], voxel: float, sdf_trunc: float, depth_trunc: float, progress: bool | str = "auto"
+) -> open3d.geometry.TriangleMesh:
     """Fuse ``views`` into a TSDF at voxel edge ``voxel``; returns an open3d
     legacy ``TriangleMesh`` with vertex colours (possibly empty)."""
     o3d = import_open3d()
@@ -75,9 +76,18 @@ def fuse_tsdf(views: Sequence[FusionView], voxel: float, sdf_trunc: float, depth
         K = o3c.Tensor(np.ascontiguousarray(v.K, dtype=np.float64), o3c.float64)
         E = o3c.Tensor(np.ascontiguousarray(v.viewmat, dtype=np.float64), o3c.float64)
         blocks = grid.compute_unique_block_coordinates(
-            depth, K, E, depth_scale=1.0, depth_max=float(depth_trunc), trunc_voxel_multiplier=trunc_voxels)
-        grid.integrate(blocks, depth, color, K, E, depth_scale=1.0, depth_max=float(depth_trunc),
-                       trunc_voxel_multiplier=trunc_voxels)
+            depth, K, E, depth_scale=1.0, depth_max=float(depth_trunc), trunc_voxel_multiplier=trunc_voxels
+        )
+        grid.integrate(
+            blocks,
+            depth,
+            color,
+            K,
+            E,
+            depth_scale=1.0,
+            depth_max=float(depth_trunc),
+            trunc_voxel_multiplier=trunc_voxels,
+        )
     if grid.hashmap().size() == 0:
         return o3d.geometry.TriangleMesh()
     # Weights count views (1 each); open3d skips voxels whose weight is not

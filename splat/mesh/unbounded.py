@@ -73,8 +73,14 @@ def contracted_extent(points: torch.Tensor, center: torch.Tensor, radius: float)
     return float(min(float(torch.quantile(n, 0.95)) + 0.01, 1.9))
 
 
-def unbounded_tsdf(views: Sequence[FusionView], center: torch.Tensor, radius: float, extent: float,
-                   resolution: int, progress: bool | str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+def unbounded_tsdf(
+    views: Sequence[FusionView],
+    center: torch.Tensor,
+    radius: float,
+    extent: float,
+    resolution: int,
+    progress: bool | str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(tsdf [N, N, N], weight [N, N, N]) over the contracted cube [-extent, extent]^3,
     indexed [x, y, z] with sample i at -extent + (i + 0.5) * 2 extent / N."""
     n = int(resolution)
@@ -82,8 +88,10 @@ def unbounded_tsdf(views: Sequence[FusionView], center: torch.Tensor, radius: fl
     axis = -extent + (torch.arange(n, dtype=torch.float32) + 0.5) * h  # [N]
     tsdf = torch.zeros(n * n * n, dtype=torch.float32)
     weight = torch.zeros(n * n * n, dtype=torch.float32)
-    cams = [(torch.from_numpy(v.viewmat).float(), torch.from_numpy(v.K).float(),
-             torch.from_numpy(v.depth).float()) for v in views]
+    cams = [
+        (torch.from_numpy(v.viewmat).float(), torch.from_numpy(v.K).float(), torch.from_numpy(v.depth).float())
+        for v in views
+    ]
     starts = range(0, n * n * n, SAMPLES_PER_CHUNK)
     if use_progress_bar(progress):
         from tqdm import tqdm
@@ -110,8 +118,14 @@ def unbounded_tsdf(views: Sequence[FusionView], center: torch.Tensor, radius: fl
     return tsdf.view(n, n, n), weight.view(n, n, n)
 
 
-def extract_unbounded(views: Sequence[FusionView], center: torch.Tensor, radius: float, extent: float,
-                      resolution: int = 512, progress: bool | str = "auto") -> open3d.geometry.TriangleMesh:
+def extract_unbounded(
+    views: Sequence[FusionView],
+    center: torch.Tensor,
+    radius: float,
+    extent: float,
+    resolution: int = 512,
+    progress: bool | str = "auto",
+) -> open3d.geometry.TriangleMesh:
     """The contracted-space TSDF's zero level set in world coordinates: an open3d
     legacy TriangleMesh, without colours (see :func:`splat.mesh.color_vertices`)."""
     o3d = import_open3d()
@@ -120,7 +134,8 @@ def extract_unbounded(views: Sequence[FusionView], center: torch.Tensor, radius:
     h = 2.0 * extent / n
     # create_isosurfaces reads volume[z, y, x] as the sample at (x, y, z)
     iso = o3d.t.geometry.TriangleMesh.create_isosurfaces(
-        o3d.core.Tensor(np.ascontiguousarray(tsdf.permute(2, 1, 0).numpy())), [0.0])
+        o3d.core.Tensor(np.ascontiguousarray(tsdf.permute(2, 1, 0).numpy())), [0.0]
+    )
     if iso.vertex.positions.shape[0] == 0:
         return o3d.geometry.TriangleMesh()
     grid_pos = torch.from_numpy(iso.vertex.positions.numpy()).double()  # [M, 3] in sample units
@@ -135,8 +150,9 @@ def extract_unbounded(views: Sequence[FusionView], center: torch.Tensor, radius:
     # values, i.e. into the surface here (free space is tsdf > 0); reverse
     # them so that normals face the cameras, as in the bounded meshes.
     tris = tris[:, [0, 2, 1]]
-    mesh = o3d.geometry.TriangleMesh(o3d.utility.Vector3dVector(world.numpy()),
-                                     o3d.utility.Vector3iVector(tris.numpy().astype(np.int32)))
+    mesh = o3d.geometry.TriangleMesh(
+        o3d.utility.Vector3dVector(world.numpy()), o3d.utility.Vector3iVector(tris.numpy().astype(np.int32))
+    )
     mesh.remove_triangles_by_mask(~measured.numpy()[tris.numpy()].all(axis=1))
     mesh.remove_unreferenced_vertices()
     return mesh

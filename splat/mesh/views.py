@@ -59,8 +59,9 @@ class FusionView:
         return int(self.depth.shape[1])
 
 
-def pixel_lookup(points: torch.Tensor, viewmat: torch.Tensor, K: torch.Tensor, height: int,
-                 width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pixel_lookup(
+    points: torch.Tensor, viewmat: torch.Tensor, K: torch.Tensor, height: int, width: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Where world ``points`` [M, 3] land in a view: (camera z [M], inside [M]
     bool: in front and within the image, flat pixel index ``row * width + col``
     [K] of the inside points).  Pixel (i, j) covers [j, j+1) x [i, i+1)
@@ -72,8 +73,9 @@ def pixel_lookup(points: torch.Tensor, viewmat: torch.Tensor, K: torch.Tensor, h
     return z, inside, (row[inside] * width + col[inside]).long()
 
 
-def fused_depth(expected: torch.Tensor, median: torch.Tensor, alpha: torch.Tensor,
-                depth_ratio: float, alpha_min: float) -> torch.Tensor:
+def fused_depth(
+    expected: torch.Tensor, median: torch.Tensor, alpha: torch.Tensor, depth_ratio: float, alpha_min: float
+) -> torch.Tensor:
     """``(1 - r) z_expected + r z_median`` where ``alpha >= alpha_min``, else 0. All [H, W]."""
     if not 0.0 <= depth_ratio <= 1.0:
         raise ValueError(f"depth_ratio: {depth_ratio} is not in [0, 1]")
@@ -82,8 +84,14 @@ def fused_depth(expected: torch.Tensor, median: torch.Tensor, alpha: torch.Tenso
     return torch.where(keep, z, torch.zeros_like(z))
 
 
-def render_fusion_views(model: GaussianModel, cfg: dict, frames: Sequence[Frame], depth_ratio: float, alpha_min: float,
-                        progress: bool | str = "auto") -> list[FusionView]:
+def render_fusion_views(
+    model: GaussianModel,
+    cfg: dict,
+    frames: Sequence[Frame],
+    depth_ratio: float,
+    alpha_min: float,
+    progress: bool | str = "auto",
+) -> list[FusionView]:
     """Render ``frames`` with ``model`` under the run's render settings (``cfg["render"]``).
 
     Colour is rendered over the config's background, as the model was trained."""
@@ -101,15 +109,18 @@ def render_fusion_views(model: GaussianModel, cfg: dict, frames: Sequence[Frame]
         with torch.no_grad():
             out = render_frame(model, f, background, backend=r["backend"], near=r["near"], far=r["far"])
         alpha = out.alpha.detach().cpu().float()
-        z = fused_depth(out.depth.detach().cpu().float(), out.median_depth.detach().cpu().float(), alpha,
-                        depth_ratio, alpha_min)
+        z = fused_depth(
+            out.depth.detach().cpu().float(), out.median_depth.detach().cpu().float(), alpha, depth_ratio, alpha_min
+        )
         expected, median = out.depth.detach().cpu().float(), out.median_depth.detach().cpu().float()
         front = fused_depth(torch.minimum(expected, median), median, alpha, 0.0, alpha_min)
-        views.append(FusionView(
-            rgb=out.rgb.detach().cpu().float().clamp(0, 1).numpy(),
-            depth=z.numpy().astype(np.float32),
-            front_depth=front.numpy().astype(np.float32),
-            K=f.K.double().cpu().numpy(),
-            viewmat=f.viewmat.double().cpu().numpy(),
-        ))
+        views.append(
+            FusionView(
+                rgb=out.rgb.detach().cpu().float().clamp(0, 1).numpy(),
+                depth=z.numpy().astype(np.float32),
+                front_depth=front.numpy().astype(np.float32),
+                K=f.K.double().cpu().numpy(),
+                viewmat=f.viewmat.double().cpu().numpy(),
+            )
+        )
     return views

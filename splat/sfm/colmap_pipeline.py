@@ -57,15 +57,33 @@ from typing import Callable, List, Optional, Union
 
 from ..errors import SplatInputError
 
-__all__ = ["convert", "ConvertResult", "SfmError", "find_images", "check_images", "import_pycolmap",
-           "CAMERA_MODELS", "IMAGE_EXTENSIONS", "MATCHERS"]
+__all__ = [
+    "convert",
+    "ConvertResult",
+    "SfmError",
+    "find_images",
+    "check_images",
+    "import_pycolmap",
+    "CAMERA_MODELS",
+    "IMAGE_EXTENSIONS",
+    "MATCHERS",
+]
 
 #: File name endings read as images (case-insensitive).
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp")
 #: Camera models offered for the distorted reconstruction (COLMAP's names);
 #: the undistorter turns each of them into PINHOLE.
-CAMERA_MODELS = ("SIMPLE_PINHOLE", "PINHOLE", "SIMPLE_RADIAL", "RADIAL", "OPENCV", "FULL_OPENCV",
-                 "OPENCV_FISHEYE", "SIMPLE_RADIAL_FISHEYE", "RADIAL_FISHEYE")
+CAMERA_MODELS = (
+    "SIMPLE_PINHOLE",
+    "PINHOLE",
+    "SIMPLE_RADIAL",
+    "RADIAL",
+    "OPENCV",
+    "FULL_OPENCV",
+    "OPENCV_FISHEYE",
+    "SIMPLE_RADIAL_FISHEYE",
+    "RADIAL_FISHEYE",
+)
 MATCHERS = ("exhaustive", "sequential")
 #: What :func:`convert` writes in OUT (``overwrite=True`` replaces only these).
 OUTPUTS = ("images", "sparse", "distorted")
@@ -134,8 +152,11 @@ def _image_problem(path: Path) -> Optional[str]:
                 im.load()
     except Image.DecompressionBombError as e:
         n = re.search(r"\((\d+) pixels\)", str(e))
-        return (f"absurd size: {int(n.group(1)):,} pixels (at most {2 * Image.MAX_IMAGE_PIXELS:,})" if n
-                else f"absurd size ({e})")
+        return (
+            f"absurd size: {int(n.group(1)):,} pixels (at most {2 * Image.MAX_IMAGE_PIXELS:,})"
+            if n
+            else f"absurd size ({e})"
+        )
     except Image.UnidentifiedImageError:
         with open(path, "rb") as f:
             head = f.read(8)
@@ -148,8 +169,7 @@ def _image_problem(path: Path) -> Optional[str]:
     return None
 
 
-def check_images(folder: Union[str, Path], names: List[str], minimum: int,
-                 say: Callable[[str], None]) -> List[str]:
+def check_images(folder: Union[str, Path], names: List[str], minimum: int, say: Callable[[str], None]) -> List[str]:
     """The ``names`` (from :func:`find_images`) whose files decode as images.
 
     Each one skipped -- empty, not an image, truncated or corrupt, or of an
@@ -166,8 +186,9 @@ def check_images(folder: Union[str, Path], names: List[str], minimum: int,
             say(f"skipped {folder / name}: {problem}")
     if len(good) < minimum:
         skipped = f" ({len(names) - len(good)} skipped, see above)" if len(good) < len(names) else ""
-        raise SfmError(f"{folder}: only {len(good)} usable image{'s' * (len(good) != 1)}{skipped}; "
-                       f"at least {minimum} are needed")
+        raise SfmError(
+            f"{folder}: only {len(good)} usable image{'s' * (len(good) != 1)}{skipped}; at least {minimum} are needed"
+        )
     return good
 
 
@@ -175,14 +196,14 @@ def check_images(folder: Union[str, Path], names: List[str], minimum: int,
 class ConvertResult:
     """What :func:`convert` did."""
 
-    out: Path                      # the scene folder (images/ + sparse/0/)
-    num_images: int                # usable images found (see check_images)
-    num_registered: int            # images with a recovered pose (in the kept model)
-    num_points: int                # triangulated 3D points of the kept model
-    num_models: int                # models the mapper built (1 when every image connects)
+    out: Path  # the scene folder (images/ + sparse/0/)
+    num_images: int  # usable images found (see check_images)
+    num_registered: int  # images with a recovered pose (in the kept model)
+    num_points: int  # triangulated 3D points of the kept model
+    num_models: int  # models the mapper built (1 when every image connects)
     unregistered: List[str] = field(default_factory=list)  # names left out of the scene
-    skipped: List[str] = field(default_factory=list)       # files that are not usable images
-    steps: List[str] = field(default_factory=list)         # steps that ran, with their times
+    skipped: List[str] = field(default_factory=list)  # files that are not usable images
+    steps: List[str] = field(default_factory=list)  # steps that ran, with their times
 
 
 def _check_out(images: Path, out: Path, overwrite: bool, say: Callable[[str], None]) -> None:
@@ -194,25 +215,32 @@ def _check_out(images: Path, out: Path, overwrite: bool, say: Callable[[str], No
     img_res, out_res = images.resolve(), out.resolve()
     for name in OUTPUTS:
         if img_res == out_res / name or out_res / name in img_res.parents:
-            raise SfmError(f"{images}: the input images lie inside the output {out / name}, which convert "
-                           f"writes; put the photos elsewhere (e.g. {out / 'input'}) or choose another --out")
+            raise SfmError(
+                f"{images}: the input images lie inside the output {out / name}, which convert "
+                f"writes; put the photos elsewhere (e.g. {out / 'input'}) or choose another --out"
+            )
     if out_res == img_res or img_res in out_res.parents:
         where = "the images folder" if out_res == img_res else f"inside the images folder {images}"
-        raise SfmError(f"{out}: the output folder is {where}; choose an --out outside it "
-                       f"(photos in OUT/input/ are fine)")
+        raise SfmError(
+            f"{out}: the output folder is {where}; choose an --out outside it (photos in OUT/input/ are fine)"
+        )
     if not out.is_dir():
         return
     present = [n for n in OUTPUTS if os.path.lexists(out / n)]
     if present and not overwrite:
-        raise SfmError(f"{out}: already holds {', '.join(present)}: choose another --out, "
-                       f"or --overwrite to replace {'them' if len(present) > 1 else 'it'}")
+        raise SfmError(
+            f"{out}: already holds {', '.join(present)}: choose another --out, "
+            f"or --overwrite to replace {'them' if len(present) > 1 else 'it'}"
+        )
     for p in sorted(out.iterdir()):
         if not (p.name.startswith(WORK_PREFIXES) and p.is_dir() and not p.is_symlink() and (p / MARKER).is_file()):
             continue  # not convert's: left alone
         if p.name.startswith(WORK_PREFIXES[1]) and any(os.path.lexists(p / n) for n in OUTPUTS):
             # Only a kill (SIGKILL, power loss) in the instant between the renames leaves this.
-            raise SfmError(f"{p}: holds the previous result, set aside by a conversion killed while "
-                           f"replacing it: move its {', '.join(OUTPUTS)} back into {out} (or delete it)")
+            raise SfmError(
+                f"{p}: holds the previous result, set aside by a conversion killed while "
+                f"replacing it: move its {', '.join(OUTPUTS)} back into {out} (or delete it)"
+            )
         shutil.rmtree(p)
         say(f"removed {p} (left by an interrupted conversion)")
 
@@ -304,9 +332,21 @@ def convert(
     existed = out.exists()
     new = _work_folder(out, WORK_PREFIXES[0])
     try:
-        result = _reconstruct(pycolmap, images, names, new, matcher=matcher, camera_model=camera_model,
-                              single_camera=single_camera, overlap=overlap, min_registered=min_registered,
-                              num_threads=num_threads, seed=seed, verbose=verbose, say=say)
+        result = _reconstruct(
+            pycolmap,
+            images,
+            names,
+            new,
+            matcher=matcher,
+            camera_model=camera_model,
+            single_camera=single_camera,
+            overlap=overlap,
+            min_registered=min_registered,
+            num_threads=num_threads,
+            seed=seed,
+            verbose=verbose,
+            say=say,
+        )
         _move_into_place(new, out)
     except BaseException:  # failed or interrupted: OUT is left as it was
         shutil.rmtree(new, ignore_errors=True)
@@ -318,15 +358,30 @@ def convert(
     result.out = out
     result.skipped = sorted(set(found) - set(names))
     skipped = f" ({len(result.skipped)} other files skipped, see above)" if result.skipped else ""
-    for line in (f"registered {result.num_registered} of {len(names)} images{skipped}; scene written to {out}",
-                 f"train it with: python train.py --data {out}"):
+    for line in (
+        f"registered {result.num_registered} of {len(names)} images{skipped}; scene written to {out}",
+        f"train it with: python train.py --data {out}",
+    ):
         say(line)
     return result
 
 
-def _reconstruct(pycolmap, images: Path, names: List[str], work: Path, *, matcher: str, camera_model: str,
-                 single_camera: bool, overlap: int, min_registered: int, num_threads: int, seed: int,
-                 verbose: bool, say: Callable[[str], None]) -> ConvertResult:
+def _reconstruct(
+    pycolmap,
+    images: Path,
+    names: List[str],
+    work: Path,
+    *,
+    matcher: str,
+    camera_model: str,
+    single_camera: bool,
+    overlap: int,
+    min_registered: int,
+    num_threads: int,
+    seed: int,
+    verbose: bool,
+    say: Callable[[str], None],
+) -> ConvertResult:
     """The four steps of :func:`convert`, writing ``work/{distorted,images,sparse}``."""
     pycolmap.logging.minloglevel = 0 if verbose else 3  # our own messages say what failed
     distorted = work / "distorted"
@@ -349,10 +404,12 @@ def _reconstruct(pycolmap, images: Path, names: List[str], work: Path, *, matche
     extraction = pycolmap.FeatureExtractionOptions()
     extraction.num_threads = num_threads
     mode = pycolmap.CameraMode.SINGLE if single_camera else pycolmap.CameraMode.AUTO
-    step(f"feature extraction: {len(names)} images, {camera_model}"
-         f"{', one shared camera' if single_camera else ''}",
-         lambda: pycolmap.extract_features(db, images, image_names=names, camera_mode=mode,
-                                           reader_options=reader, extraction_options=extraction))
+    step(
+        f"feature extraction: {len(names)} images, {camera_model}{', one shared camera' if single_camera else ''}",
+        lambda: pycolmap.extract_features(
+            db, images, image_names=names, camera_mode=mode, reader_options=reader, extraction_options=extraction
+        ),
+    )
 
     # 2. matching
     matching = pycolmap.FeatureMatchingOptions()
@@ -364,46 +421,66 @@ def _reconstruct(pycolmap, images: Path, names: List[str], work: Path, *, matche
         pairing.overlap = int(overlap)
         pairing.loop_detection = False  # needs a vocabulary tree file
         pairing.num_threads = num_threads
-        step(f"sequential matching (overlap {overlap})",
-             lambda: pycolmap.match_sequential(db, matching_options=matching, pairing_options=pairing))
+        step(
+            f"sequential matching (overlap {overlap})",
+            lambda: pycolmap.match_sequential(db, matching_options=matching, pairing_options=pairing),
+        )
 
     # 3. mapping
     mapping = pycolmap.IncrementalPipelineOptions()
     mapping.num_threads = num_threads
     mapping.random_seed = int(seed)
     mapping.min_model_size = 2  # keep small models (COLMAP drops those under 10 images): min_registered decides
-    models = step("incremental mapping",
-                  lambda: pycolmap.incremental_mapping(db, images, distorted / "sparse", options=mapping))
+    models = step(
+        "incremental mapping", lambda: pycolmap.incremental_mapping(db, images, distorted / "sparse", options=mapping)
+    )
     if not models:
         raise SfmError(
             f"{images}: reconstruction failed: no model could be started from the {len(names)} images "
             f"(too few matched features between them: the photos need overlap and texture"
-            f"{'; try --matcher exhaustive' if matcher == 'sequential' else ''})")
+            f"{'; try --matcher exhaustive' if matcher == 'sequential' else ''})"
+        )
     best_id, best = max(models.items(), key=lambda kv: (kv[1].num_reg_images(), -kv[0]))
     n_reg = int(best.num_reg_images())
     registered = {img.name for img in best.images.values() if img.has_pose}
     unregistered = [n for n in names if n not in registered]
-    say(f"      registered {n_reg} of {len(names)} images, {best.num_points3D()} points"
-        + (f" (model {best_id} of {len(models)})" if len(models) > 1 else ""))
+    say(
+        f"      registered {n_reg} of {len(names)} images, {best.num_points3D()} points"
+        + (f" (model {best_id} of {len(models)})" if len(models) > 1 else "")
+    )
     if n_reg < min_registered:
         raise SfmError(
             f"{images}: reconstruction failed: only {n_reg} of {len(names)} images were registered "
-            f"(at least {min_registered} needed); the photos need more overlap and texture")
+            f"(at least {min_registered} needed); the photos need more overlap and texture"
+        )
 
     # 4. undistortion into a staging folder, then arranged as COLMAP's scene layout
     staging = work / "undistorted"
     undist = pycolmap.UndistortCameraOptions()
     undist.blank_pixels = 0.0  # only valid pixels (COLMAP's default crop)
-    step("undistortion to PINHOLE",
-         lambda: pycolmap.undistort_images(staging, distorted / "sparse" / str(best_id), images,
-                                           output_type="COLMAP", undistort_options=undist,
-                                           num_threads=num_threads))
+    step(
+        "undistortion to PINHOLE",
+        lambda: pycolmap.undistort_images(
+            staging,
+            distorted / "sparse" / str(best_id),
+            images,
+            output_type="COLMAP",
+            undistort_options=undist,
+            num_threads=num_threads,
+        ),
+    )
     (staging / "sparse" / "0").mkdir()
     for p in list((staging / "sparse").iterdir()):
         if p.is_file():
             p.rename(staging / "sparse" / "0" / p.name)
     (staging / "images").rename(work / "images")
     (staging / "sparse").rename(work / "sparse")
-    return ConvertResult(out=work, num_images=len(names), num_registered=n_reg,
-                         num_points=int(best.num_points3D()), num_models=len(models),
-                         unregistered=unregistered, steps=steps)
+    return ConvertResult(
+        out=work,
+        num_images=len(names),
+        num_registered=n_reg,
+        num_points=int(best.num_points3D()),
+        num_models=len(models),
+        unregistered=unregistered,
+        steps=steps,
+    )

@@ -37,8 +37,15 @@ from ..state import PrimitiveState
 from .base import Strategy, Visibility, visibility
 from .default import DefaultStrategy
 
-__all__ = ["Strategy", "Visibility", "visibility", "update_params", "make_strategy", "DefaultStrategy",
-           "strategy_config"]
+__all__ = [
+    "Strategy",
+    "Visibility",
+    "visibility",
+    "update_params",
+    "make_strategy",
+    "DefaultStrategy",
+    "strategy_config",
+]
 
 
 def update_params(

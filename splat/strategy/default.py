@@ -70,8 +70,9 @@ class DefaultStrategy(Strategy):
     #: visible in [N], largest screen radius / max(W, H) [N].
     STATS = ("grad2d", "count", "radii")
 
-    def __init__(self, cfg: Optional[StrategyConfig] = None, scene_radius: float = 1.0, seed: int = 0,
-                 group: Group | None = None):
+    def __init__(
+        self, cfg: Optional[StrategyConfig] = None, scene_radius: float = 1.0, seed: int = 0, group: Group | None = None
+    ):
         self.cfg = cfg if cfg is not None else StrategyConfig()
         self.scene_radius = float(scene_radius)
         self.seed = int(seed)

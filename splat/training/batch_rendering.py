@@ -42,8 +42,9 @@ BeforeBackward = Callable[[Visibility], None]
 
 def camera_of(frame, background: torch.Tensor, device) -> Camera:
     """``frame``'s camera on ``device`` over ``background`` [3]."""
-    return Camera(frame.viewmat.to(device), frame.K.to(device), int(frame.width), int(frame.height),
-                  background.to(device))
+    return Camera(
+        frame.viewmat.to(device), frame.K.to(device), int(frame.width), int(frame.height), background.to(device)
+    )
 
 
 class PerCameraRendering:
@@ -55,11 +56,25 @@ class PerCameraRendering:
     def render(self, model: GaussianModel, camera: Camera, sh_degree: int):
         """One camera's :class:`splat.outputs.RasterOutput` (with autograd)."""
         r = self.render_cfg
-        return render_frame(model, camera, camera.background, sh_degree=sh_degree, backend=r["backend"],
-                            near=r["near"], far=r["far"], device=self.device)
+        return render_frame(
+            model,
+            camera,
+            camera.background,
+            sh_degree=sh_degree,
+            backend=r["backend"],
+            near=r["near"],
+            far=r["far"],
+            device=self.device,
+        )
 
-    def backward(self, model: GaussianModel, cameras: Sequence[Camera], sh_degree: int, loss_of: LossOf,
-                 before_backward: BeforeBackward) -> tuple[list[Visibility], float]:
+    def backward(
+        self,
+        model: GaussianModel,
+        cameras: Sequence[Camera],
+        sh_degree: int,
+        loss_of: LossOf,
+        before_backward: BeforeBackward,
+    ) -> tuple[list[Visibility], float]:
         """Renders each camera, backward of its loss / B before the next one
         renders.  Returns (the cameras' visibilities, bytes exchanged: 0)."""
         batch = len(cameras)
@@ -83,8 +98,14 @@ class ShardedRendering:
     def __init__(self, render_cfg: Dict, group: Group):
         self.render_cfg, self.group = render_cfg, group
 
-    def backward(self, model: GaussianModel, cameras: Sequence[Camera], sh_degree: int, loss_of: LossOf,
-                 before_backward: BeforeBackward) -> tuple[list[Visibility], float]:
+    def backward(
+        self,
+        model: GaussianModel,
+        cameras: Sequence[Camera],
+        sh_degree: int,
+        loss_of: LossOf,
+        before_backward: BeforeBackward,
+    ) -> tuple[list[Visibility], float]:
         """Renders the batch, one backward of the mean of this rank's cameras'
         losses (joined to the exchange by its anchor, so every rank runs the
         exchange's backward).  Returns (every camera's visibility of this
@@ -102,8 +123,9 @@ class ShardedRendering:
 
     def render_views(self, model: GaussianModel, cameras: Sequence[Camera], sh_degree: int) -> dict:
         """{index in ``cameras``: output} of the cameras this rank renders. Collective."""
-        return render_model(model, cameras, self.group, sh_degree, self.render_cfg["near"],
-                            self.render_cfg["far"]).outputs
+        return render_model(
+            model, cameras, self.group, sh_degree, self.render_cfg["near"], self.render_cfg["far"]
+        ).outputs
 
 
 def make_batch_rendering(primitive: str, render_cfg: Dict, device, group: Group):

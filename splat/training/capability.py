@@ -15,11 +15,14 @@ from ..errors import ConfigError
 def check_distributed(cfg: Dict) -> None:
     """A one-line ConfigError naming the key when ``cfg`` cannot train on several processes."""
     if cfg["model"]["primitive"] != "2dgs":
-        raise ConfigError(f"model.primitive={cfg['model']['primitive']}: training on several processes "
-                          "renders surfels only (model.primitive=2dgs)")
+        raise ConfigError(
+            f"model.primitive={cfg['model']['primitive']}: training on several processes "
+            "renders surfels only (model.primitive=2dgs)"
+        )
     if cfg["render"]["backend"] == "torch":
-        raise ConfigError("render.backend=torch: training on several processes needs the C++ or CUDA "
-                          "kernels (render.backend=auto)")
+        raise ConfigError(
+            "render.backend=torch: training on several processes needs the C++ or CUDA kernels (render.backend=auto)"
+        )
 
 
 def renders_sharded(primitive: str, backend: str) -> bool:

@@ -21,15 +21,28 @@ def initial_model(cfg: Dict, scene, background: torch.Tensor, verbose: bool = Tr
     from ..data.initial_points import initial_points
 
     mcfg = cfg["model"]
-    start = initial_points(scene, mcfg["init"], num_stereo=mcfg["init_num_stereo"],
-                           num_random=mcfg["init_num_random"], random_min_views=mcfg["init_random_min_views"],
-                           fill_spacing=mcfg["init_fill_spacing"],
-                           cache_dir=cfg["data"]["cache_dir"] or None, scene_name=cfg["data"]["path"],
-                           background=background)
+    start = initial_points(
+        scene,
+        mcfg["init"],
+        num_stereo=mcfg["init_num_stereo"],
+        num_random=mcfg["init_num_random"],
+        random_min_views=mcfg["init_random_min_views"],
+        fill_spacing=mcfg["init_fill_spacing"],
+        cache_dir=cfg["data"]["cache_dir"] or None,
+        scene_name=cfg["data"]["path"],
+        background=background,
+    )
     if verbose:
         print(f"init: {start.description}", file=sys.stderr)
-    return create_from_points(start.points, start.colors, mcfg["sh_degree"], mcfg["init_opacity"],
-                              mcfg["init_scale"], max_scales=start.max_scales, primitive=mcfg["primitive"])
+    return create_from_points(
+        start.points,
+        start.colors,
+        mcfg["sh_degree"],
+        mcfg["init_opacity"],
+        mcfg["init_scale"],
+        max_scales=start.max_scales,
+        primitive=mcfg["primitive"],
+    )
 
 
 def initial_shard(cfg: Dict, scene, background: torch.Tensor, group: Group) -> GaussianModel:

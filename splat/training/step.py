@@ -28,9 +28,9 @@ from typing import Dict
 
 import torch
 
+from ..distributed.collectives import all_sum
 from ..distributed.group import Group
 from ..distributed.sharded_model import sum_replicated_gradients
-from ..distributed.collectives import all_sum
 from ..losses import LOSS_TERMS, psnr, total_loss
 from ..optimizers import means_lr
 from .batch_rendering import camera_of
@@ -82,8 +82,9 @@ class StepSums:
         """(terms averaged over the batch, primitives over all ranks given
         this rank's ``num_local``, bytes exchanged by all ranks): one
         reduction over the ranks.  Collective."""
-        total = all_sum([self.sums[k] for k in TERMS] + [self.present[k] for k in TERMS]
-                        + [num_local, self.bytes_exchanged], group)
+        total = all_sum(
+            [self.sums[k] for k in TERMS] + [self.present[k] for k in TERMS] + [num_local, self.bytes_exchanged], group
+        )
         terms = {k: total[j] / self.batch for j, k in enumerate(TERMS) if total[len(TERMS) + j] > 0}
         return terms, int(total[-2]), total[-1]
 
@@ -93,15 +94,18 @@ class BatchStep:
     views), ``background`` [3] (``data.background``), ``rendering`` (a
     :mod:`splat.training.batch_rendering` implementation), ``group``."""
 
-    def __init__(self, cfg: Dict, scene, background: torch.Tensor, scene_radius: float, device, rendering,
-                 group: Group):
+    def __init__(
+        self, cfg: Dict, scene, background: torch.Tensor, scene_radius: float, device, rendering, group: Group
+    ):
         self.cfg, self.scene, self.background = cfg, scene, background
         self.scene_radius, self.device, self.rendering, self.group = scene_radius, device, rendering, group
 
     def set_means_lr(self, optimizers: Dict, step: int) -> None:
         lr = self.cfg["train"]["lr"]
         for g in optimizers["means"].param_groups:
-            g["lr"] = means_lr(step, self.cfg["train"]["iterations"], lr["means"], lr["means_final"]) * self.scene_radius
+            g["lr"] = (
+                means_lr(step, self.cfg["train"]["iterations"], lr["means"], lr["means_final"]) * self.scene_radius
+            )
 
     def __call__(self, model, optimizers: Dict, strategy, appearance, step: int) -> StepSums:
         """Steps 1-3 of the module doc; returns this rank's :class:`StepSums`."""
@@ -110,8 +114,10 @@ class BatchStep:
         batch = int(cfg["train"]["batch_size"])
         self.set_means_lr(optimizers, step)
         views = batch_views(cfg["seed"], step, batch, len(frames))
-        backgrounds = [camera_background(cfg["data"], cfg["seed"], frames[i], step, b, self.background)
-                       for b, i in enumerate(views)]
+        backgrounds = [
+            camera_background(cfg["data"], cfg["seed"], frames[i], step, b, self.background)
+            for b, i in enumerate(views)
+        ]
         cameras = [camera_of(frames[i], bg, self.device) for i, bg in zip(views, backgrounds)]
         sums, present = dict.fromkeys(TERMS, 0.0), dict.fromkeys(TERMS, 0)
 
@@ -127,8 +133,12 @@ class BatchStep:
             return loss
 
         seen, exchanged = self.rendering.backward(
-            model, cameras, sh_degree_at(step, cfg["train"]["sh_increase_every"], model.sh_degree), loss_of,
-            lambda camera: strategy.step_pre_backward(model, optimizers, camera, step))
+            model,
+            cameras,
+            sh_degree_at(step, cfg["train"]["sh_increase_every"], model.sh_degree),
+            loss_of,
+            lambda camera: strategy.step_pre_backward(model, optimizers, camera, step),
+        )
         if appearance is not None:
             sum_replicated_gradients(appearance, self.group, sparse=True)  # SparseAdam's row gradients
         self.apply_gradients(optimizers)

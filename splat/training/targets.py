@@ -11,8 +11,7 @@ import torch
 from ..keyed_random import BACKGROUND_STREAM, keyed_uniform
 
 
-def camera_background(data_cfg: Dict, seed: int, frame, step: int, slot: int,
-                      default: torch.Tensor) -> torch.Tensor:
+def camera_background(data_cfg: Dict, seed: int, frame, step: int, slot: int, default: torch.Tensor) -> torch.Tensor:
     """The background [3] of camera ``slot`` of ``step``: ``default`` (the
     configured ``data.background``), or with ``data.random_background`` and
     a mask a random colour keyed by (seed, step, slot), the same on any

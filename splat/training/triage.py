@@ -20,9 +20,11 @@ def explain(e: BaseException, watchdog, rank: int) -> BaseException:
     import torch.distributed as dist
 
     failed_collective = isinstance(e, dist.DistError) or any(
-        word in str(e) for word in ("Connection closed", "Connection reset", "Broken pipe", "gloo", "NCCL"))
+        word in str(e) for word in ("Connection closed", "Connection reset", "Broken pipe", "gloo", "NCCL")
+    )
     lost = watchdog.lost_rank(None if failed_collective else 1.0)
     if lost is None:
         return e
-    return RankLostError(f"rank {rank} stopping: {lost}; restart with --resume to continue from "
-                         "the last complete checkpoint")
+    return RankLostError(
+        f"rank {rank} stopping: {lost}; restart with --resume to continue from the last complete checkpoint"
+    )

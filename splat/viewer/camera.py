@@ -36,11 +36,13 @@ class Camera:
 def quat_to_matrix(wxyz: Sequence[float] | np.ndarray) -> np.ndarray:
     """Rotation matrix [3, 3] of a (w, x, y, z) quaternion (normalised here)."""
     w, x, y, z = np.asarray(wxyz, dtype=np.float64) / np.linalg.norm(wxyz)
-    return np.array([
-        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
-    ])
+    return np.array(
+        [
+            [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+            [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+            [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
+        ]
+    )
 
 
 def matrix_to_quat(R: np.ndarray) -> np.ndarray:
@@ -96,9 +98,14 @@ def render_size(width: int, height: int, scale: float) -> Tuple[int, int]:
     return max(1, int(round(width * scale))), max(1, int(round(height * scale)))
 
 
-def camera_from_view(wxyz: Sequence[float] | np.ndarray, position: Sequence[float] | np.ndarray, fov_y: float,
-                     width: int, height: int,
-                     scale: float = 1.0) -> Camera:
+def camera_from_view(
+    wxyz: Sequence[float] | np.ndarray,
+    position: Sequence[float] | np.ndarray,
+    fov_y: float,
+    width: int,
+    height: int,
+    scale: float = 1.0,
+) -> Camera:
     """The splat camera of a browser view (canvas ``width`` x ``height``) rendered at ``scale``.
 
     The render covers the same field of view at fewer pixels; the browser
@@ -122,8 +129,9 @@ class StartView:
     fov_y: float  # radians
 
 
-def start_view_from_camera(viewmat: np.ndarray, K: np.ndarray, height: int,
-                           target: Sequence[float] | np.ndarray) -> StartView:
+def start_view_from_camera(
+    viewmat: np.ndarray, K: np.ndarray, height: int, target: Sequence[float] | np.ndarray
+) -> StartView:
     """Start at a data-set camera: its pose and vertical field of view; the orbit
     centre is the point of its optical axis nearest to ``target`` (e.g. the
     model's centre), at least 1e-3 in front of the camera."""
@@ -134,8 +142,9 @@ def start_view_from_camera(viewmat: np.ndarray, K: np.ndarray, height: int,
     return StartView(pos, pos + dist * forward, up, fov_y_of(K, height))
 
 
-def start_view_looking_at(center: Sequence[float] | np.ndarray, radius: float,
-                          fov_y: float = math.radians(50.0)) -> StartView:
+def start_view_looking_at(
+    center: Sequence[float] | np.ndarray, radius: float, fov_y: float = math.radians(50.0)
+) -> StartView:
     """A camera outside a sphere (``center``, ``radius``) that frames all of it,
     looking along +z with -y up (the OpenCV/COLMAP habit for captures)."""
     center = np.asarray(center, dtype=np.float64)

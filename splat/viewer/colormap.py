@@ -28,18 +28,29 @@ MODES = {
 COLORMAPS = ("turbo", "gray", "inferno")
 
 # Turbo (Mikhailov 2019), polynomial fit of the published table.
-_TURBO = np.array([
-    [0.13572138, 4.61539260, -42.66032258, 132.13108234, -152.94239396, 59.28637943],
-    [0.09140261, 2.19418839, 4.84296658, -14.18503333, 4.27729857, 2.82956604],
-    [0.10667330, 12.64194608, -60.58204836, 110.36276771, -89.90310912, 27.34824973],
-])
+_TURBO = np.array(
+    [
+        [0.13572138, 4.61539260, -42.66032258, 132.13108234, -152.94239396, 59.28637943],
+        [0.09140261, 2.19418839, 4.84296658, -14.18503333, 4.27729857, 2.82956604],
+        [0.10667330, 12.64194608, -60.58204836, 110.36276771, -89.90310912, 27.34824973],
+    ]
+)
 # Inferno: 9 anchors of matplotlib's table, linearly interpolated.
-_INFERNO = np.array([
-    [0.0015, 0.0005, 0.0139], [0.0871, 0.0449, 0.2246], [0.2582, 0.0386, 0.4065],
-    [0.4162, 0.0902, 0.4329], [0.5783, 0.1480, 0.4044], [0.7357, 0.2156, 0.3302],
-    [0.8650, 0.3165, 0.2262], [0.9540, 0.4669, 0.1008], [0.9882, 0.6450, 0.0399],
-    [0.9646, 0.8437, 0.2738], [0.9884, 0.9984, 0.6449],
-])
+_INFERNO = np.array(
+    [
+        [0.0015, 0.0005, 0.0139],
+        [0.0871, 0.0449, 0.2246],
+        [0.2582, 0.0386, 0.4065],
+        [0.4162, 0.0902, 0.4329],
+        [0.5783, 0.1480, 0.4044],
+        [0.7357, 0.2156, 0.3302],
+        [0.8650, 0.3165, 0.2262],
+        [0.9540, 0.4669, 0.1008],
+        [0.9882, 0.6450, 0.0399],
+        [0.9646, 0.8437, 0.2738],
+        [0.9884, 0.9984, 0.6449],
+    ]
+)
 
 
 def apply_colormap(t: np.ndarray, name: str) -> np.ndarray:
@@ -48,7 +59,7 @@ def apply_colormap(t: np.ndarray, name: str) -> np.ndarray:
     if name == "gray":
         c = np.repeat(t[..., None], 3, axis=-1)
     elif name == "turbo":
-        powers = np.stack([t ** k for k in range(6)], axis=-1)  # [..., 6]
+        powers = np.stack([t**k for k in range(6)], axis=-1)  # [..., 6]
         c = powers @ _TURBO.T
     elif name == "inferno":
         x = t * (len(_INFERNO) - 1)
@@ -88,8 +99,13 @@ def to_uint8(rgb: np.ndarray) -> np.ndarray:
     return (np.clip(rgb, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
 
 
-def visualize(out: RasterOutput, mode: str, background: torch.Tensor, cmap: str = "turbo",
-              value_range: Optional[Tuple[float, float]] = None) -> Picture:
+def visualize(
+    out: RasterOutput,
+    mode: str,
+    background: torch.Tensor,
+    cmap: str = "turbo",
+    value_range: Optional[Tuple[float, float]] = None,
+) -> Picture:
     """The picture of mode ``mode`` (a key of :data:`MODES`) of a rasterizer output ``out``.
 
     Geometric modes are drawn where alpha > 0 (blended over ``background`` by

@@ -41,10 +41,10 @@ def model_extent(model: GaussianModel) -> Tuple[np.ndarray, float]:
 def load_model_file(path: Path) -> Tuple[GaussianModel, str]:
     """(model, source) of a PLY file or a training output folder: its
     ``point_cloud.ply``, else the newest readable checkpoint of its run."""
-    from ..run_folder import read_run_file
     from ..checkpoints import load_latest_checkpoint
     from ..model import GaussianModel
     from ..ply import load_ply
+    from ..run_folder import read_run_file
 
     if path.is_file():
         if path.suffix.lower() != ".ply":
@@ -56,13 +56,15 @@ def load_model_file(path: Path) -> Tuple[GaussianModel, str]:
     run = read_run_file(path)
     ckpt = load_latest_checkpoint(path, run["run_id"] if run and run["run_id"] != "<unreadable>" else None)
     if ckpt is None:
-        raise SplatInputError(f"{path}: holds neither point_cloud.ply nor a readable checkpoint "
-                              f"(is it a training output folder?)")
+        raise SplatInputError(
+            f"{path}: holds neither point_cloud.ply nor a readable checkpoint (is it a training output folder?)"
+        )
     return GaussianModel(ckpt["params"], ckpt["sh_degree"]), ckpt["path"]
 
 
-def start_from_data(cfg: dict, target: Sequence[float] | np.ndarray,
-                    log: TextIO = sys.stderr) -> Optional[Tuple[StartView, float]]:
+def start_from_data(
+    cfg: dict, target: Sequence[float] | np.ndarray, log: TextIO = sys.stderr
+) -> Optional[Tuple[StartView, float]]:
     """(start, scene radius) at the first test camera (else the first train
     camera) of the config's data, or None if the data do not load."""
     from ..data import load_scene_from_config
@@ -70,19 +72,20 @@ def start_from_data(cfg: dict, target: Sequence[float] | np.ndarray,
     try:
         scene = load_scene_from_config(cfg["data"])
     except (SplatInputError, OSError, ValueError) as e:
-        print(f"warning: cannot load the data of the run ({e}); starting from a camera looking at the model",
-              file=log)
+        print(f"warning: cannot load the data of the run ({e}); starting from a camera looking at the model", file=log)
         return None
     frames = scene.test or scene.train
     if not frames:
         return None
     f = frames[0]
-    return start_view_from_camera(f.viewmat.double().numpy(), f.K.double().numpy(), f.height, target), \
-        float(scene.scene_radius())
+    return start_view_from_camera(f.viewmat.double().numpy(), f.K.double().numpy(), f.height, target), float(
+        scene.scene_radius()
+    )
 
 
-def load_for_viewer(path: str | Path, data: Optional[str] = None, root: Optional[Path] = None,
-                    log: TextIO = sys.stderr) -> ViewerInput:
+def load_for_viewer(
+    path: str | Path, data: Optional[str] = None, root: Optional[Path] = None, log: TextIO = sys.stderr
+) -> ViewerInput:
     """Load a PLY file or a training output folder (``OUT/config.yaml`` gives
     near/far, background and the data whose first test camera is the start).
     ``data`` (a scene folder) replaces the config's data, and gives a model

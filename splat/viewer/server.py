@@ -37,9 +37,9 @@ import numpy as np
 import torch
 
 from ..errors import SplatInputError
-from .optional_viser import require_viser
 from .camera import Camera, StartView, camera_from_view, quat_to_matrix
 from .colormap import COLORMAPS, MODES, colorbar, describe_range, to_tensor_bg, visualize
+from .optional_viser import require_viser
 
 if TYPE_CHECKING:
     from ..model import GaussianModel
@@ -118,10 +118,21 @@ class ViewerServer:
     ``port``: if it is taken, a free one is chosen and printed; :attr:`url`
     is the address actually served."""
 
-    def __init__(self, model: GaussianModel, start: StartView, *, backend: str = "auto", near: float = 0.2,
-                 far: float = 100.0, background: Sequence[float] = (1.0, 1.0, 1.0),
-                 host: str = "127.0.0.1", port: int = 8080, title: str = "splat",
-                 scene_radius: Optional[float] = None, log: TextIO = sys.stderr):
+    def __init__(
+        self,
+        model: GaussianModel,
+        start: StartView,
+        *,
+        backend: str = "auto",
+        near: float = 0.2,
+        far: float = 100.0,
+        background: Sequence[float] = (1.0, 1.0, 1.0),
+        host: str = "127.0.0.1",
+        port: int = 8080,
+        title: str = "splat",
+        scene_radius: Optional[float] = None,
+        log: TextIO = sys.stderr,
+    ):
         viser = require_viser()
         self.backend = backend
         self.start = start
@@ -178,8 +189,9 @@ class ViewerServer:
             self.near = g.add_number("Near", float(near), min=1e-6, step=0.01)
             self.far = g.add_number("Far", float(far), min=1e-6, step=1.0)
             self.bg = g.add_rgb("Background", tuple(int(round(255 * c)) for c in background))
-            self.scale = g.add_slider("Resolution", 0.1, 1.0, 0.05, 1.0,
-                                      hint="render scale of the canvas size when the camera is still")
+            self.scale = g.add_slider(
+                "Resolution", 0.1, 1.0, 0.05, 1.0, hint="render scale of the canvas size when the camera is still"
+            )
             self.adaptive = g.add_checkbox("Lower while moving", True)
             self.budget = g.add_slider("Moving budget (ms)", 20, 500, 10, 100)
         with g.add_folder("Camera"):
@@ -332,8 +344,14 @@ class ViewerServer:
         """Move the camera (and its orbit centre) one step along its own axes."""
         cam = client.camera
         R = quat_to_matrix(cam.wxyz)  # camera -> world: columns right, down, forward
-        axis = {"Forward": R[:, 2], "Back": -R[:, 2], "Right": R[:, 0], "Left": -R[:, 0],
-                "Down": R[:, 1], "Up": -R[:, 1]}[direction]
+        axis = {
+            "Forward": R[:, 2],
+            "Back": -R[:, 2],
+            "Right": R[:, 0],
+            "Left": -R[:, 0],
+            "Down": R[:, 1],
+            "Up": -R[:, 1],
+        }[direction]
         cam.position = cam.position + float(self.step_size.value) * axis
 
     def _turn(self, client, direction: str) -> None:
@@ -439,15 +457,27 @@ class ViewerServer:
         # Still frames lossless; moving ones as JPEG (smaller, faster to encode).
         client.scene.set_background_image(pic.image, format="png" if still else "jpeg", jpeg_quality=85)
         self.frames_rendered += 1
-        self.stats.content = (f"**{n:,} surfels** · render {seconds * 1000:.0f} ms at "
-                              f"{camera.width}×{camera.height} (scale {scale:.2f}) · backend {self.backend}")
+        self.stats.content = (
+            f"**{n:,} surfels** · render {seconds * 1000:.0f} ms at "
+            f"{camera.width}×{camera.height} (scale {scale:.2f}) · backend {self.backend}"
+        )
         self.range_md.content = describe_range(mode, cmap, pic)
         self.bar.visible = pic.lo is not None
         if pic.lo is not None and self.auto_range.value:
             self.range_lo.value, self.range_hi.value = round(pic.lo, 4), round(pic.hi, 4)
-        return {"wxyz": wxyz, "position": position, "fov": fov, "canvas": (W, H), "size": (camera.width, camera.height),
-                "scale": scale, "ms": seconds * 1000, "mode": mode, "range": (pic.lo, pic.hi),
-                "still": still, "time": time.monotonic()}
+        return {
+            "wxyz": wxyz,
+            "position": position,
+            "fov": fov,
+            "canvas": (W, H),
+            "size": (camera.width, camera.height),
+            "scale": scale,
+            "ms": seconds * 1000,
+            "mode": mode,
+            "range": (pic.lo, pic.hi),
+            "still": still,
+            "time": time.monotonic(),
+        }
 
 
 class TrainingView(ViewerServer):
@@ -499,9 +529,11 @@ class TrainingView(ViewerServer):
         if now - self._last_text >= 0.25 or self.paused:
             self._last_text = now
             total = trainer.cfg["train"]["iterations"]
-            self.training_md.content = (f"**training** step {step:,}/{total:,} · "
-                                        f"{self.steps_per_s:.1f} steps/s · loss {terms.get('loss', float('nan')):.4f}"
-                                        + (" · **paused**" if self.paused else ""))
+            self.training_md.content = (
+                f"**training** step {step:,}/{total:,} · "
+                f"{self.steps_per_s:.1f} steps/s · loss {terms.get('loss', float('nan')):.4f}"
+                + (" · **paused**" if self.paused else "")
+            )
 
     def _on_disconnect(self, client) -> None:
         super()._on_disconnect(client)

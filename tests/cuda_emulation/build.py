@@ -15,6 +15,7 @@ Environment (for the mutation and sanitizer scripts):
     SPLAT_CUDAEMU_SANITIZE  1: build with -fsanitize=address,undefined (the
                             process must preload libasan, see scripts/).
 """
+
 from __future__ import annotations
 
 import os
@@ -72,12 +73,17 @@ def build(verbose: bool = False):
     # CPU backend, so the emulated forward is bitwise equal to the CPU one.
     # -iquote: the .cu files' relative includes ("../core.h", "rasterize_cuda.h")
     # resolve against the project's kernel folder, not the generated copy's.
-    cflags = ["-O2", "-g", "-std=c++17", "-ffp-contract=off", "-Wno-unknown-pragmas",
-              "-iquote", str(KERNELS / "cuda")]
+    cflags = ["-O2", "-g", "-std=c++17", "-ffp-contract=off", "-Wno-unknown-pragmas", "-iquote", str(KERNELS / "cuda")]
     ldflags = []
     if sanitize:
         cflags += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
         ldflags += ["-fsanitize=address,undefined"]
-    return ext.load(name=name, sources=sources, build_directory=str(build_dir),
-                    extra_include_paths=[str(HERE / "shim"), str(KERNELS)],
-                    extra_cflags=cflags, extra_ldflags=ldflags, verbose=verbose)
+    return ext.load(
+        name=name,
+        sources=sources,
+        build_directory=str(build_dir),
+        extra_include_paths=[str(HERE / "shim"), str(KERNELS)],
+        extra_cflags=cflags,
+        extra_ldflags=ldflags,
+        verbose=verbose,
+    )

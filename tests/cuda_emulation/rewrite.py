@@ -11,6 +11,7 @@ directive names the original file):
 
 Usage: python rewrite.py IN.cu OUT.cpp
 """
+
 from __future__ import annotations
 
 import re
@@ -28,8 +29,9 @@ def rewrite(text: str, origin: str) -> str:
     out = _LAUNCH.sub(lambda m: f"::cudaemu::launch({m.group(1)}, __FILE__, __LINE__, {m.group(2)})(", text)
     if "<<<" in out:
         raise ValueError(f"{origin}: a kernel launch was not rewritten")
-    out = _SHARED.sub(lambda g: f"{g.group(1)} ::cudaemu::shared_decl(&{g.group(2)}, sizeof({g.group(2)}), "
-                                "__FILE__, __LINE__);", out)
+    out = _SHARED.sub(
+        lambda g: f"{g.group(1)} ::cudaemu::shared_decl(&{g.group(2)}, sizeof({g.group(2)}), __FILE__, __LINE__);", out
+    )
     return f'#line 1 "{origin}"\n' + out
 
 

@@ -15,7 +15,8 @@ using tiles::kPixels;
 using tiles::TileWindow;
 
 template <typename T>
-void forward_tile(const GaussianArrays<T>& g, const TileBins& bins, int tile, const ForwardOutputs<T>& out) {
+void forward_tile(const GaussianArrays<T>& g, const TileBins& bins, int tile,
+                  const ForwardOutputs<T>& out) {
   const TileWindow win(tile, bins.tiles_x, g.width, g.height);
   const int64_t begin = bins.tile_offsets[tile];
   const int32_t count = static_cast<int32_t>(bins.tile_offsets[tile + 1] - begin);
@@ -45,7 +46,8 @@ void forward_tile(const GaussianArrays<T>& g, const TileBins& bins, int tile, co
     }
   }
   for (int py = win.y0; py < win.y1; ++py)
-    for (int px = win.x0; px < win.x1; ++px) store_pixel(pixels[win.local(px, py)], int64_t(py) * g.width + px, out);
+    for (int px = win.x0; px < win.x1; ++px)
+      store_pixel(pixels[win.local(px, py)], int64_t(py) * g.width + px, out);
 }
 
 template <typename T>
@@ -57,8 +59,8 @@ void backward_tile(const GaussianArrays<T>& g, const TileBins& bins, int tile, c
   PixelGrad<T> grads[kPixels];
   BackwardState<T> states[kPixels];
   int32_t ends[kPixels], medians[kPixels];
-  const int32_t max_end = tiles::load_tile_grads(g.width, win, end, median_index, transmittance, totals, up,
-                                                 grads, states, ends, medians);
+  const int32_t max_end = tiles::load_tile_grads(g.width, win, end, median_index, transmittance,
+                                                 totals, up, grads, states, ends, medians);
   GaussianParams<T> gp;
   GaussianHit<T> h;
   for (int32_t k = max_end - 1; k >= 0; --k) {
@@ -73,8 +75,8 @@ void backward_tile(const GaussianArrays<T>& g, const TileBins& bins, int tile, c
         if (k >= ends[i]) continue;
         intersect_gaussian(gp, T(px) + T(0.5), T(py) + T(0.5), g.near, h);
         if (!h.contributes) continue;
-        backward_gaussian_step(states[i], grads[i], gp, h, g.color + 3 * id, g.near, g.far, k == medians[i],
-                               record);
+        backward_gaussian_step(states[i], grads[i], gp, h, g.color + 3 * id, g.near, g.far,
+                               k == medians[i], record);
       }
     }
   }
@@ -83,7 +85,8 @@ void backward_tile(const GaussianArrays<T>& g, const TileBins& bins, int tile, c
 }  // namespace
 
 template <typename T>
-void forward_gaussians_cpu(const GaussianArrays<T>& g, const TileBins& bins, const ForwardOutputs<T>& out) {
+void forward_gaussians_cpu(const GaussianArrays<T>& g, const TileBins& bins,
+                           const ForwardOutputs<T>& out) {
   const std::vector<int> order = tiles::tiles_by_cost(bins);
   const int num_tiles = static_cast<int>(order.size());
 #pragma omp parallel for schedule(dynamic, 1)
@@ -102,10 +105,12 @@ void backward_gaussians_cpu(const GaussianArrays<T>& g, const TileBins& bins, co
       v_gaussians);
 }
 
-#define SPLAT_INSTANTIATE(T)                                                                            \
-  template void forward_gaussians_cpu<T>(const GaussianArrays<T>&, const TileBins&, const ForwardOutputs<T>&); \
-  template void backward_gaussians_cpu<T>(const GaussianArrays<T>&, const TileBins&, const int32_t*,          \
-                                          const int32_t*, const T*, const T*, const UpstreamGrads<T>&, T*);
+#define SPLAT_INSTANTIATE(T)                                                                  \
+  template void forward_gaussians_cpu<T>(const GaussianArrays<T>&, const TileBins&,           \
+                                         const ForwardOutputs<T>&);                           \
+  template void backward_gaussians_cpu<T>(const GaussianArrays<T>&, const TileBins&,          \
+                                          const int32_t*, const int32_t*, const T*, const T*, \
+                                          const UpstreamGrads<T>&, T*);
 SPLAT_INSTANTIATE(float)
 SPLAT_INSTANTIATE(double)
 #undef SPLAT_INSTANTIATE

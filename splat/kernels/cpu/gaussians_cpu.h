@@ -10,7 +10,8 @@
 namespace splat {
 
 template <typename T>
-void forward_gaussians_cpu(const GaussianArrays<T>& g, const TileBins& bins, const ForwardOutputs<T>& out);
+void forward_gaussians_cpu(const GaussianArrays<T>& g, const TileBins& bins,
+                           const ForwardOutputs<T>& out);
 
 // Writes dL/d(parameters, colour) into v_gaussians [N, kGaussGradSize].
 template <typename T>

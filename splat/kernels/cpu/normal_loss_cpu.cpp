@@ -155,6 +155,7 @@ void normal_loss_backward_cpu(const NormalLossArgs<T>& a, double scale, T* v_dep
 template double normal_loss_forward_cpu<float>(const NormalLossArgs<float>&);
 template double normal_loss_forward_cpu<double>(const NormalLossArgs<double>&);
 template void normal_loss_backward_cpu<float>(const NormalLossArgs<float>&, double, float*, float*);
-template void normal_loss_backward_cpu<double>(const NormalLossArgs<double>&, double, double*, double*);
+template void normal_loss_backward_cpu<double>(const NormalLossArgs<double>&, double, double*,
+                                               double*);
 
 }  // namespace splat

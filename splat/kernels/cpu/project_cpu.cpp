@@ -26,7 +26,7 @@ constexpr double kSH_C0 = 0.28209479177387814;
 constexpr double kSH_C1 = 0.4886025119029199;
 constexpr double kSH_C2[5] = {1.0925484305920792, -1.0925484305920792, 0.31539156525252005,
                               -1.0925484305920792, 0.5462742152960396};
-constexpr double kSH_C3[7] = {-0.5900435899266435, 2.890611442640554,  -0.4570457994644658,
+constexpr double kSH_C3[7] = {-0.5900435899266435, 2.890611442640554,   -0.4570457994644658,
                               0.3731763325901154,  -0.4570457994644658, 1.445305721320277,
                               -0.5900435899266435};
 
@@ -59,14 +59,16 @@ void camera_centre(const ProjectInputs<T>& in, T campos[3]) {
 }
 
 template <typename T>
-SPLAT_INLINE void project_one(const ProjectInputs<T>& in, const T campos[3], int64_t i, Projected<T>& p) {
+SPLAT_INLINE void project_one(const ProjectInputs<T>& in, const T campos[3], int64_t i,
+                              Projected<T>& p) {
   const T* V = in.viewmat;
   const T* K = in.K;
   const T* q = in.quats + 4 * i;
   const T* m = in.means + 3 * i;
   const T* s = in.scales + 2 * i;
   // quat_to_rotmat: divide by the largest |component|, then normalise.
-  p.qmax = std::max(std::max(std::abs(q[0]), std::abs(q[1])), std::max(std::abs(q[2]), std::abs(q[3])));
+  p.qmax =
+      std::max(std::max(std::abs(q[0]), std::abs(q[1])), std::max(std::abs(q[2]), std::abs(q[3])));
   T qs[4];
   for (int k = 0; k < 4; ++k) qs[k] = q[k] / p.qmax;
   p.qnorm = std::sqrt(qs[0] * qs[0] + qs[1] * qs[1] + qs[2] * qs[2] + qs[3] * qs[3]);
@@ -153,22 +155,27 @@ SPLAT_INLINE void sh_basis_vjp(T x, T y, T z, const T* gb, int stride, T& vx, T&
   vx += T(-kSH_C1) * gb[3 * stride];
   if constexpr (degree < 2) return;
   const T xx = x * x, yy = y * y, zz = z * z;
-  const T c0 = T(kSH_C2[0]), c1 = T(kSH_C2[1]), c2 = T(kSH_C2[2]), c3 = T(kSH_C2[3]), c4 = T(kSH_C2[4]);
-  vx += gb[4 * stride] * c0 * y + gb[6 * stride] * c2 * (-2 * x) + gb[7 * stride] * c3 * z + gb[8 * stride] * c4 * (2 * x);
-  vy += gb[4 * stride] * c0 * x + gb[5 * stride] * c1 * z + gb[6 * stride] * c2 * (-2 * y) + gb[8 * stride] * c4 * (-2 * y);
+  const T c0 = T(kSH_C2[0]), c1 = T(kSH_C2[1]), c2 = T(kSH_C2[2]), c3 = T(kSH_C2[3]),
+          c4 = T(kSH_C2[4]);
+  vx += gb[4 * stride] * c0 * y + gb[6 * stride] * c2 * (-2 * x) + gb[7 * stride] * c3 * z +
+        gb[8 * stride] * c4 * (2 * x);
+  vy += gb[4 * stride] * c0 * x + gb[5 * stride] * c1 * z + gb[6 * stride] * c2 * (-2 * y) +
+        gb[8 * stride] * c4 * (-2 * y);
   vz += gb[5 * stride] * c1 * y + gb[6 * stride] * c2 * (4 * z) + gb[7 * stride] * c3 * x;
   if constexpr (degree < 3) return;
   const T e0 = T(kSH_C3[0]), e1 = T(kSH_C3[1]), e2 = T(kSH_C3[2]), e3 = T(kSH_C3[3]),
           e4 = T(kSH_C3[4]), e5 = T(kSH_C3[5]), e6 = T(kSH_C3[6]);
-  vx += gb[9 * stride] * e0 * (6 * x * y) + gb[10 * stride] * e1 * (y * z) + gb[11 * stride] * e2 * (-2 * x * y) +
-              gb[12 * stride] * e3 * (-6 * x * z) + gb[13 * stride] * e4 * (4 * zz - 3 * xx - yy) +
-              gb[14 * stride] * e5 * (2 * x * z) + gb[15 * stride] * e6 * (3 * xx - 3 * yy);
+  vx += gb[9 * stride] * e0 * (6 * x * y) + gb[10 * stride] * e1 * (y * z) +
+        gb[11 * stride] * e2 * (-2 * x * y) + gb[12 * stride] * e3 * (-6 * x * z) +
+        gb[13 * stride] * e4 * (4 * zz - 3 * xx - yy) + gb[14 * stride] * e5 * (2 * x * z) +
+        gb[15 * stride] * e6 * (3 * xx - 3 * yy);
   vy += gb[9 * stride] * e0 * (3 * xx - 3 * yy) + gb[10 * stride] * e1 * (x * z) +
-              gb[11 * stride] * e2 * (4 * zz - xx - 3 * yy) + gb[12 * stride] * e3 * (-6 * y * z) +
-              gb[13 * stride] * e4 * (-2 * x * y) + gb[14 * stride] * e5 * (-2 * y * z) + gb[15 * stride] * e6 * (-6 * x * y);
+        gb[11 * stride] * e2 * (4 * zz - xx - 3 * yy) + gb[12 * stride] * e3 * (-6 * y * z) +
+        gb[13 * stride] * e4 * (-2 * x * y) + gb[14 * stride] * e5 * (-2 * y * z) +
+        gb[15 * stride] * e6 * (-6 * x * y);
   vz += gb[10 * stride] * e1 * (x * y) + gb[11 * stride] * e2 * (8 * y * z) +
-              gb[12 * stride] * e3 * (6 * zz - 3 * xx - 3 * yy) + gb[13 * stride] * e4 * (8 * x * z) +
-              gb[14 * stride] * e5 * (xx - yy);
+        gb[12 * stride] * e3 * (6 * zz - 3 * xx - 3 * yy) + gb[13 * stride] * e4 * (8 * x * z) +
+        gb[14 * stride] * e5 * (xx - yy);
 }
 
 // rho cutoff of a surfel, 2 ln(255 opacity) (rasterize.py _screen_bounds), in
@@ -194,7 +201,8 @@ SPLAT_INLINE void screen_bounds(const ProjectInputs<T>& in, const Projected<T>& 
   double dual[3][3];
   for (int r = 0; r < 3; ++r)
     for (int c = 0; c < 3; ++c)
-      dual[r][c] = M[r][0] * wt[0] * M[c][0] + M[r][1] * wt[1] * M[c][1] + M[r][2] * wt[2] * M[c][2];
+      dual[r][c] =
+          M[r][0] * wt[0] * M[c][0] + M[r][1] * wt[1] * M[c][1] + M[r][2] * wt[2] * M[c][2];
   const int32_t bounded = int32_t(dual[2][2] < 0);
   const double c22 = bounded ? dual[2][2] : -1.0;
   const double disc = std::sqrt(k2 / kLowpassInvVariance);
@@ -241,14 +249,16 @@ SPLAT_INLINE double magnitude(const Projected<T>& p, int side) {
 // The SH basis of one block's view directions, and per channel the sum
 // sum_j b_j(dir) co_j that the colour max(sum + 0.5, 0) clamps.
 template <int degree, typename T>
-SPLAT_INLINE void sh_sums_block(const ProjectInputs<T>& in, const T (&dir)[3][kBlock], int64_t b0, int len,
-                                T (&basis)[(degree + 1) * (degree + 1)][kBlock], T (&sums)[3][kBlock]) {
+SPLAT_INLINE void sh_sums_block(const ProjectInputs<T>& in, const T (&dir)[3][kBlock], int64_t b0,
+                                int len, T (&basis)[(degree + 1) * (degree + 1)][kBlock],
+                                T (&sums)[3][kBlock]) {
   const T* coeffs = in.coeffs;
   const int64_t stride = in.num_coeffs * 3;
   constexpr int nb = (degree + 1) * (degree + 1);
   // basis is a structure of arrays: every access below is a unit-stride column
 #pragma omp simd
-  for (int l = 0; l < len; ++l) sh_basis<degree>(dir[0][l], dir[1][l], dir[2][l], &basis[0][l], kBlock);
+  for (int l = 0; l < len; ++l)
+    sh_basis<degree>(dir[0][l], dir[1][l], dir[2][l], &basis[0][l], kBlock);
   for (int c = 0; c < 3; ++c) {
 #pragma omp simd
     for (int l = 0; l < len; ++l) {
@@ -263,8 +273,8 @@ SPLAT_INLINE void sh_sums_block(const ProjectInputs<T>& in, const T (&dir)[3][kB
 
 // Colours of one block: max(sum_j b_j(dir) co_j + 0.5, 0).
 template <int degree, typename T>
-SPLAT_INLINE void sh_colors_block(const ProjectInputs<T>& in, T* color, const T (&dir)[3][kBlock], int64_t b0,
-                                  int len) {
+SPLAT_INLINE void sh_colors_block(const ProjectInputs<T>& in, T* color, const T (&dir)[3][kBlock],
+                                  int64_t b0, int len) {
   T basis[(degree + 1) * (degree + 1)][kBlock], sums[3][kBlock];
   sh_sums_block<degree>(in, dir, b0, len, basis, sums);
   for (int c = 0; c < 3; ++c) {
@@ -330,8 +340,9 @@ SPLAT_INLINE void sh_backward_block(const ProjectInputs<T>& in, const ProjectGra
 // colours, each a loop vectorised across surfels.  Returns the number of
 // surfels over the magnitude limits.
 template <typename T>
-SPLAT_INLINE int64_t project_forward_block(const ProjectInputs<T>& in_ref, const ProjectOutputs<T>& out_ref,
-                                           const T campos_ref[3], int64_t b0, int len) {
+SPLAT_INLINE int64_t project_forward_block(const ProjectInputs<T>& in_ref,
+                                           const ProjectOutputs<T>& out_ref, const T campos_ref[3],
+                                           int64_t b0, int len) {
   // Local copies: the output stores cannot alias them, so their fields load
   // once rather than in every iteration (which would keep the loop scalar).
   const ProjectInputs<T> in = in_ref;
@@ -358,16 +369,25 @@ SPLAT_INLINE int64_t project_forward_block(const ProjectInputs<T>& in_ref, const
     screen_bounds(in, p, double(in.opacities[i]), k2[l], rect, out.radii[i]);
     const int32_t drawn = int32_t(rect[2] > rect[0]) & int32_t(rect[3] > rect[1]);
     const double h = magnitude(p, side);
-    over_limit[l] = (p.in_range & int32_t(!(h <= in.limit_finite))) | (drawn & int32_t(!(h <= in.limit_drawn)));
+    over_limit[l] =
+        (p.in_range & int32_t(!(h <= in.limit_finite))) | (drawn & int32_t(!(h <= in.limit_drawn)));
   }
   int64_t bad = 0;
   for (int l = 0; l < len; ++l) bad += over_limit[l];
   if (in.coeffs) {
     switch (in.sh_degree) {
-      case 0: sh_colors_block<0>(in, out.color, dir, b0, len); break;
-      case 1: sh_colors_block<1>(in, out.color, dir, b0, len); break;
-      case 2: sh_colors_block<2>(in, out.color, dir, b0, len); break;
-      default: sh_colors_block<3>(in, out.color, dir, b0, len); break;
+      case 0:
+        sh_colors_block<0>(in, out.color, dir, b0, len);
+        break;
+      case 1:
+        sh_colors_block<1>(in, out.color, dir, b0, len);
+        break;
+      case 2:
+        sh_colors_block<2>(in, out.color, dir, b0, len);
+        break;
+      default:
+        sh_colors_block<3>(in, out.color, dir, b0, len);
+        break;
     }
   }
   return bad;
@@ -377,8 +397,9 @@ SPLAT_INLINE int64_t project_forward_block(const ProjectInputs<T>& in_ref, const
 // then the SH part (colour coefficients, and its share of dL/dmeans, added to
 // the means gradient in the order of the scalar expression).
 template <typename T>
-SPLAT_INLINE void project_backward_block(const ProjectInputs<T>& in_ref, const ProjectGrads<T>& g_ref,
-                                         const T campos_ref[3], int64_t b0, int len) {
+SPLAT_INLINE void project_backward_block(const ProjectInputs<T>& in_ref,
+                                         const ProjectGrads<T>& g_ref, const T campos_ref[3],
+                                         int64_t b0, int len) {
   // Local copies, as in project_forward_block.
   const ProjectInputs<T> in = in_ref;
   const ProjectGrads<T> g = g_ref;
@@ -400,7 +421,8 @@ SPLAT_INLINE void project_backward_block(const ProjectInputs<T>& in_ref, const P
     T vM[3][3];
     for (int r = 0; r < 3; ++r)
       for (int c = 0; c < 3; ++c) vM[r][c] = g.v_Tuvw[g.v_Tuvw_row_stride * i + 3 * r + c];
-    const T vcx = g.v_center[g.v_center_row_stride * i], vcy = g.v_center[g.v_center_row_stride * i + 1];
+    const T vcx = g.v_center[g.v_center_row_stride * i],
+            vcy = g.v_center[g.v_center_row_stride * i + 1];
     // means2d: Tu += dx Tw, Tv += dy Tw, centre += (dx, dy), at dx = dy = 0.
     g.v_means2d[2 * i] = (vM[0][0] * p.M[2][0] + vM[0][1] * p.M[2][1] + vM[0][2] * p.M[2][2]) + vcx;
     g.v_means2d[2 * i + 1] =
@@ -437,12 +459,14 @@ SPLAT_INLINE void project_backward_block(const ProjectInputs<T>& in_ref, const P
       }
     }
     // the normal's column, as the scalar 0 + sign n (so -0 becomes +0 alike)
-    for (int k = 0; k < 3; ++k) v_R[k][2] = T(0) + p.sign * g.v_normal[g.v_normal_row_stride * i + k];
+    for (int k = 0; k < 3; ++k)
+      v_R[k][2] = T(0) + p.sign * g.v_normal[g.v_normal_row_stride * i + k];
     // rotation matrix -> unit quaternion
     const T w = p.qn[0], x = p.qn[1], y = p.qn[2], z = p.qn[3];
     const T(&G)[3][3] = v_R;
     T vq[4];
-    vq[0] = 2 * (-z * G[0][1] + y * G[0][2] + z * G[1][0] - x * G[1][2] - y * G[2][0] + x * G[2][1]);
+    vq[0] =
+        2 * (-z * G[0][1] + y * G[0][2] + z * G[1][0] - x * G[1][2] - y * G[2][0] + x * G[2][1]);
     vq[1] = 2 * (y * G[0][1] + z * G[0][2] + y * G[1][0] - 2 * x * G[1][1] - w * G[1][2] +
                  z * G[2][0] + w * G[2][1] - 2 * x * G[2][2]);
     vq[2] = 2 * (-2 * y * G[0][0] + x * G[0][1] + w * G[0][2] + x * G[1][0] + z * G[1][2] -
@@ -451,18 +475,25 @@ SPLAT_INLINE void project_backward_block(const ProjectInputs<T>& in_ref, const P
                  y * G[1][2] + x * G[2][0] + y * G[2][1]);
     // qn = qs / |qs|, qs = q / max|q| (the max held constant)
     const T dot = vq[0] * w + vq[1] * x + vq[2] * y + vq[3] * z;
-    for (int k = 0; k < 4; ++k)
-      g.v_quats[4 * i + k] = (vq[k] - p.qn[k] * dot) / p.qnorm / p.qmax;
+    for (int k = 0; k < 4; ++k) g.v_quats[4 * i + k] = (vq[k] - p.qn[k] * dot) / p.qnorm / p.qmax;
     for (int k = 0; k < 3; ++k) g.v_means[3 * i + k] = v_m[k];
     g.v_scales[2 * i] = v_s[0];
     g.v_scales[2 * i + 1] = v_s[1];
   }
   if (!in.coeffs) return;
   switch (in.sh_degree) {
-    case 0: sh_backward_block<0>(in, g, dir, dnorm, dir_clamped, b0, len); break;
-    case 1: sh_backward_block<1>(in, g, dir, dnorm, dir_clamped, b0, len); break;
-    case 2: sh_backward_block<2>(in, g, dir, dnorm, dir_clamped, b0, len); break;
-    default: sh_backward_block<3>(in, g, dir, dnorm, dir_clamped, b0, len); break;
+    case 0:
+      sh_backward_block<0>(in, g, dir, dnorm, dir_clamped, b0, len);
+      break;
+    case 1:
+      sh_backward_block<1>(in, g, dir, dnorm, dir_clamped, b0, len);
+      break;
+    case 2:
+      sh_backward_block<2>(in, g, dir, dnorm, dir_clamped, b0, len);
+      break;
+    default:
+      sh_backward_block<3>(in, g, dir, dnorm, dir_clamped, b0, len);
+      break;
   }
 }
 
@@ -475,9 +506,9 @@ SPLAT_INLINE void project_backward_block(const ProjectInputs<T>& in_ref, const P
 // (caught by test_projection.py's vector-against-scalar test and by
 // test_cpu_kernels.py's scan of the built extension for FMA instructions).
 // Not in the anonymous namespace: target_clones needs external linkage.
-__attribute__((target_clones("avx2", "default"))) int64_t project_forward_block_f32(
-    const ProjectInputs<float>& in, const ProjectOutputs<float>& out, const float campos[3], int64_t b0,
-    int len) {
+__attribute__((target_clones("avx2", "default"))) int64_t
+project_forward_block_f32(const ProjectInputs<float>& in, const ProjectOutputs<float>& out,
+                          const float campos[3], int64_t b0, int len) {
   return project_forward_block(in, out, campos, b0, len);
 }
 __attribute__((target_clones("avx2", "default"))) void project_backward_block_f32(
@@ -496,8 +527,8 @@ int64_t run_forward_block(const ProjectInputs<double>& in, const ProjectOutputs<
                           const double campos[3], int64_t b0, int len) {
   return project_forward_block(in, out, campos, b0, len);
 }
-void run_backward_block(const ProjectInputs<float>& in, const ProjectGrads<float>& g, const float campos[3],
-                        int64_t b0, int len) {
+void run_backward_block(const ProjectInputs<float>& in, const ProjectGrads<float>& g,
+                        const float campos[3], int64_t b0, int len) {
   project_backward_block_f32(in, g, campos, b0, len);
 }
 void run_backward_block(const ProjectInputs<double>& in, const ProjectGrads<double>& g,
@@ -527,9 +558,12 @@ void project_backward_cpu(const ProjectInputs<T>& in, const ProjectGrads<T>& g) 
     run_backward_block(in, g, campos, b0, int(std::min<int64_t>(kBlock, in.n - b0)));
 }
 
-template int64_t project_forward_cpu<float>(const ProjectInputs<float>&, const ProjectOutputs<float>&);
-template int64_t project_forward_cpu<double>(const ProjectInputs<double>&, const ProjectOutputs<double>&);
+template int64_t project_forward_cpu<float>(const ProjectInputs<float>&,
+                                            const ProjectOutputs<float>&);
+template int64_t project_forward_cpu<double>(const ProjectInputs<double>&,
+                                             const ProjectOutputs<double>&);
 template void project_backward_cpu<float>(const ProjectInputs<float>&, const ProjectGrads<float>&);
-template void project_backward_cpu<double>(const ProjectInputs<double>&, const ProjectGrads<double>&);
+template void project_backward_cpu<double>(const ProjectInputs<double>&,
+                                           const ProjectGrads<double>&);
 
 }  // namespace splat

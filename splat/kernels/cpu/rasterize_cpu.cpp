@@ -126,8 +126,9 @@ void bin_tiles_cpu(int64_t n, const T* depth, const int32_t* pixel_rect, int til
   for (int64_t i = 0; i < n; ++i) {
     keys[i] = depth_sort_key(depth[i]);
     const PixelRect t = listed_tiles(pixel_rect, i, tiles_x, tiles_y);
-    order[i] = ListedSurfel{static_cast<int32_t>(i), static_cast<uint16_t>(t.x0), static_cast<uint16_t>(t.y0),
-                            static_cast<uint16_t>(t.x1), static_cast<uint16_t>(t.y1)};
+    order[i] = ListedSurfel{static_cast<int32_t>(i), static_cast<uint16_t>(t.x0),
+                            static_cast<uint16_t>(t.y0), static_cast<uint16_t>(t.x1),
+                            static_cast<uint16_t>(t.y1)};
     pairs += tile_count(t);
   }
   stable_radix_sort(keys, order);
@@ -297,17 +298,15 @@ void forward_tile_scalar(const SurfelArrays<T>& s, const TileBins& bins, int til
 
 template <typename T>
 void backward_tile_scalar(const SurfelArrays<T>& s, const TileBins& bins, int tile,
-                          const int32_t* end, const int32_t* median_index,
-                          const T* transmittance, const T* totals, const UpstreamGrads<T>& up,
-                          T* records, bool spans) {
+                          const int32_t* end, const int32_t* median_index, const T* transmittance,
+                          const T* totals, const UpstreamGrads<T>& up, T* records, bool spans) {
   const TileWindow win(tile, bins.tiles_x, s.width, s.height);
   const int32_t* list = bins.point_list + bins.tile_offsets[tile];
   PixelGrad<T> grads[kPixels];
   BackwardState<T> states[kPixels];
   int32_t ends[kPixels], medians[kPixels];
-  const int32_t max_end =
-      load_tile_grads(s.width, win, end, median_index, transmittance, totals, up, grads, states, ends,
-                      medians);
+  const int32_t max_end = load_tile_grads(s.width, win, end, median_index, transmittance, totals,
+                                          up, grads, states, ends, medians);
   SurfelParams<T> sp;
   Hit<T> h;
   for (int32_t k = max_end - 1; k >= 0; --k) {
@@ -326,8 +325,8 @@ void backward_tile_scalar(const SurfelArrays<T>& s, const TileBins& bins, int ti
         const T x = T(px) + T(0.5), y = T(py) + T(0.5);
         intersect(sp, x, y, s.near, h);
         if (!h.contributes) continue;
-        backward_step(states[i], grads[i], sp, h, s.color + 3 * id, s.normal + 3 * id, x, y,
-                      s.near, s.far, k == medians[i], record);
+        backward_step(states[i], grads[i], sp, h, s.color + 3 * id, s.normal + 3 * id, x, y, s.near,
+                      s.far, k == medians[i], record);
       }
     }
   }
@@ -389,7 +388,9 @@ struct WindowPair {
     const i32x8 upper = {0, 0, 0, 0, -1, -1, -1, -1};
     const i32x8 xs = ((i32x8{} + (win.x0 + a.x)) & ~upper) | ((i32x8{} + (win.x0 + b.x)) & upper);
     x = to_float(VInt(xs + i32x8{0, 1, 2, 3, 0, 1, 2, 3})) + 0.5f;
-    y = to_float(VInt(((i32x8{} + (win.y0 + a.y)) & ~upper) | ((i32x8{} + (win.y0 + b.y)) & upper))) + 0.5f;
+    y = to_float(
+            VInt(((i32x8{} + (win.y0 + a.y)) & ~upper) | ((i32x8{} + (win.y0 + b.y)) & upper))) +
+        0.5f;
     lanes = mask_from_bits(uint32_t(a.bits) | uint32_t(b.bits) << kWindow);
   }
 };
@@ -400,8 +401,8 @@ inline Window spare_window() { return Window{0, int8_t(kSpareRow), 0}; }
 // loads as one 128-bit half of a vector.
 struct alignas(32) ForwardTileState {
   float T[kStatePixels], color[3][kStatePixels], depth[kStatePixels], normal[3][kStatePixels];
-  float A[kStatePixels], D[kStatePixels], D2[kStatePixels], shift[kStatePixels],
-      dist[kStatePixels], median[kStatePixels];
+  float A[kStatePixels], D[kStatePixels], D2[kStatePixels], shift[kStatePixels], dist[kStatePixels],
+      median[kStatePixels];
   int32_t median_index[kStatePixels], end[kStatePixels];
 
   void load(int a, int b, PixelState<VFloat>& p) const {
@@ -592,8 +593,7 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void forward
   }
   for (int py = win.y0; py < win.y1; ++py)
     for (int px = win.x0; px < win.x1; ++px)
-      store_pixel(st.pixel(state_index(px - win.x0, py - win.y0)), int64_t(py) * s.width + px,
-                  out);
+      store_pixel(st.pixel(state_index(px - win.x0, py - win.y0)), int64_t(py) * s.width + px, out);
 }
 
 namespace {
@@ -663,14 +663,12 @@ struct alignas(32) BackwardTileState {
 
 __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void backward_tile_simd(
     const SurfelArrays<float>& s, const PackedSurfel* packed, const TileBins& bins, int tile,
-    const int32_t* end,
-    const int32_t* median_index, const float* transmittance, const float* totals,
-    const UpstreamGrads<float>& up, float* records) {
+    const int32_t* end, const int32_t* median_index, const float* transmittance,
+    const float* totals, const UpstreamGrads<float>& up, float* records) {
   const TileWindow win(tile, bins.tiles_x, s.width, s.height);
   const int32_t* list = bins.point_list + bins.tile_offsets[tile];
   BackwardTileState st;
-  const int32_t max_end =
-      st.load_tile(s, win, end, median_index, transmittance, totals, up);
+  const int32_t max_end = st.load_tile(s, win, end, median_index, transmittance, totals, up);
   uint32_t rows[kTileSize];
   Window windows[kPixels / kWindow];
   Hit<VFloat> h;
@@ -707,8 +705,7 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void backwar
       st.load(w.ia, w.ib, g, b);
       const VMask is_median =
           mask_and(go, load_halves(st.median_index + w.ia, st.median_index + w.ib) == k);
-      backward_lanes(b, g, sp, h, go, ps.color, ps.normal, w.x, w.y, s.near, s.far, is_median,
-                     acc);
+      backward_lanes(b, g, sp, h, go, ps.color, ps.normal, w.x, w.y, s.near, s.far, is_median, acc);
       store_halves(st.T + w.ia, st.T + w.ib, b.transmittance);
       store_halves(st.dL_dT + w.ia, st.dL_dT + w.ib, b.last_dL_dT);
     }
@@ -732,7 +729,8 @@ constexpr bool kHasSimd<float> = true;
 
 template <typename T>
 int64_t packed_surfel_bytes(int64_t num_surfels) {
-  return kHasSimd<T> && g_kernel_mode == kModeSimd ? num_surfels * int64_t(sizeof(PackedSurfel)) : 0;
+  return kHasSimd<T> && g_kernel_mode == kModeSimd ? num_surfels * int64_t(sizeof(PackedSurfel))
+                                                   : 0;
 }
 
 template <typename T>
@@ -742,7 +740,8 @@ void forward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const ForwardOu
   const int num_tiles = static_cast<int>(order.size());
   const int mode = g_kernel_mode;
   // The packed records go to packed_out (kept for the backward pass) when given.
-  ScratchArray<PackedSurfel> own(kHasSimd<T> && mode == kModeSimd && !packed_out ? s.num_surfels : 0);
+  ScratchArray<PackedSurfel> own(kHasSimd<T> && mode == kModeSimd && !packed_out ? s.num_surfels
+                                                                                 : 0);
   PackedSurfel* packed = reinterpret_cast<PackedSurfel*>(packed_out);
   if constexpr (kHasSimd<T>) {
     if (mode == kModeSimd) {
@@ -770,7 +769,8 @@ void backward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const int32_t*
                   const uint8_t* packed_in) {
   const int mode = g_kernel_mode;
   // The forward pass's packed records when it kept them, else packed here.
-  ScratchArray<PackedSurfel> own(kHasSimd<T> && mode == kModeSimd && !packed_in ? s.num_surfels : 0);
+  ScratchArray<PackedSurfel> own(kHasSimd<T> && mode == kModeSimd && !packed_in ? s.num_surfels
+                                                                                : 0);
   const PackedSurfel* packed = reinterpret_cast<const PackedSurfel*>(packed_in);
   if constexpr (kHasSimd<T>) {
     if (mode == kModeSimd && !packed) {
@@ -794,16 +794,15 @@ void backward_cpu(const SurfelArrays<T>& s, const TileBins& bins, const int32_t*
       v_surfels);
 }
 
-#define SPLAT_INSTANTIATE(T)                                                                 \
-  template void bin_tiles_cpu<T>(int64_t, const T*, const int32_t*, int, int,               \
-                                 std::vector<int64_t>&,                                     \
-                                 const std::function<int32_t*(int64_t)>&);                  \
-  template int64_t packed_surfel_bytes<T>(int64_t);                                         \
-  template void forward_cpu<T>(const SurfelArrays<T>&, const TileBins&,                     \
-                               const ForwardOutputs<T>&, uint8_t*);                         \
-  template void backward_cpu<T>(const SurfelArrays<T>&, const TileBins&, const int32_t*,    \
-                                const int32_t*, const T*, const T*, const UpstreamGrads<T>&, \
-                                T*, const uint8_t*);
+#define SPLAT_INSTANTIATE(T)                                                                      \
+  template void bin_tiles_cpu<T>(int64_t, const T*, const int32_t*, int, int,                     \
+                                 std::vector<int64_t>&, const std::function<int32_t*(int64_t)>&); \
+  template int64_t packed_surfel_bytes<T>(int64_t);                                               \
+  template void forward_cpu<T>(const SurfelArrays<T>&, const TileBins&, const ForwardOutputs<T>&, \
+                               uint8_t*);                                                         \
+  template void backward_cpu<T>(const SurfelArrays<T>&, const TileBins&, const int32_t*,          \
+                                const int32_t*, const T*, const T*, const UpstreamGrads<T>&, T*,  \
+                                const uint8_t*);
 SPLAT_INSTANTIATE(float)
 SPLAT_INSTANTIATE(double)
 #undef SPLAT_INSTANTIATE

@@ -63,8 +63,14 @@ inline VFloat operator+(float a, VFloat b) { return VFloat(a + b.v); }
 inline VFloat operator-(float a, VFloat b) { return VFloat(a - b.v); }
 inline VFloat operator*(float a, VFloat b) { return VFloat(a * b.v); }
 inline VFloat operator/(float a, VFloat b) { return VFloat(a / b.v); }
-inline VFloat& operator+=(VFloat& a, VFloat b) { a.v += b.v; return a; }
-inline VFloat& operator-=(VFloat& a, VFloat b) { a.v -= b.v; return a; }
+inline VFloat& operator+=(VFloat& a, VFloat b) {
+  a.v += b.v;
+  return a;
+}
+inline VFloat& operator-=(VFloat& a, VFloat b) {
+  a.v -= b.v;
+  return a;
+}
 inline VMask operator<(VFloat a, VFloat b) { return VMask{a.v < b.v}; }
 inline VMask operator>(VFloat a, VFloat b) { return VMask{a.v > b.v}; }
 inline VMask operator>=(VFloat a, VFloat b) { return VMask{a.v >= b.v}; }
@@ -92,7 +98,8 @@ inline uint32_t lane_bits(VMask a) {
 #endif
 }
 inline bool any_lane(VMask a) {
-  const i32x4 either = __builtin_shufflevector(a.m, a.m, 0, 1, 2, 3) | __builtin_shufflevector(a.m, a.m, 4, 5, 6, 7);
+  const i32x4 either =
+      __builtin_shufflevector(a.m, a.m, 0, 1, 2, 3) | __builtin_shufflevector(a.m, a.m, 4, 5, 6, 7);
 #if defined(__x86_64__)
   return _mm_movemask_ps((__m128)either) != 0;
 #else
@@ -110,9 +117,7 @@ inline VMask select(VMask m, VMask a, VMask b) { return VMask{(a.m & m.m) | (b.m
 // For exp_float (core.h).
 inline VInt trunc_to_int(VFloat x) { return VInt(__builtin_convertvector(x.v, i32x8)); }
 inline VFloat to_float(VInt n) { return VFloat(__builtin_convertvector(n.v, f32x8)); }
-inline VFloat pow2i(VInt n) {
-  return VFloat((f32x8)((n.v + 127) << 23));
-}
+inline VFloat pow2i(VInt n) { return VFloat((f32x8)((n.v + 127) << 23)); }
 inline VFloat exp_of(VFloat x) { return exp_float(x); }
 
 inline VFloat load8(const float* p) {
@@ -163,7 +168,8 @@ inline void store_halves(int32_t* a, int32_t* b, VInt x) {
 // as vector operations so that every instruction set computes the same bits
 // (and cheaply: three vector adds instead of seven scalar ones).
 inline float lane_sum(VFloat x) {
-  const f32x4 a = __builtin_shufflevector(x.v, x.v, 0, 1, 2, 3) + __builtin_shufflevector(x.v, x.v, 4, 5, 6, 7);
+  const f32x4 a =
+      __builtin_shufflevector(x.v, x.v, 0, 1, 2, 3) + __builtin_shufflevector(x.v, x.v, 4, 5, 6, 7);
   const f32x4 b = a + __builtin_shufflevector(a, a, 2, 3, 2, 3);
   return b[0] + b[1];
 }

@@ -16,7 +16,8 @@ namespace {
 //                            rows v[m] (W*C values each);
 //   row_out(i, f, n):        receives output row i, f[m * n + j] for map m.
 template <typename T, int kMaps, typename Vertical, typename RowOut>
-__attribute__((always_inline)) inline void filter_rows(const SsimArgs<T>& a, Vertical vertical, RowOut row_out) {
+__attribute__((always_inline)) inline void filter_rows(const SsimArgs<T>& a, Vertical vertical,
+                                                       RowOut row_out) {
   const int r = a.window_size / 2;
   const int64_t H = a.height, row = a.width * a.channels, pad = int64_t(r) * a.channels;
   const int64_t stride = row + 2 * pad;
@@ -58,8 +59,7 @@ __attribute__((always_inline)) inline double ssim_forward(const SsimArgs<T>& a, 
   const auto vertical = [&](int64_t src, T w, T* const* v) {
     const T* __restrict__ x = a.x + src * row;
     const T* __restrict__ y = a.y + src * row;
-    T *__restrict__ v0 = v[0], *__restrict__ v1 = v[1], *__restrict__ v2 = v[2],
-      *__restrict__ v3 = v[3], *__restrict__ v4 = v[4];
+    T* __restrict__ v0 = v[0], * __restrict__ v1 = v[1], * __restrict__ v2 = v[2], * __restrict__ v3 = v[3], * __restrict__ v4 = v[4];
     for (int64_t j = 0; j < row; ++j) {
       v0[j] += w * x[j];
       v1[j] += w * y[j];
@@ -100,7 +100,7 @@ __attribute__((always_inline)) inline double ssim_forward(const SsimArgs<T>& a, 
 
 template <typename T>
 __attribute__((always_inline)) inline void ssim_backward(const SsimArgs<T>& a, const T* grad_maps,
-                                                        double scale, T* dx) {
+                                                         double scale, T* dx) {
   const int64_t H = a.height, row = a.width * a.channels, plane = H * row;
   const auto vertical = [&](int64_t src, T w, T* const* v) {
     for (int m = 0; m < 3; ++m) {
@@ -122,14 +122,14 @@ __attribute__((always_inline)) inline void ssim_backward(const SsimArgs<T>& a, c
 
 // Compiled for AVX2 and for baseline x86-64, chosen at run time: the filter
 // loops are plain loops the compiler vectorises to the target's width.
-#define SPLAT_SSIM_ENTRY_POINTS(T)                                                              \
-  __attribute__((target_clones("avx2", "default"))) double ssim_forward_cpu(                   \
-      const SsimArgs<T>& a, T* grad_maps) {                                                     \
-    return ssim_forward(a, grad_maps);                                                          \
-  }                                                                                             \
-  __attribute__((target_clones("avx2", "default"))) void ssim_backward_cpu(                    \
-      const SsimArgs<T>& a, const T* grad_maps, double scale, T* dx) {                          \
-    ssim_backward(a, grad_maps, scale, dx);                                                     \
+#define SPLAT_SSIM_ENTRY_POINTS(T)                                                                \
+  __attribute__((target_clones("avx2", "default"))) double ssim_forward_cpu(const SsimArgs<T>& a, \
+                                                                            T* grad_maps) {       \
+    return ssim_forward(a, grad_maps);                                                            \
+  }                                                                                               \
+  __attribute__((target_clones("avx2", "default"))) void ssim_backward_cpu(                       \
+      const SsimArgs<T>& a, const T* grad_maps, double scale, T* dx) {                            \
+    ssim_backward(a, grad_maps, scale, dx);                                                       \
   }
 SPLAT_SSIM_ENTRY_POINTS(float)
 SPLAT_SSIM_ENTRY_POINTS(double)

@@ -47,6 +47,7 @@ double ssim_forward_cpu(const SsimArgs<double>& a, double* grad_maps);
 // dx [H, W, C] = scale * (G * m_mu + 2 x (G * m_xx) + y (G * m_xy)); scale
 // is the upstream gradient of the mean divided by H W C.
 void ssim_backward_cpu(const SsimArgs<float>& a, const float* grad_maps, double scale, float* dx);
-void ssim_backward_cpu(const SsimArgs<double>& a, const double* grad_maps, double scale, double* dx);
+void ssim_backward_cpu(const SsimArgs<double>& a, const double* grad_maps, double scale,
+                       double* dx);
 
 }  // namespace splat

@@ -58,7 +58,8 @@ struct TileWindow {
     y1 = std::min(height, y0 + kTileSize);
   }
   PixelRect clip(const PixelRect& r) const {
-    return PixelRect{std::max(r.x0, x0), std::max(r.y0, y0), std::min(r.x1, x1), std::min(r.y1, y1)};
+    return PixelRect{std::max(r.x0, x0), std::max(r.y0, y0), std::min(r.x1, x1),
+                     std::min(r.y1, y1)};
   }
   int local(int px, int py) const { return (py - y0) * kTileSize + (px - x0); }
 };
@@ -81,8 +82,8 @@ inline std::vector<int> tiles_by_cost(const TileBins& bins) {
 template <typename T>
 int32_t load_tile_grads(int width, const TileWindow& win, const int32_t* end,
                         const int32_t* median_index, const T* transmittance, const T* totals,
-                        const UpstreamGrads<T>& up, PixelGrad<T>* grads,
-                        BackwardState<T>* states, int32_t* ends, int32_t* medians) {
+                        const UpstreamGrads<T>& up, PixelGrad<T>* grads, BackwardState<T>* states,
+                        int32_t* ends, int32_t* medians) {
   int32_t max_end = 0;
   for (int i = 0; i < kPixels; ++i) ends[i] = 0, medians[i] = -1;
   for (int py = win.y0; py < win.y1; ++py) {

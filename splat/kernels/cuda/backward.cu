@@ -80,8 +80,7 @@ __device__ __forceinline__ void atomic_add(double* address, double value) {
   unsigned long long old = *bits, assumed;
   do {
     assumed = old;
-    old = atomicCAS(bits, assumed,
-                    __double_as_longlong(value + __longlong_as_double(assumed)));
+    old = atomicCAS(bits, assumed, __double_as_longlong(value + __longlong_as_double(assumed)));
   } while (assumed != old);
 #endif
 }
@@ -164,8 +163,8 @@ cudaError_t launch(const typename P::Arrays& s, const TileBins& bins, const int3
   if (bins.tiles_x <= 0 || bins.tiles_y <= 0 || P::count(s) <= 0) return cudaSuccess;
   const dim3 grid(bins.tiles_x, bins.tiles_y);
   const dim3 block(kTileSize, kTileSize);
-  backward_kernel<T, P><<<grid, block, 0, stream>>>(s, bins, end, median_index, transmittance,
-                                                    totals, up, v_params);
+  backward_kernel<T, P>
+      <<<grid, block, 0, stream>>>(s, bins, end, median_index, transmittance, totals, up, v_params);
   return cudaGetLastError();
 }
 
@@ -173,25 +172,23 @@ cudaError_t launch(const typename P::Arrays& s, const TileBins& bins, const int3
 
 template <typename T>
 cudaError_t launch_backward(const SurfelArrays<T>& s, const TileBins& bins, const int32_t* end,
-                            const int32_t* median_index, const T* transmittance,
-                            const T* totals, const UpstreamGrads<T>& up, T* v_surfels,
-                            cudaStream_t stream) {
-  return launch<T, SurfelKernel<T>>(s, bins, end, median_index, transmittance, totals, up, v_surfels,
-                                    stream);
+                            const int32_t* median_index, const T* transmittance, const T* totals,
+                            const UpstreamGrads<T>& up, T* v_surfels, cudaStream_t stream) {
+  return launch<T, SurfelKernel<T>>(s, bins, end, median_index, transmittance, totals, up,
+                                    v_surfels, stream);
 }
 
 template <typename T>
 cudaError_t launch_backward(const GaussianArrays<T>& g, const TileBins& bins, const int32_t* end,
-                            const int32_t* median_index, const T* transmittance,
-                            const T* totals, const UpstreamGrads<T>& up, T* v_gaussians,
-                            cudaStream_t stream) {
+                            const int32_t* median_index, const T* transmittance, const T* totals,
+                            const UpstreamGrads<T>& up, T* v_gaussians, cudaStream_t stream) {
   return launch<T, GaussianKernel<T>>(g, bins, end, median_index, transmittance, totals, up,
                                       v_gaussians, stream);
 }
 
-#define SPLAT_INSTANTIATE(T, Arrays)                                                               \
-  template cudaError_t launch_backward<T>(const Arrays<T>&, const TileBins&, const int32_t*,        \
-                                          const int32_t*, const T*, const T*,                      \
+#define SPLAT_INSTANTIATE(T, Arrays)                                                         \
+  template cudaError_t launch_backward<T>(const Arrays<T>&, const TileBins&, const int32_t*, \
+                                          const int32_t*, const T*, const T*,                \
                                           const UpstreamGrads<T>&, T*, cudaStream_t);
 SPLAT_INSTANTIATE(float, SurfelArrays)
 SPLAT_INSTANTIATE(double, SurfelArrays)

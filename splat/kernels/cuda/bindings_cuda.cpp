@@ -52,7 +52,8 @@ std::vector<torch::Tensor> forward_gaussians_cuda(SPLAT_GAUSSIAN_PARAMS) {
 }
 
 torch::Tensor backward_gaussians_cuda(SPLAT_GAUSSIAN_PARAMS, SPLAT_BACKWARD_STATE_PARAMS) {
-  return host_sequence::backward_gaussians<CudaDevice>(SPLAT_GAUSSIAN_NAMES, SPLAT_BACKWARD_STATE_NAMES);
+  return host_sequence::backward_gaussians<CudaDevice>(SPLAT_GAUSSIAN_NAMES,
+                                                       SPLAT_BACKWARD_STATE_NAMES);
 }
 
 }  // namespace splat

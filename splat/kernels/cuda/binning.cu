@@ -33,7 +33,9 @@ namespace {
 
 constexpr int kThreads = 256;
 
-inline unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
+inline unsigned blocks_for(int64_t n) {
+  return static_cast<unsigned>((n + kThreads - 1) / kThreads);
+}
 
 // The depth sort key type of a scalar type (core.h depth_sort_key).
 template <typename T>
@@ -41,8 +43,7 @@ using DepthKey = decltype(depth_sort_key(T()));
 
 template <typename T>
 __global__ void depth_keys_kernel(const T* __restrict__ depth, int n,
-                                  DepthKey<T>* __restrict__ keys,
-                                  int32_t* __restrict__ ids) {
+                                  DepthKey<T>* __restrict__ keys, int32_t* __restrict__ ids) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   keys[i] = depth_sort_key(depth[i]);
@@ -108,21 +109,27 @@ struct CountLayout {
 
   explicit CountLayout(int n) {
     size_t sort_bytes = 0, scan_bytes = 0;
-    cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const Key*>(nullptr),
-                                    static_cast<Key*>(nullptr),
-                                    static_cast<const int32_t*>(nullptr),
-                                    static_cast<int32_t*>(nullptr), n);
+    cub::DeviceRadixSort::SortPairs(
+        nullptr, sort_bytes, static_cast<const Key*>(nullptr), static_cast<Key*>(nullptr),
+        static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n);
     cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, static_cast<const int64_t*>(nullptr),
                                   static_cast<int64_t*>(nullptr), n);
     temp_bytes = sort_bytes > scan_bytes ? sort_bytes : scan_bytes;
     size_t at = 0;
-    keys = at;        at += align_up(sizeof(Key) * n);
-    keys_sorted = at; at += align_up(sizeof(Key) * n);
-    ids = at;         at += align_up(sizeof(int32_t) * n);
-    ids_sorted = at;  at += align_up(sizeof(int32_t) * n);
-    counts = at;      at += align_up(sizeof(int64_t) * n);
-    pair_end = at;    at += align_up(sizeof(int64_t) * n);
-    temp = at;        at += align_up(temp_bytes);
+    keys = at;
+    at += align_up(sizeof(Key) * n);
+    keys_sorted = at;
+    at += align_up(sizeof(Key) * n);
+    ids = at;
+    at += align_up(sizeof(int32_t) * n);
+    ids_sorted = at;
+    at += align_up(sizeof(int32_t) * n);
+    counts = at;
+    at += align_up(sizeof(int64_t) * n);
+    pair_end = at;
+    at += align_up(sizeof(int64_t) * n);
+    temp = at;
+    at += align_up(temp_bytes);
     total = at;
   }
 };
@@ -137,10 +144,14 @@ struct PairsLayout {
                                     static_cast<const int32_t*>(nullptr),
                                     static_cast<int32_t*>(nullptr), num_pairs, 0, end_bit);
     size_t at = 0;
-    keys = at;        at += align_up(sizeof(uint32_t) * num_pairs);
-    keys_sorted = at; at += align_up(sizeof(uint32_t) * num_pairs);
-    values = at;      at += align_up(sizeof(int32_t) * num_pairs);
-    temp = at;        at += align_up(temp_bytes);
+    keys = at;
+    at += align_up(sizeof(uint32_t) * num_pairs);
+    keys_sorted = at;
+    at += align_up(sizeof(uint32_t) * num_pairs);
+    values = at;
+    at += align_up(sizeof(int32_t) * num_pairs);
+    temp = at;
+    at += align_up(temp_bytes);
     total = at;
   }
 };
@@ -161,10 +172,10 @@ const P* at_offset(const void* base, size_t offset) {
   return reinterpret_cast<const P*>(static_cast<const char*>(base) + offset);
 }
 
-#define SPLAT_RETURN_IF_ERROR(expr)          \
-  do {                                       \
-    const cudaError_t err_ = (expr);         \
-    if (err_ != cudaSuccess) return err_;    \
+#define SPLAT_RETURN_IF_ERROR(expr)       \
+  do {                                    \
+    const cudaError_t err_ = (expr);      \
+    if (err_ != cudaSuccess) return err_; \
   } while (0)
 
 }  // namespace
@@ -196,9 +207,8 @@ cudaError_t bin_count(const T* depth, const int32_t* pixel_rect, int64_t n64, in
   depth_keys_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(depth, n, keys, ids);
   SPLAT_RETURN_IF_ERROR(cudaGetLastError());
   size_t temp_bytes = L.temp_bytes;
-  SPLAT_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys, keys_sorted, ids,
-                                                        ids_sorted, n, 0, int(sizeof(Key) * 8),
-                                                        stream));
+  SPLAT_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(
+      temp, temp_bytes, keys, keys_sorted, ids, ids_sorted, n, 0, int(sizeof(Key) * 8), stream));
   count_tiles_kernel<<<blocks_for(n), kThreads, 0, stream>>>(pixel_rect, ids_sorted, n, tiles_x,
                                                              tiles_y, counts);
   SPLAT_RETURN_IF_ERROR(cudaGetLastError());
@@ -245,19 +255,18 @@ cudaError_t bin_pairs(const int32_t* pixel_rect, int64_t n64, int tiles_x, int t
   // Stable LSD radix sort on the tile bits only: inside a tile the pairs keep
   // the depth order (then index order) in which duplicate_kernel wrote them.
   size_t temp_bytes = L.temp_bytes;
-  SPLAT_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys, keys_sorted,
-                                                        values, point_list, num_pairs, 0,
-                                                        end_bit, stream));
+  SPLAT_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys, keys_sorted, values,
+                                                        point_list, num_pairs, 0, end_bit, stream));
   tile_offsets_kernel<<<blocks_for(num_pairs), kThreads, 0, stream>>>(keys_sorted, num_pairs,
                                                                       num_tiles, tile_offsets);
   return cudaGetLastError();
 }
 
-#define SPLAT_INSTANTIATE(T)                                                                  \
-  template size_t bin_count_workspace_bytes<T>(int64_t);                                      \
+#define SPLAT_INSTANTIATE(T)                                                                    \
+  template size_t bin_count_workspace_bytes<T>(int64_t);                                        \
   template cudaError_t bin_count<T>(const T*, const int32_t*, int64_t, int, int, void*, size_t, \
-                                    int64_t*, cudaStream_t);                                  \
-  template cudaError_t bin_pairs<T>(const int32_t*, int64_t, int, int, const void*, int64_t,  \
+                                    int64_t*, cudaStream_t);                                    \
+  template cudaError_t bin_pairs<T>(const int32_t*, int64_t, int, int, const void*, int64_t,    \
                                     void*, size_t, int32_t*, int64_t*, cudaStream_t);
 SPLAT_INSTANTIATE(float)
 SPLAT_INSTANTIATE(double)

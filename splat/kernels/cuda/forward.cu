@@ -54,7 +54,8 @@ __global__ void __launch_bounds__(kBlockThreads)
     // and if every pixel is done the whole block leaves (uniformly).
     if (__syncthreads_count(done) == kBlockThreads) break;
     const int32_t k_load = start + tid;
-    if (tid < P::kBatch && k_load < count) P::store(batch, tid, s, list[k_load]);  // coalesced list read
+    if (tid < P::kBatch && k_load < count)
+      P::store(batch, tid, s, list[k_load]);  // coalesced list read
     __syncthreads();
 
     if (!done) {
@@ -87,21 +88,21 @@ cudaError_t launch(const typename P::Arrays& s, const TileBins& bins, const Forw
 }  // namespace
 
 template <typename T>
-cudaError_t launch_forward(const SurfelArrays<T>& s, const TileBins& bins, const ForwardOutputs<T>& out,
-                           cudaStream_t stream) {
+cudaError_t launch_forward(const SurfelArrays<T>& s, const TileBins& bins,
+                           const ForwardOutputs<T>& out, cudaStream_t stream) {
   return launch<T, SurfelKernel<T>>(s, bins, out, stream);
 }
 
 template <typename T>
-cudaError_t launch_forward(const GaussianArrays<T>& g, const TileBins& bins, const ForwardOutputs<T>& out,
-                           cudaStream_t stream) {
+cudaError_t launch_forward(const GaussianArrays<T>& g, const TileBins& bins,
+                           const ForwardOutputs<T>& out, cudaStream_t stream) {
   return launch<T, GaussianKernel<T>>(g, bins, out, stream);
 }
 
-#define SPLAT_INSTANTIATE(T)                                                                          \
-  template cudaError_t launch_forward<T>(const SurfelArrays<T>&, const TileBins&, const ForwardOutputs<T>&, \
-                                         cudaStream_t);                                               \
-  template cudaError_t launch_forward<T>(const GaussianArrays<T>&, const TileBins&,                   \
+#define SPLAT_INSTANTIATE(T)                                                        \
+  template cudaError_t launch_forward<T>(const SurfelArrays<T>&, const TileBins&,   \
+                                         const ForwardOutputs<T>&, cudaStream_t);   \
+  template cudaError_t launch_forward<T>(const GaussianArrays<T>&, const TileBins&, \
                                          const ForwardOutputs<T>&, cudaStream_t);
 SPLAT_INSTANTIATE(float)
 SPLAT_INSTANTIATE(double)

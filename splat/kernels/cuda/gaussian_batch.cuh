@@ -46,7 +46,8 @@ struct GaussianKernel {
   __device__ __forceinline__ static void store(Batch& b, int slot, const Arrays& g, int32_t id) {
     const int64_t i = id;
 #pragma unroll
-    for (int k = 0; k < kGaussParams; ++k) b.params[k][slot] = __ldg(g.params + i * kGaussParams + k);
+    for (int k = 0; k < kGaussParams; ++k)
+      b.params[k][slot] = __ldg(g.params + i * kGaussParams + k);
 #pragma unroll
     for (int c = 0; c < kChannels; ++c) b.color[c][slot] = __ldg(g.color + i * kChannels + c);
     b.id[slot] = id;
@@ -56,7 +57,8 @@ struct GaussianKernel {
 
   // As for surfels: only the pixels of the rectangle, the ones the CPU visits.
   __device__ __forceinline__ static bool in_rect(const Batch& b, int slot, int px, int py) {
-    return px >= b.rect[0][slot] && py >= b.rect[1][slot] && px < b.rect[2][slot] && py < b.rect[3][slot];
+    return px >= b.rect[0][slot] && py >= b.rect[1][slot] && px < b.rect[2][slot] &&
+           py < b.rect[3][slot];
   }
 
   __device__ __forceinline__ static void load(const Batch& b, int slot, GaussianParams<T>& gp,
@@ -69,8 +71,8 @@ struct GaussianKernel {
 
   // Blends slot `slot` (list position k) into the pixel at centre (x, y).
   // Returns false once the pixel is finished (blend refused).
-  __device__ __forceinline__ static bool blend_at(PixelState<T>& p, const Batch& b, int slot, T x, T y,
-                                                  const Arrays& g, int32_t k) {
+  __device__ __forceinline__ static bool blend_at(PixelState<T>& p, const Batch& b, int slot, T x,
+                                                  T y, const Arrays& g, int32_t k) {
     GaussianParams<T> gp;
     T color[kChannels];
     load(b, slot, gp, color);
@@ -83,8 +85,8 @@ struct GaussianKernel {
   // Differentiates slot `slot` at the pixel into `record`; returns whether
   // the sample contributed (false: record untouched).
   __device__ __forceinline__ static bool backward_at(BackwardState<T>& st, const PixelGrad<T>& grad,
-                                                     const Batch& b, int slot, T x, T y, const Arrays& g,
-                                                     bool is_median, T* record) {
+                                                     const Batch& b, int slot, T x, T y,
+                                                     const Arrays& g, bool is_median, T* record) {
     GaussianParams<T> gp;
     T color[kChannels];
     load(b, slot, gp, color);

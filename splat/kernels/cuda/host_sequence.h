@@ -48,8 +48,7 @@ void check_tensor(const torch::Tensor& t, const char* name, const torch::Device&
               " tensor for the CUDA backend, got one on ", t.device());
   TORCH_CHECK(t.device() == device, name, " is on ", t.device(), " but the first input is on ",
               device, ": all inputs must be on one device");
-  TORCH_CHECK(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ",
-              dtype);
+  TORCH_CHECK(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ", dtype);
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
 }
 
@@ -58,8 +57,8 @@ inline void check_rows(const torch::Tensor& t, const char* name, int64_t n, int6
   TORCH_CHECK(t.dim() >= 1 && t.size(0) == n, name, " has shape ", t.sizes(), ", expected ", n,
               " rows");
   if (cols > 0) {
-    TORCH_CHECK(t.dim() == 2 && t.size(1) == cols, name, " has shape ", t.sizes(),
-                ", expected [", n, ", ", cols, "]");
+    TORCH_CHECK(t.dim() == 2 && t.size(1) == cols, name, " has shape ", t.sizes(), ", expected [",
+                n, ", ", cols, "]");
   } else {
     TORCH_CHECK(t.numel() == n, name, " has shape ", t.sizes(), ", expected [", n, "]");
   }
@@ -152,20 +151,26 @@ int64_t check_gaussians(const torch::Tensor& params, const torch::Tensor& color,
 
 template <typename T>
 SurfelArrays<T> surfel_arrays(SPLAT_SURFEL_PARAMS) {
-  return SurfelArrays<T>{Tuvw.data_ptr<T>(),    center.data_ptr<T>(),
-                         normal.data_ptr<T>(),  color.data_ptr<T>(),
-                         opacity.data_ptr<T>(), depth.data_ptr<T>(),
-                         pixel_rect.data_ptr<int32_t>(), Tuvw.size(0),
-                         static_cast<int>(width), static_cast<int>(height),
-                         static_cast<T>(near),  static_cast<T>(far)};
+  return SurfelArrays<T>{Tuvw.data_ptr<T>(),
+                         center.data_ptr<T>(),
+                         normal.data_ptr<T>(),
+                         color.data_ptr<T>(),
+                         opacity.data_ptr<T>(),
+                         depth.data_ptr<T>(),
+                         pixel_rect.data_ptr<int32_t>(),
+                         Tuvw.size(0),
+                         static_cast<int>(width),
+                         static_cast<int>(height),
+                         static_cast<T>(near),
+                         static_cast<T>(far)};
 }
 
 template <typename T>
 GaussianArrays<T> gaussian_arrays(SPLAT_GAUSSIAN_PARAMS) {
-  return GaussianArrays<T>{params.data_ptr<T>(), color.data_ptr<T>(), depth.data_ptr<T>(),
-                           pixel_rect.data_ptr<int32_t>(), params.size(0),
-                           static_cast<int>(width), static_cast<int>(height),
-                           static_cast<T>(near), static_cast<T>(far)};
+  return GaussianArrays<T>{
+      params.data_ptr<T>(),           color.data_ptr<T>(),  depth.data_ptr<T>(),
+      pixel_rect.data_ptr<int32_t>(), params.size(0),       static_cast<int>(width),
+      static_cast<int>(height),       static_cast<T>(near), static_cast<T>(far)};
 }
 
 // Allocates the outputs, bins and renders `a` (SurfelArrays or
@@ -195,20 +200,19 @@ std::vector<torch::Tensor> forward_impl(const Arrays& a, int64_t n, const torch:
   if (n > 0 && num_tiles > 0) {
     torch::Tensor count_ws = Dev::empty({int64_t(gpu::bin_count_workspace_bytes<T>(n))}, bytes);
     int64_t num_pairs = 0;
-    check_cuda(gpu::bin_count<T>(a.depth, a.pixel_rect, n, tiles_x, tiles_y,
-                                 count_ws.data_ptr(), size_t(count_ws.numel()), &num_pairs,
-                                 stream),
+    check_cuda(gpu::bin_count<T>(a.depth, a.pixel_rect, n, tiles_x, tiles_y, count_ws.data_ptr(),
+                                 size_t(count_ws.numel()), &num_pairs, stream),
                "binning (bin_count)");
     TORCH_CHECK(num_pairs <= kMaxInt32,
                 "too many (tile, primitive) pairs for the CUDA rasterizer: ", num_pairs);
     point_list = Dev::empty({num_pairs}, iopts);
-    torch::Tensor pairs_ws = Dev::empty({int64_t(gpu::bin_pairs_workspace_bytes(num_pairs, num_tiles))},
-                               bytes);
-    check_cuda(gpu::bin_pairs<T>(a.pixel_rect, n, tiles_x, tiles_y, count_ws.data_ptr(),
-                                 num_pairs, pairs_ws.data_ptr(), size_t(pairs_ws.numel()),
-                                 point_list.data_ptr<int32_t>(),
-                                 tile_offsets.data_ptr<int64_t>(), stream),
-               "binning (bin_pairs)");
+    torch::Tensor pairs_ws =
+        Dev::empty({int64_t(gpu::bin_pairs_workspace_bytes(num_pairs, num_tiles))}, bytes);
+    check_cuda(
+        gpu::bin_pairs<T>(a.pixel_rect, n, tiles_x, tiles_y, count_ws.data_ptr(), num_pairs,
+                          pairs_ws.data_ptr(), size_t(pairs_ws.numel()),
+                          point_list.data_ptr<int32_t>(), tile_offsets.data_ptr<int64_t>(), stream),
+        "binning (bin_pairs)");
   } else {
     // No primitives (or no pixels): every tile has the empty list, and the
     // render below writes the background state (transmittance 1, sums 0,
@@ -217,15 +221,13 @@ std::vector<torch::Tensor> forward_impl(const Arrays& a, int64_t n, const torch:
     point_list = Dev::empty({0}, iopts);
   }
 
-  TileBins bins{tile_offsets.data_ptr<int64_t>(), point_list.data_ptr<int32_t>(), tiles_x,
-                tiles_y};
-  ForwardOutputs<T> out{color_sum.data_ptr<T>(),    transmittance.data_ptr<T>(),
-                        depth_sum.data_ptr<T>(),    normal_sum.data_ptr<T>(),
-                        distortion.data_ptr<T>(),   median_depth.data_ptr<T>(),
-                        end.data_ptr<int32_t>(),    median_index.data_ptr<int32_t>(),
-                        totals.data_ptr<T>()};
+  TileBins bins{tile_offsets.data_ptr<int64_t>(), point_list.data_ptr<int32_t>(), tiles_x, tiles_y};
+  ForwardOutputs<T> out{
+      color_sum.data_ptr<T>(),  transmittance.data_ptr<T>(),      depth_sum.data_ptr<T>(),
+      normal_sum.data_ptr<T>(), distortion.data_ptr<T>(),         median_depth.data_ptr<T>(),
+      end.data_ptr<int32_t>(),  median_index.data_ptr<int32_t>(), totals.data_ptr<T>()};
   check_cuda(gpu::launch_forward<T>(a, bins, out, stream), "the forward kernel");
-  return {color_sum, transmittance, depth_sum, normal_sum, distortion, median_depth,
+  return {color_sum, transmittance, depth_sum, normal_sum,   distortion, median_depth,
           end,       median_index,  totals,    tile_offsets, point_list};
 }
 
@@ -238,8 +240,9 @@ struct BackwardInputs {
 // Accumulates the gradient records [N, record_size] of `a` (zeroed first:
 // the kernel adds with atomics).
 template <class Dev, typename T, class Arrays>
-torch::Tensor backward_impl(const Arrays& a, int64_t n, int64_t record_size, const torch::Tensor& like,
-                            int64_t width, int64_t height, const BackwardInputs& in) {
+torch::Tensor backward_impl(const Arrays& a, int64_t n, int64_t record_size,
+                            const torch::Tensor& like, int64_t width, int64_t height,
+                            const BackwardInputs& in) {
   cudaStream_t stream = Dev::stream();
   torch::Tensor v_params = Dev::empty({n, record_size}, like.options()).zero_();
   const int tiles_x = tiles_along(width), tiles_y = tiles_along(height);
@@ -250,11 +253,11 @@ torch::Tensor backward_impl(const Arrays& a, int64_t n, int64_t record_size, con
   const auto& up = in.up;
   UpstreamGrads<T> grads{up[0].data_ptr<T>(), up[1].data_ptr<T>(), up[2].data_ptr<T>(),
                          up[3].data_ptr<T>(), up[4].data_ptr<T>(), up[5].data_ptr<T>()};
-  check_cuda(gpu::launch_backward<T>(a, bins, in.end.data_ptr<int32_t>(),
-                                     in.median_index.data_ptr<int32_t>(),
-                                     in.transmittance.data_ptr<T>(), in.totals.data_ptr<T>(), grads,
-                                     v_params.data_ptr<T>(), stream),
-             "the backward kernel");
+  check_cuda(
+      gpu::launch_backward<T>(a, bins, in.end.data_ptr<int32_t>(),
+                              in.median_index.data_ptr<int32_t>(), in.transmittance.data_ptr<T>(),
+                              in.totals.data_ptr<T>(), grads, v_params.data_ptr<T>(), stream),
+      "the backward kernel");
   return v_params;
 }
 
@@ -263,21 +266,21 @@ torch::Tensor backward_impl(const Arrays& a, int64_t n, int64_t record_size, con
 // the kernels index with (offsets monotone from 0 to P, ids in [0, N)), which
 // on a GPU would cost a host sync per backward call.
 template <class Dev>
-void check_binning(const torch::Tensor& tile_offsets, const torch::Tensor& point_list,
-                   int64_t n, int64_t num_tiles, int64_t width, int64_t height,
-                   const torch::Device& device) {
+void check_binning(const torch::Tensor& tile_offsets, const torch::Tensor& point_list, int64_t n,
+                   int64_t num_tiles, int64_t width, int64_t height, const torch::Device& device) {
   check_tensor<Dev>(tile_offsets, "tile_offsets", device, torch::kInt64);
   TORCH_CHECK(tile_offsets.dim() == 1 && tile_offsets.numel() == num_tiles + 1,
               "tile_offsets has shape ", tile_offsets.sizes(), ", expected [", num_tiles + 1,
-              "] for a ", width, " x ", height, " image: the saved forward state does not "
+              "] for a ", width, " x ", height,
+              " image: the saved forward state does not "
               "belong to these inputs");
   check_tensor<Dev>(point_list, "point_list", device, torch::kInt32);
   TORCH_CHECK(point_list.dim() == 1, "point_list must be 1-D, got shape ", point_list.sizes());
   if constexpr (Dev::kHostMemory) {
     const int64_t* off = tile_offsets.data_ptr<int64_t>();
-    TORCH_CHECK(off[0] == 0 && off[num_tiles] == point_list.numel(),
-                "tile_offsets run from ", off[0], " to ", off[num_tiles], " but point_list has ",
-                point_list.numel(), " entries: the saved forward state does not belong to "
+    TORCH_CHECK(off[0] == 0 && off[num_tiles] == point_list.numel(), "tile_offsets run from ",
+                off[0], " to ", off[num_tiles], " but point_list has ", point_list.numel(),
+                " entries: the saved forward state does not belong to "
                 "these inputs");
     for (int64_t t = 0; t < num_tiles; ++t)
       TORCH_CHECK(off[t] <= off[t + 1], "tile_offsets decrease at tile ", t,
@@ -285,7 +288,8 @@ void check_binning(const torch::Tensor& tile_offsets, const torch::Tensor& point
     const int32_t* ids = point_list.data_ptr<int32_t>();
     for (int64_t i = 0; i < point_list.numel(); ++i)
       TORCH_CHECK(ids[i] >= 0 && ids[i] < n, "point_list[", i, "] = ", ids[i],
-                  " is not a primitive index in [0, ", n, "): the saved forward state does not "
+                  " is not a primitive index in [0, ", n,
+                  "): the saved forward state does not "
                   "belong to these inputs");
   }
 }
@@ -310,10 +314,10 @@ BackwardInputs check_backward_inputs(const torch::Tensor& like, int64_t n, int64
 
   // Upstream gradients: autograd may hand over expanded (stride-0) or
   // otherwise non-contiguous tensors; contiguous() is free when they are not.
-  const torch::Tensor* raw[6] = {&v_color_sum, &v_transmittance, &v_depth_sum,
-                                 &v_normal_sum, &v_distortion, &v_median_depth};
-  const char* names[6] = {"v_color_sum", "v_transmittance", "v_depth_sum",
-                          "v_normal_sum", "v_distortion", "v_median_depth"};
+  const torch::Tensor* raw[6] = {&v_color_sum,  &v_transmittance, &v_depth_sum,
+                                 &v_normal_sum, &v_distortion,    &v_median_depth};
+  const char* names[6] = {"v_color_sum",  "v_transmittance", "v_depth_sum",
+                          "v_normal_sum", "v_distortion",    "v_median_depth"};
   const int64_t channels[6] = {kChannels, 0, 0, 3, 0, 0};
   BackwardInputs in{tile_offsets, point_list, end, median_index, transmittance, totals, {}};
   in.up.reserve(6);
@@ -335,10 +339,9 @@ std::vector<torch::Tensor> forward(SPLAT_SURFEL_PARAMS) {
       check_surfels<Dev>(Tuvw, center, normal, color, opacity, depth, pixel_rect, width, height);
   const typename Dev::Guard device_guard(Tuvw.device());
   if (Tuvw.scalar_type() == torch::kFloat64)
-    return forward_impl<Dev, double>(surfel_arrays<double>(SPLAT_SURFEL_NAMES),
-                                     n, Tuvw, width, height);
-  return forward_impl<Dev, float>(surfel_arrays<float>(SPLAT_SURFEL_NAMES),
-                                  n, Tuvw, width, height);
+    return forward_impl<Dev, double>(surfel_arrays<double>(SPLAT_SURFEL_NAMES), n, Tuvw, width,
+                                     height);
+  return forward_impl<Dev, float>(surfel_arrays<float>(SPLAT_SURFEL_NAMES), n, Tuvw, width, height);
 }
 
 template <class Dev>
@@ -349,10 +352,10 @@ torch::Tensor backward(SPLAT_SURFEL_PARAMS, SPLAT_BACKWARD_STATE_PARAMS) {
   const BackwardInputs in =
       check_backward_inputs<Dev>(Tuvw, n, width, height, SPLAT_BACKWARD_STATE_NAMES);
   if (Tuvw.scalar_type() == torch::kFloat64)
-    return backward_impl<Dev, double>(surfel_arrays<double>(SPLAT_SURFEL_NAMES),
-                                      n, kGradSize, Tuvw, width, height, in);
-  return backward_impl<Dev, float>(surfel_arrays<float>(SPLAT_SURFEL_NAMES),
-                                   n, kGradSize, Tuvw, width, height, in);
+    return backward_impl<Dev, double>(surfel_arrays<double>(SPLAT_SURFEL_NAMES), n, kGradSize, Tuvw,
+                                      width, height, in);
+  return backward_impl<Dev, float>(surfel_arrays<float>(SPLAT_SURFEL_NAMES), n, kGradSize, Tuvw,
+                                   width, height, in);
 }
 
 // 3D Gaussians: params [N, kGaussParams] (core.h), v_gaussians [N, kGaussGradSize].
@@ -361,12 +364,10 @@ std::vector<torch::Tensor> forward_gaussians(SPLAT_GAUSSIAN_PARAMS) {
   const int64_t n = check_gaussians<Dev>(params, color, depth, pixel_rect, width, height);
   const typename Dev::Guard device_guard(params.device());
   if (params.scalar_type() == torch::kFloat64)
-    return forward_impl<Dev, double>(
-        gaussian_arrays<double>(SPLAT_GAUSSIAN_NAMES), n, params,
-        width, height);
-  return forward_impl<Dev, float>(
-      gaussian_arrays<float>(SPLAT_GAUSSIAN_NAMES), n, params,
-      width, height);
+    return forward_impl<Dev, double>(gaussian_arrays<double>(SPLAT_GAUSSIAN_NAMES), n, params,
+                                     width, height);
+  return forward_impl<Dev, float>(gaussian_arrays<float>(SPLAT_GAUSSIAN_NAMES), n, params, width,
+                                  height);
 }
 
 template <class Dev>
@@ -376,12 +377,10 @@ torch::Tensor backward_gaussians(SPLAT_GAUSSIAN_PARAMS, SPLAT_BACKWARD_STATE_PAR
   const BackwardInputs in =
       check_backward_inputs<Dev>(params, n, width, height, SPLAT_BACKWARD_STATE_NAMES);
   if (params.scalar_type() == torch::kFloat64)
-    return backward_impl<Dev, double>(
-        gaussian_arrays<double>(SPLAT_GAUSSIAN_NAMES), n,
-        kGaussGradSize, params, width, height, in);
-  return backward_impl<Dev, float>(
-      gaussian_arrays<float>(SPLAT_GAUSSIAN_NAMES), n,
-      kGaussGradSize, params, width, height, in);
+    return backward_impl<Dev, double>(gaussian_arrays<double>(SPLAT_GAUSSIAN_NAMES), n,
+                                      kGaussGradSize, params, width, height, in);
+  return backward_impl<Dev, float>(gaussian_arrays<float>(SPLAT_GAUSSIAN_NAMES), n, kGaussGradSize,
+                                   params, width, height, in);
 }
 
 }  // namespace host_sequence

@@ -82,14 +82,12 @@ cudaError_t launch_forward(const GaussianArrays<T>& g, const TileBins& bins,
 // caller must have zeroed.  No host sync.
 template <typename T>
 cudaError_t launch_backward(const SurfelArrays<T>& s, const TileBins& bins, const int32_t* end,
-                            const int32_t* median_index, const T* transmittance,
-                            const T* totals, const UpstreamGrads<T>& up, T* v_surfels,
-                            cudaStream_t stream);
+                            const int32_t* median_index, const T* transmittance, const T* totals,
+                            const UpstreamGrads<T>& up, T* v_surfels, cudaStream_t stream);
 template <typename T>
 cudaError_t launch_backward(const GaussianArrays<T>& g, const TileBins& bins, const int32_t* end,
-                            const int32_t* median_index, const T* transmittance,
-                            const T* totals, const UpstreamGrads<T>& up, T* v_gaussians,
-                            cudaStream_t stream);
+                            const int32_t* median_index, const T* transmittance, const T* totals,
+                            const UpstreamGrads<T>& up, T* v_gaussians, cudaStream_t stream);
 
 }  // namespace gpu
 }  // namespace splat

@@ -35,8 +35,8 @@ struct SurfelBatch {
 
 // Gathers surfel `id` from global memory into slot `slot` (read-only path).
 template <typename T>
-__device__ __forceinline__ void store_surfel(SurfelBatch<T>& b, int slot,
-                                             const SurfelArrays<T>& s, int32_t id) {
+__device__ __forceinline__ void store_surfel(SurfelBatch<T>& b, int slot, const SurfelArrays<T>& s,
+                                             int32_t id) {
   const int64_t i = id;
 #pragma unroll
   for (int k = 0; k < 9; ++k) b.tuvw[k][slot] = __ldg(s.Tuvw + i * 9 + k);
@@ -87,7 +87,6 @@ __device__ __forceinline__ void load_color_normal(const SurfelBatch<T>& b, int s
   for (int k = 0; k < 3; ++k) normal[k] = b.normal[k][slot];
 }
 
-
 // The policy the tile kernels take: what a batch holds, how one primitive of
 // it is evaluated at a pixel and blended (forward) or differentiated
 // (backward).  Each step is the CPU backend's (cpu/rasterize_cpu.cpp) call
@@ -111,8 +110,8 @@ struct SurfelKernel {
 
   // Blends slot `slot` (list position k) into the pixel at centre (x, y).
   // Returns false once the pixel is finished (blend refused).
-  __device__ __forceinline__ static bool blend_at(PixelState<T>& p, const Batch& b, int slot, T x, T y,
-                                                  const Arrays& s, int32_t k) {
+  __device__ __forceinline__ static bool blend_at(PixelState<T>& p, const Batch& b, int slot, T x,
+                                                  T y, const Arrays& s, int32_t k) {
     SurfelParams<T> sp;
     load_params(b, slot, sp);
     Hit<T> h;
@@ -125,9 +124,9 @@ struct SurfelKernel {
 
   // Differentiates slot `slot` at the pixel into `record`; returns whether
   // the sample contributed (false: record untouched).
-  __device__ __forceinline__ static bool backward_at(BackwardState<T>& st, const PixelGrad<T>& g, const Batch& b,
-                                                     int slot, T x, T y, const Arrays& s, bool is_median,
-                                                     T* record) {
+  __device__ __forceinline__ static bool backward_at(BackwardState<T>& st, const PixelGrad<T>& g,
+                                                     const Batch& b, int slot, T x, T y,
+                                                     const Arrays& s, bool is_median, T* record) {
     SurfelParams<T> sp;
     load_params(b, slot, sp);
     Hit<T> h;
