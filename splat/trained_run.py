@@ -20,7 +20,8 @@ def load_run(model_dir, data: Optional[str] = None, overrides=()):
     from .checkpoints import load_latest_checkpoint
     from .config import load_config
     from .data import load_scene_from_config
-    from .model import GaussianModel, load_ply
+    from .model import GaussianModel
+    from .ply import load_ply
     from .run_folder import read_run_file
 
     model_dir = Path(model_dir)
