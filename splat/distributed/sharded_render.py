@@ -91,17 +91,17 @@ def camera_rank(index: int, world_size: int) -> int:
 
 
 def render_sharded(
-    means,
-    quats,
-    scales,
-    opacities,
-    colors,
-    ids,
+    means: torch.Tensor,  # [N, 3]
+    quats: torch.Tensor,  # [N, 4]
+    scales: torch.Tensor,  # [N, 2]
+    opacities: torch.Tensor,  # [N]
+    colors: torch.Tensor,  # [N, 3] or [N, K, 3] SH coefficients
+    ids: torch.Tensor,  # [N] int64
     cameras: Sequence[Camera],
     group: Group,
-    near=0.2,
-    far=100.0,
-    sh_degree=None,
+    near: float = 0.2,
+    far: float = 100.0,
+    sh_degree: Optional[int] = None,
 ) -> ShardedRender:
     """Renders ``cameras`` from the surfels of every rank (see the module doc).
 
