@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from shim_install import assert_shim_installs
@@ -181,3 +182,77 @@ def test_shim_distribution_installs_offline_and_imports_splats_classes(tmp_path)
         "diff_gaussian_rasterization",
         ("GaussianRasterizer", "GaussianRasterizationSettings", "rasterize_gaussians"),
     )
+
+
+def test_a_second_backward_gives_the_same_gradients_and_gradcheck_passes():
+    s = _scene(n=4, seed=5)
+    cam = cam_from_viewmat(s["viewmat"], 8, 6, FOV0)
+    settings = _settings(cam, antialiasing=False)
+    names = ("means", "opacities", "colors", "scales", "quats")
+    leaves = [(s[k][:, None] if k == "opacities" else s[k]).detach().clone().requires_grad_(True) for k in names]
+    means2D = torch.zeros(4, 3, dtype=torch.float64, requires_grad=True)
+    color, _, invdepths = GaussianRasterizer(settings)(
+        leaves[0], means2D, leaves[1], colors_precomp=leaves[2], scales=leaves[3], rotations=leaves[4]
+    )
+    assert color.abs().sum() > 0 and invdepths.max() > 0
+    loss = color.square().sum() + invdepths.sum()
+    loss.backward(retain_graph=True)
+    first = [t.grad.clone() for t in leaves + [means2D]]
+    assert means2D.grad.abs().max() > 0
+    for t in leaves + [means2D]:
+        t.grad = None
+    loss.backward()
+    for t, g in zip(leaves + [means2D], first):
+        assert torch.equal(t.grad, g)
+    assert color.grad_fn.inner is None  # the inner graph is freed with the outer one
+    # Without retain_graph the graph is gone, as torch's own are: its error, one line.
+    with pytest.raises(RuntimeError, match="retain_graph=True") as err:
+        loss.backward()
+    assert "\n" not in str(err.value)
+    unused = torch.zeros(4, 3, dtype=torch.float64)  # means2D's values are unused: no numerical derivative
+
+    def f(means, opacities, colors, scales, quats):
+        color, _, invdepths = GaussianRasterizer(settings)(
+            means, unused, opacities, colors_precomp=colors, scales=scales, rotations=quats
+        )
+        return color, invdepths
+
+    assert torch.autograd.gradcheck(f, leaves, eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+def test_numpy_and_tensor_scalars_in_the_settings_are_taken_as_numbers():
+    """INRIA's binding takes numpy scalars and one-element tensors for its scalar
+    fields; a wrong value in such a type still gets its one-line error."""
+    s = _scene()
+    cam = cam_from_viewmat(s["viewmat"], W0, H0, FOV0)
+    settings = _settings(cam, antialiasing=True)
+    ref = _shim(settings, s)
+    scalars = settings._replace(
+        image_width=np.int64(W0),
+        image_height=torch.tensor(H0),
+        tanfovx=np.float32(settings.tanfovx),
+        tanfovy=torch.tensor(settings.tanfovy),
+        scale_modifier=np.float32(1.0),
+        sh_degree=np.int64(0),
+        prefiltered=np.bool_(False),
+        debug=torch.tensor(False),
+        antialiasing=np.bool_(True),
+    )
+    out = _shim(scalars, s)
+    assert len(out) == 3 and all(torch.allclose(a.double(), b.double(), atol=1e-5) for a, b in zip(out, ref))
+    assert _shim(scalars._replace(antialiasing=torch.tensor(False)), s)[0].shape == (3, H0, W0)
+    for change, message in (
+        (dict(tanfovx=np.float32(0.9)), "tanfovx=0.8999.* disagrees with projmatrix"),
+        (dict(tanfovy=torch.tensor(2.0)), "tanfovy=2.0 disagrees with projmatrix"),
+        (dict(tanfovx=None), "tanfovx must be a finite number > 0, got None"),
+        (dict(image_width=np.float32(26.0)), "image_width must be a positive int, got 26.0"),
+        (
+            dict(image_height=torch.tensor([H0, H0])),
+            r"image_height must be a positive int, got a tensor of shape \[2\]",
+        ),
+        (dict(antialiasing=np.int64(1)), "antialiasing must be a bool, got 1"),
+        (dict(scale_modifier=np.float64("nan")), "scale_modifier must be a finite number >= 0, got nan"),
+    ):
+        with pytest.raises(ValueError, match=message) as err:
+            _shim(scalars._replace(**change), s)
+        assert "\n" not in str(err.value)

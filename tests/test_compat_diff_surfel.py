@@ -537,6 +537,85 @@ def test_float64_central_differences_of_means2d_gradient():
         assert m2d.grad[:, axis].sum().item() == pytest.approx(float(numeric), rel=1e-5, abs=1e-6), axis
 
 
+def _small_leaves():
+    s, cam = scene_and_cam(n=4, seed=5, width=10, height=8)
+    settings = settings_for(cam, bg=(0.3, 0.6, 0.2), dtype=torch.float64)
+    args = [s["means"], s["opacities"][:, None], s["colors"], s["scales"], s["quats"]]
+    return settings, [a.detach().clone().requires_grad_(True) for a in args]
+
+
+def _small_render(settings):
+    means2D = torch.zeros(4, 3, dtype=torch.float64)  # values unused: no numerical derivative to check
+
+    def f(means, opacities, colors, scales, quats):
+        color, _, allmap = GaussianRasterizer(settings)(
+            means, means2D, opacities, colors_precomp=colors, scales=scales, rotations=quats
+        )
+        return color, allmap
+
+    return f
+
+
+def test_a_second_backward_gives_the_same_gradients_and_gradcheck_passes():
+    settings, leaves = _small_leaves()
+    means2D = torch.zeros(4, 3, dtype=torch.float64, requires_grad=True)
+    color, _, allmap = GaussianRasterizer(settings)(
+        leaves[0], means2D, leaves[1], colors_precomp=leaves[2], scales=leaves[3], rotations=leaves[4]
+    )
+    assert color.abs().sum() > 0 and allmap[1].max() > 0.1
+    loss = color.square().sum() + allmap.sum()
+    loss.backward(retain_graph=True)
+    first = [t.grad.clone() for t in leaves + [means2D]]
+    assert means2D.grad.abs().max() > 0
+    for t in leaves + [means2D]:
+        t.grad = None
+    loss.backward()
+    for t, g in zip(leaves + [means2D], first):
+        assert torch.equal(t.grad, g)
+    assert color.grad_fn.inner is None  # the inner graph is freed with the outer one
+    # Without retain_graph the graph is gone, as torch's own are: its error, one line.
+    with pytest.raises(RuntimeError, match="retain_graph=True") as err:
+        loss.backward()
+    assert "\n" not in str(err.value)
+    assert torch.autograd.gradcheck(_small_render(settings), leaves, eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+def test_numpy_and_tensor_scalars_in_the_settings_are_taken_as_numbers():
+    """2DGS's binding takes numpy scalars and one-element tensors for its scalar
+    fields; a wrong value in such a type still gets its one-line error."""
+    s, cam = scene_and_cam(n=6)
+    settings = settings_for(cam, sh_degree=1, dtype=torch.float64)
+    shs = torch.randn(6, 4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    ref = render_shim(settings, s, shs=shs)
+    scalars = settings._replace(
+        image_width=np.int64(settings.image_width),
+        image_height=torch.tensor(settings.image_height),
+        tanfovx=np.float32(settings.tanfovx),
+        tanfovy=torch.tensor(settings.tanfovy),
+        scale_modifier=np.float64(1.0),
+        sh_degree=np.int32(1),
+        prefiltered=np.bool_(False),
+        debug=torch.tensor(False),
+    )
+    out = render_shim(scalars, s, shs=shs)
+    assert torch.allclose(out[0], ref[0], atol=1e-5) and torch.equal(out[1], ref[1])
+    assert torch.equal(
+        GaussianRasterizer(scalars).markVisible(s["means"]), GaussianRasterizer(settings).markVisible(s["means"])
+    )
+    for change, message in (
+        (dict(tanfovx=np.float32(0.9)), "tanfovx=0.8999.* disagrees with projmatrix"),
+        (dict(tanfovy=torch.tensor(2.0)), "tanfovy=2.0 disagrees with projmatrix"),
+        (dict(tanfovx="0.5"), "tanfovx must be a finite number > 0, got '0.5'"),
+        (dict(tanfovx=torch.tensor([0.5, 0.5])), r"tanfovx must be a finite number > 0, got a tensor of shape \[2\]"),
+        (dict(image_width=np.float64(26.0)), "image_width must be a positive int, got 26.0"),
+        (dict(image_height=torch.tensor(-20)), "image_height must be a positive int, got -20"),
+        (dict(sh_degree=np.int64(7)), "sh_degree must be an int in 0..3, got 7"),
+    ):
+        with pytest.raises(ValueError, match=message) as err:
+            render_shim(scalars._replace(**change), s, shs=shs)
+        assert "\n" not in str(err.value)
+
+
 # ---------------------------------------------------------------------------
 # Installing the shim distribution, debug snapshots
 # ---------------------------------------------------------------------------

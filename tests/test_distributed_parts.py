@@ -4,9 +4,14 @@ checkpoints, and the ids densification gives."""
 
 from __future__ import annotations
 
-import torch
+import warnings
 
+import torch
+import torch.distributed
+
+from splat.distributed.group import Group
 from splat.distributed.shard import balanced_slice, imbalance, rebalance_plan
+from splat.distributed.sharded_model import sum_replicated_gradients
 from splat.keyed_random import BACKGROUND_STREAM, SPLIT_STREAM, keyed_normal, keyed_uniform
 from splat.state import PrimitiveState
 
@@ -144,3 +149,18 @@ def test_a_strategy_that_forgets_ids_gets_them_renumbered_on_one_process(tmp_pat
         trainer.train_step(1)
     finally:
         trainer.close()
+
+
+def test_summed_sparse_gradients_raise_no_torch_warning(monkeypatch):
+    """The appearance table's row gradients, summed over ranks (the collectives
+    stubbed: one rank's view), stay row-sparse without torch's warning about
+    sparse invariant checks on every step."""
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda tensor, *a, **k: None)
+    table = torch.nn.Embedding(5, 3, sparse=True)
+    table(torch.tensor([3, 1, 3])).sum().backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sum_replicated_gradients(table, Group(rank=0, world_size=2, backend="gloo"), sparse=True)
+    g = table.weight.grad
+    assert g.is_sparse and g.indices()[0].tolist() == [1, 3]
+    assert torch.equal(g.to_dense()[[1, 3]], torch.tensor([[1.0] * 3, [2.0] * 3]))

@@ -68,6 +68,7 @@ from .inria_family import (
     camera_from_settings,
     check_inputs,
     colors_for_splat,
+    describe_value,
     edge_tensors,
     functional_entry,
     run_render,
@@ -215,7 +216,7 @@ class GaussianRasterizer(InriaRasterizer):
     ) -> Union[Tuple[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Returns (color [3, H, W], radii [N] int32), plus invdepths [1, H, W] when the
         settings name ``antialiasing``; see the module docstring."""
-        settings = self.raster_settings
+        settings = self.plain_settings()
         if cov3D_precomp is not None and not (isinstance(cov3D_precomp, torch.Tensor) and cov3D_precomp.numel() == 0):
             raise ValueError(
                 "cov3D_precomp: splat takes scales and rotations for 3D Gaussians, not precomputed "
@@ -236,7 +237,7 @@ class GaussianRasterizer(InriaRasterizer):
         )
         aa = settings.antialiasing
         if aa is not None and not isinstance(aa, bool):
-            raise ValueError(f"antialiasing must be a bool, got {aa!r}")
+            raise ValueError(f"antialiasing must be a bool, got {describe_value(aa)}")
         cam = camera_from_settings(settings)
         tensors = (means3D, shs, colors_precomp, opacities, scales, rotations, None, settings.bg)
         color, radii, invdepths = run_render(_render_tuple, cam, settings, means2D, tensors)

@@ -333,7 +333,7 @@ class GaussianRasterizer(InriaRasterizer):
         cov3D_precomp: Optional[torch.Tensor] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Returns (color [3, H, W], radii [N] int32, allmap [7, H, W]); see the module docstring."""
-        settings = self.raster_settings
+        settings = self.plain_settings()
         check_inputs(settings, means3D, means2D, opacities, shs, colors_precomp, scales, rotations, cov3D_precomp)
         cam = camera_from_settings(settings)
         tensors = (means3D, shs, colors_precomp, opacities, scales, rotations, cov3D_precomp, settings.bg)

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -50,6 +51,37 @@ class Camera:
         return (self.width / 2.0, self.height / 2.0)
 
 
+#: The settings' scalar fields (``antialiasing`` is 3DGS's current module's).
+SCALAR_FIELDS = (
+    "image_height",
+    "image_width",
+    "tanfovx",
+    "tanfovy",
+    "scale_modifier",
+    "sh_degree",
+    "prefiltered",
+    "debug",
+    "antialiasing",
+)
+
+
+def plain_settings(settings: NamedTuple) -> NamedTuple:
+    """``settings`` with numpy scalars and one-element tensors in its scalar
+    fields replaced by Python numbers (INRIA's binding takes them; a camera
+    built with numpy hands over ``np.float32`` fields of view and ``np.int64``
+    sizes).  Anything else is left for the checks to refuse by name."""
+    changed = {}
+    for name in SCALAR_FIELDS:
+        value = getattr(settings, name, None)
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+            changed[name] = value.item()
+        elif isinstance(value, np.generic):
+            changed[name] = value.item()
+    if not changed or not hasattr(settings, "_replace"):
+        return settings
+    return settings._replace(**changed)
+
+
 def _matrix4(name, m):
     if not isinstance(m, torch.Tensor) or m.shape != (4, 4):
         got = list(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__
@@ -72,7 +104,7 @@ def camera_from_settings(settings: NamedTuple) -> Camera:
     width, height = settings.image_width, settings.image_height
     for name, value in (("image_width", width), ("image_height", height)):
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+            raise ValueError(f"{name} must be a positive int, got {describe_value(value)}")
     view_t = _matrix4("viewmatrix", settings.viewmatrix)
     full_t = _matrix4("projmatrix", settings.projmatrix)
     if not torch.allclose(view_t[:, 3], view_t.new_tensor([0, 0, 0, 1]), atol=1e-6):
@@ -95,7 +127,9 @@ def camera_from_settings(settings: NamedTuple) -> Camera:
             "whose w is the camera z (2DGS's getProjectionMatrix, transposed)"
         )
     for name, tan, p in (("tanfovx", settings.tanfovx, float(P[0, 0])), ("tanfovy", settings.tanfovy, float(P[1, 1]))):
-        if not (isinstance(tan, (int, float)) and math.isfinite(tan) and tan > 0) or abs(p * tan - 1.0) > 1e-4:
+        if not (isinstance(tan, (int, float)) and not isinstance(tan, bool) and math.isfinite(tan) and tan > 0):
+            raise ValueError(f"{name} must be a finite number > 0, got {describe_value(tan)}")
+        if abs(p * tan - 1.0) > 1e-4:
             raise ValueError(f"{name}={tan!r} disagrees with projmatrix, whose focal term is 1/{name} = {p!r}")
     fx = width / (2.0 * settings.tanfovx)
     fy = height / (2.0 * settings.tanfovy)
@@ -109,7 +143,7 @@ def camera_from_settings(settings: NamedTuple) -> Camera:
     K = torch.tensor([[fx, skew, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]], dtype=torch.float64)
     campos = settings.campos
     if not isinstance(campos, torch.Tensor) or campos.numel() != 3:
-        raise ValueError(f"campos must be a [3] tensor, got {campos!r}")
+        raise ValueError(f"campos must be a [3] tensor, got {describe_shape(campos)}")
     campos = campos.detach().to("cpu", torch.float64).reshape(3)
     centre = -viewmat[:3, :3].T @ viewmat[:3, 3]
     is_centre = bool(torch.allclose(campos, centre, rtol=1e-5, atol=1e-5 * max(1.0, float(centre.norm()))))
@@ -163,7 +197,7 @@ def check_inputs(
     if shs is not None:
         degree = settings.sh_degree
         if not isinstance(degree, int) or isinstance(degree, bool) or not 0 <= degree <= MAX_SH_DEGREE:
-            raise ValueError(f"sh_degree must be an int in 0..{MAX_SH_DEGREE}, got {degree!r}")
+            raise ValueError(f"sh_degree must be an int in 0..{MAX_SH_DEGREE}, got {describe_value(degree)}")
         if (
             not isinstance(shs, torch.Tensor)
             or shs.dim() != 3
@@ -176,7 +210,7 @@ def check_inputs(
             )
     modifier = settings.scale_modifier
     if not isinstance(modifier, (int, float)) or not math.isfinite(modifier) or modifier < 0:
-        raise ValueError(f"scale_modifier must be a finite number >= 0, got {modifier!r}")
+        raise ValueError(f"scale_modifier must be a finite number >= 0, got {describe_value(modifier)}")
     bg = settings.bg
     if not isinstance(bg, torch.Tensor) or bg.numel() != 3:
         raise ValueError(f"bg must be a [3] tensor, got {describe_shape(bg)}")
@@ -184,6 +218,14 @@ def check_inputs(
 
 def describe_shape(t):
     return list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def describe_value(value) -> str:
+    """A setting's value for a one-line error: a tensor by its shape (its repr spans lines)."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {list(value.shape)}"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def colors_for_splat(cam, settings, means3D, shs, colors_precomp, may_fuse):
@@ -232,7 +274,12 @@ class RenderWithMeans2D(torch.autograd.Function):
     receives the gradient of splat's pixel handle in NDC units; every other
     gradient is the inner graph's, unchanged.  ``render`` returns (color,
     radii, one more image, handle), where handle is a pixel handle [N, 2] or
-    a tuple of them (one per rendering pass; their gradients add up)."""
+    a tuple of them (one per rendering pass; their gradients add up).
+
+    The inner graph lives as long as the outer one: a backward with
+    ``retain_graph=True`` (and gradcheck, which calls backward many times)
+    keeps it for the next backward, one without frees it as torch frees its
+    own graphs."""
 
     @staticmethod
     def forward(ctx, render, cam, settings, means2D, *tensors):
@@ -252,7 +299,15 @@ class RenderWithMeans2D(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, v_color, v_radii, v_allmap):
+        if ctx.inner is None:
+            raise RuntimeError(
+                "Trying to backward through the graph a second time (or directly access saved tensors after "
+                "they have already been freed); specify retain_graph=True on the first backward"
+            )
+        keep_graph = _outer_keep_graph()
         leaves, color, allmap, handle = ctx.inner
+        if not keep_graph:
+            ctx.inner = None  # this backward's locals hold it until it returns
         handles = handle if isinstance(handle, tuple) else (handle,)
         wanted = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
         wanted += [h for h in handles if h is not None and h.requires_grad]
@@ -260,7 +315,13 @@ class RenderWithMeans2D(torch.autograd.Function):
         if not outputs or not wanted:
             return (None,) * (4 + len(leaves))
         try:
-            grads = torch.autograd.grad([o for o, _ in outputs], wanted, [g for _, g in outputs], allow_unused=True)
+            grads = torch.autograd.grad(
+                [o for o, _ in outputs],
+                wanted,
+                [g for _, g in outputs],
+                retain_graph=keep_graph,
+                allow_unused=True,
+            )
         except Exception:
             if ctx.settings.debug:
                 snapshot("snapshot_bw.dump", leaves + (v_color, v_allmap))
@@ -278,8 +339,16 @@ class RenderWithMeans2D(torch.autograd.Function):
             by_id.get(id(t)) if isinstance(t, torch.Tensor) and need else None
             for t, need in zip(leaves, ctx.needs_input_grad[4:])
         )
-        ctx.inner = None
         return (None, None, None, v_means2D) + v_tensors
+
+
+def _outer_keep_graph() -> bool:
+    """Whether the backward now running was asked to retain its graph (the
+    inner graph follows it, as torch's AOTAutograd does for its compiled
+    backward).  Where torch does not say, the inner graph is kept: a later
+    backward then works, at the cost of holding it as long as the outputs."""
+    probe = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return True if probe is None else bool(probe())
 
 
 def functional_entry(
@@ -330,9 +399,13 @@ class InriaRasterizer(nn.Module):
         super().__init__()
         self.raster_settings = raster_settings
 
+    def plain_settings(self) -> NamedTuple:
+        """The settings with Python numbers for numpy and tensor scalars, read once per call."""
+        return plain_settings(self.raster_settings)
+
     def markVisible(self, positions: torch.Tensor) -> torch.Tensor:
         """[N] bool: means in front of the near plane (camera z > 0.2), the INRIA family's only frustum test."""
-        cam = camera_from_settings(self.raster_settings)
+        cam = camera_from_settings(self.plain_settings())
         with torch.no_grad():
             viewmat = cam.viewmat.to(positions.device)
             z = positions.double() @ viewmat[:3, :3].T[:, 2] + viewmat[2, 3]

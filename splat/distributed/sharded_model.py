@@ -96,4 +96,6 @@ def sum_replicated_gradients(module: torch.nn.Module, group: Group, sparse: bool
             continue
         dist.all_reduce(touched)
         rows = touched.nonzero().flatten()
-        p.grad = torch.sparse_coo_tensor(rows[None], dense[rows], p.shape).coalesce()
+        # rows is nonzero() of a [rows] vector: in range, sorted and unique, so
+        # torch's invariant check (and its warning when not asked) is not needed.
+        p.grad = torch.sparse_coo_tensor(rows[None], dense[rows], p.shape, check_invariants=False).coalesce()
