@@ -248,7 +248,8 @@ class DistributedConfig:
     timeout_s: float = _f(
         60.0,
         "a rank that dies or hangs stops the others within about this many seconds, "
-        "each with a one-line error naming it (a peer on the same machine: at once)",
+        "each with a one-line error naming it (a peer on the same machine: at once); "
+        "also how long the ranks wait for each other to start",
         gt=0.0,
     )
     max_imbalance: float = _f(

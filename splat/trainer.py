@@ -59,6 +59,7 @@ from .devices import peak_memory_mb, resolve_device  # noqa: F401 (re-exported)
 from .distributed import Group, from_environment, leave
 from .distributed.collectives import all_counts
 from .distributed.group import all_gather_objects, on_main
+from .distributed.same_run import check_same_run, rank_identity
 from .distributed.shard import rebalance
 from .distributed.sharded_model import whole_model
 from .errors import RunStateError, SplatInputError
@@ -152,6 +153,9 @@ class Trainer:
         self.exchange_bytes = 0.0  # sent between ranks by this session's steps, all ranks together
         self.train_seconds = 0.0
         self.identity = run_identity(cfg, self.scene)
+        # Before anything is written or trained: ranks with other code, config
+        # or data would mix them into one model under several run ids.
+        check_same_run(self.group, rank_identity(cfg, self.scene, self.identity["data_fingerprint"]))
         self.run_id = self.identity["run_id"]
         self._start(resume, overwrite)
         self.rendering = make_batch_rendering(self.model.primitive, cfg["render"], self.device, self.group)

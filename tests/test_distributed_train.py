@@ -289,6 +289,38 @@ def test_unreadable_shard_falls_back_to_the_previous_checkpoint(scene, tmp_path)
     assert len(resumed[0]["counts"]) == 60 - 20  # resumed at step 20, not 40
 
 
+def train_own_config(group, cfgs, out):
+    """Rank r trains ``cfgs[r]``: ranks started by hand with different settings."""
+    from splat.trainer import Trainer
+
+    Trainer(cfgs[group.rank], out, group=group).train()
+
+
+@pytest.mark.parametrize("differs", ["config", "data"])
+def test_ranks_with_different_config_or_data_are_refused(scene, tmp_path, differs):
+    """Rank 1 with another loss.ssim_lambda, or another data folder: every
+    rank refuses at start-up with the same one line naming the key or the
+    data, before the output folder is claimed (nothing trained or written)."""
+    cfg = config(scene, 5)
+    if differs == "config":
+        other = config(scene, 5, ["loss.ssim_lambda=0.5"])
+        expected = "ConfigError: rank 1's config differs from rank 0's at loss.ssim_lambda (0.5 against 0.2)"
+    else:
+        other_scene = make_tiny_scene(tmp_path / "other_scene", n_views=9)
+        other = config(other_scene, 5)
+        expected = (
+            f"SplatInputError: rank 1's training data differ from rank 0's (data.path {other_scene} on rank 1, "
+            f"{scene} on rank 0: 7 train images against 8)"
+        )
+    out = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="failed"):
+        run_ranks(train_own_config, 2, tmp_path / "ranks", [cfg, other], str(out), timeout_s=300)
+    for r in (0, 1):
+        err = (tmp_path / "ranks" / f"rank{r}.err").read_text()
+        assert expected in err, err[-2000:]
+    assert not (out / "config.yaml").exists() and not (out / "checkpoints").exists()
+
+
 def _children(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]

@@ -11,6 +11,7 @@
 * :mod:`.sharded_model`: a model spread over ranks (dealt out, rendered,
   gathered);
 * :mod:`.watchdog`: a rank that dies stops the others, naming it;
+* :mod:`.same_run`: every rank runs the same code, config and data;
 * :mod:`.local`: N local processes as torchrun starts them (tests, benchmarks).
 
 Checkpoints (one shard per rank and a manifest; resume on any number of
