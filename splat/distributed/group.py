@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, RunStateError
 
 #: Default seconds a collective may wait for a peer before the rank gives up
 #: (a peer that died): ``distributed.timeout_s`` in the config.
@@ -117,8 +117,94 @@ def from_environment(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S)
         # initial model alone: a minute on a large scene).  A dead peer is
         # the watchdog's job, within timeout_s (splat.distributed.watchdog).
         wait = max(timeout_s, COLLECTIVE_TIMEOUT_S)
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=wait))
+        store = _rendezvous(rank, world, timeout_s)
+        store.set_timeout(datetime.timedelta(seconds=wait))
+        # The key prefix init_process_group gives a store it creates itself.
+        store = dist.PrefixStore("default_pg", store)
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=wait)
+        )
     return Group(rank=rank, world_size=world, local_rank=local_rank, backend=backend, device=dev)
+
+
+#: Seconds of one wait inside torch (a connection attempt) during the
+#: rendezvous: signal handlers run only between them.
+_POLL_S = 0.2
+
+
+def _rendezvous(rank: int, world: int, timeout_s: float):
+    """The rendezvous store (torch.distributed's ``env://``), once every rank
+    has joined it; RunStateError naming the missing ranks after ``timeout_s``.
+
+    torch's own rendezvous waits inside C++ for the store's timeout (30
+    minutes by default) for a peer that never starts, and Python signal
+    handlers cannot run meanwhile: SIGTERM and Ctrl+C did nothing.  Here
+    every wait is a short one in Python: a client probes the store's port
+    with a plain socket (a refused TCPStore connection logs a native stack
+    on every retry) before it connects, and then each rank registers and
+    polls for the others."""
+    import time
+
+    import torch.distributed as dist
+
+    addr = os.environ.get("MASTER_ADDR")
+    if not addr:
+        raise ConfigError("environment variable MASTER_ADDR is not set (start the processes with torchrun)")
+    port = _env_int("MASTER_PORT")
+    if not 0 < port < 2**16:
+        raise ConfigError(f"environment variable MASTER_PORT={port} is not a port number")
+    deadline = time.monotonic() + timeout_s
+    op_timeout = datetime.timedelta(seconds=max(timeout_s, 1.0))
+    at = f"{addr}:{port}"
+    hint = "start every rank with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, or raise distributed.timeout_s"
+    # torchrun's agent hosts the store (every worker is a client); started
+    # without torchrun, rank 0 hosts it.
+    hosts = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    if hosts:
+        try:
+            store = dist.TCPStore(addr, port, None, True, timeout=op_timeout, wait_for_workers=False, multi_tenant=True)
+        except dist.DistError as e:
+            why = "address in use" if "EADDRINUSE" in str(e) else str(e).splitlines()[0]
+            raise ConfigError(f"MASTER_PORT={port}: rank 0 cannot host the rendezvous at {at} ({why})") from None
+    else:
+        import socket
+
+        host = "rank 0" if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" else "torchrun's agent"
+        while True:
+            try:
+                socket.create_connection((addr, port), timeout=_POLL_S).close()
+                break
+            except OSError:
+                if time.monotonic() >= deadline:
+                    raise RunStateError(
+                        f"rank {rank} waited {timeout_s:g} s for {host} at {at} (MASTER_ADDR:MASTER_PORT), "
+                        f"which never answered: {hint}"
+                    ) from None
+                time.sleep(_POLL_S)
+        try:
+            store = dist.TCPStore(addr, port, None, False, timeout=op_timeout, wait_for_workers=False)
+        except dist.DistError as e:
+            raise RunStateError(f"rank {rank}: cannot join the rendezvous at {at}: {str(e).splitlines()[0]}") from None
+    # A torchrun restart reuses the agent's store: keys of one attempt only.
+    prefix = f"splat/join/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    try:
+        store.set(f"{prefix}{rank}", str(os.getpid()))
+        while True:
+            missing = [r for r in range(world) if not store.check([f"{prefix}{r}"])]
+            if not missing:
+                return store
+            if time.monotonic() >= deadline:
+                names = ", ".join(str(r) for r in missing)
+                raise RunStateError(
+                    f"rank {rank} waited {timeout_s:g} s (distributed.timeout_s) for rank{'s' * (len(missing) > 1)} "
+                    f"{names} of WORLD_SIZE={world} to join at {at}: {hint}"
+                )
+            time.sleep(_POLL_S)
+    except dist.DistError as e:
+        raise RunStateError(
+            f"rank {rank}: the rendezvous store at {at} stopped answering while the ranks joined "
+            f"({str(e).splitlines()[0]})"
+        ) from None
 
 
 def _import_modules_that_capture_the_group() -> None:
