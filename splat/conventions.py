@@ -42,6 +42,13 @@ EWA_DILATION = 0.3
 TILE_SIZE = 16
 #: Spherical-harmonic colours are offset by this before clamping at 0 (3DGS/gsplat).
 SH_COLOR_OFFSET = 0.5
+#: Largest screen radius reported (``RasterOutput.radii``, the drop-ins'
+#: radii), in pixels: a footprint larger than any image (a huge primitive, or
+#: one close to the camera) is reported as this, so that the int32 radii
+#: never overflow to negative values.  Radii carry no gradient, so the clamp
+#: changes nothing that is differentiated; what is drawn is bounded by the
+#: pixel rectangles, which are clamped to the screen anyway.
+RADIUS_MAX = 1 << 30
 
 
 def pixel_centers_offset() -> float:
@@ -52,3 +59,8 @@ def pixel_centers_offset() -> float:
 def normalized_depth(z: float | torch.Tensor, near: float, far: float) -> float | torch.Tensor:
     """m(z) = far/(far-near) * (1 - near/z): 0 at the near plane, 1 at the far plane."""
     return far / (far - near) * (1.0 - near / z)
+
+
+def radii_int32(radii: torch.Tensor) -> torch.Tensor:
+    """Screen radii (float, >= 0, possibly huge or inf) as int32, clamped to :data:`RADIUS_MAX`."""
+    return radii.clamp(max=float(RADIUS_MAX)).int()  # .int(): int32, and no torch import here

@@ -18,7 +18,8 @@ class RasterOutput:
         median_depth: [H, W] z of the last surfel entered with T > 0.5; 0 if none.
         normal: [H, W, 3] sum w n, world space, each n flipped to face the camera.
         distortion: [H, W] sum_i sum_{j<i} w_i w_j (m_i - m_j)^2, m(z) = far / (far - near) (1 - near / z).
-        radii: [N] int32 screen radius in pixels of the bounding box; 0 = not drawn.
+        radii: [N] int32 screen radius in pixels of the bounding box; 0 = not drawn; at most
+            ``conventions.RADIUS_MAX`` (a footprint wider than any image).
         means2d: [N, 2] projected centres in pixels; after ``backward()`` its ``.grad`` is
             dL/d(screen translation of each footprint), the densification signal.
     """

@@ -31,7 +31,7 @@ import torch
 
 from .errors import SplatInputError
 from .model import PRIMITIVE_SCALES, GaussianModel
-from .sh import num_sh_bases
+from .sh import MAX_SH_DEGREE, num_sh_bases
 
 #: Thickness of the normal axis written to PLY, relative to the smaller tangent scale.
 PLY_THIN_FACTOR = 1e-2
@@ -89,7 +89,8 @@ def load_ply(path, primitive: Optional[str] = None) -> GaussianModel:
     Raises :class:`splat.errors.SplatInputError` naming the file for a
     missing, truncated or garbage file, a missing attribute, or values that
     are not finite (or whose activation is not: log-scales over ~88 overflow
-    float32) or zero quaternions.
+    float32) or zero quaternions, and an SH degree above
+    :data:`splat.sh.MAX_SH_DEGREE` (3: 45 ``f_rest_*``).
     """
     from plyfile import PlyData
 
@@ -135,6 +136,14 @@ def load_ply(path, primitive: Optional[str] = None) -> GaussianModel:
     degree = int(round(math.sqrt(k_rest + 1))) - 1
     if num_sh_bases(degree) - 1 != k_rest or n_rest % 3 or any(f"f_rest_{i}" not in names for i in range(n_rest)):
         raise SplatInputError(f"{path}: {n_rest} f_rest attributes is not a valid SH layout")
+    if degree > MAX_SH_DEGREE:
+        # Refused here, naming the file: the rasterizers stop at degree 3, so
+        # such a model would load and then fail at its first render.
+        most = 3 * (num_sh_bases(MAX_SH_DEGREE) - 1)
+        raise SplatInputError(
+            f"{path}: {n_rest} f_rest attributes (SH degree {degree}); "
+            f"at most {most} (degree {MAX_SH_DEGREE}) are supported"
+        )
     n = len(v["x"])
     means = np.stack([col("x"), col("y"), col("z")], axis=1)
     sh0 = np.stack([col(f"f_dc_{i}") for i in range(3)], axis=1)[:, None, :]  # [N, 1, 3]

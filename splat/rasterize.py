@@ -405,7 +405,7 @@ def _screen_bounds(M, center, opacities, in_range, width, height):
     extent = torch.maximum(hi - center, center - lo).amax(-1)
     radii = torch.where(visible, torch.ceil(torch.clamp_min(extent, 0.0)), torch.zeros_like(extent))
     radii = torch.where(bounded | ~visible, radii, torch.full_like(radii, float(max(width, height))))
-    return rect.to(torch.int32).contiguous(), radii.to(torch.int32)
+    return rect.to(torch.int32).contiguous(), cv.radii_int32(radii)
 
 
 # ---------------------------------------------------------------------------

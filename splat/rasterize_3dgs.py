@@ -299,7 +299,7 @@ def _screen_bounds(conic3, centre, opacity, width, height):
     visible &= (last > first).all(-1)
     rect = torch.where(visible[:, None], torch.cat([first, last], 1), torch.zeros_like(torch.cat([first, last], 1)))
     radii = torch.where(visible, torch.ceil(half.amax(-1)), torch.zeros_like(k2))
-    return rect.to(torch.int32).contiguous(), radii.to(torch.int32)
+    return rect.to(torch.int32).contiguous(), cv.radii_int32(radii)
 
 
 class _RasterizeGaussians(torch.autograd.Function):

@@ -90,13 +90,30 @@ def project_gaussians(means, quats, scales, viewmat, K, width: int, height: int,
     zero = torch.zeros_like(z)
     J = torch.stack([fx / z, zero, -fx * tx / (z * z), zero, fy / z, -fy * ty / (z * z)], -1).reshape(-1, 2, 3)
     cov2d = J @ cov @ J.transpose(1, 2)  # [N, 2, 2]
-    det_orig = cov2d[:, 0, 0] * cov2d[:, 1, 1] - cov2d[:, 0, 1] * cov2d[:, 1, 0]
     S = cov2d + cv.EWA_DILATION * torch.eye(2, dtype=means.dtype, device=means.device)
-    det = S[:, 0, 0] * S[:, 1, 1] - S[:, 0, 1] * S[:, 1, 0]
-    conic = torch.stack([S[:, 1, 1], -S[:, 0, 1], -S[:, 1, 0], S[:, 0, 0]], -1).reshape(-1, 2, 2) / det[:, None, None]
+    # The determinants are taken of S / s and cov2d / s, s a power of two near
+    # S's largest entry: det S alone overflows float32 once S passes ~1e19 px^2
+    # (a Gaussian e^19 wide close to the camera), which made the conic 0 and
+    # the Gaussian silently vanish.  Scaling by a power of two is exact, so
+    # every value (and, s being a detached constant, every gradient) is what
+    # it was wherever det S did not overflow.
+    s = _power_of_two_near(S.detach().abs().amax((1, 2)))[:, None, None]  # [N, 1, 1]
+    Sn, cn = S / s, cov2d / s
+    det = Sn[:, 0, 0] * Sn[:, 1, 1] - Sn[:, 0, 1] * Sn[:, 1, 0]  # det S / s^2
+    det_orig = cn[:, 0, 0] * cn[:, 1, 1] - cn[:, 0, 1] * cn[:, 1, 0]
+    adj = torch.stack([Sn[:, 1, 1], -Sn[:, 0, 1], -Sn[:, 1, 0], Sn[:, 0, 0]], -1).reshape(-1, 2, 2)  # adj S / s
+    conic = adj / det[:, None, None] / s  # S^-1
     centre = torch.stack([fx * x / z + cx, fy * y / z + cy], -1)
     factor = torch.sqrt(torch.clamp(det_orig / det, min=0.0)) if antialiased else torch.ones_like(det)
     return mu, precision, centre, conic, factor
+
+
+def _power_of_two_near(x: torch.Tensor) -> torch.Tensor:
+    """2^e with x = m 2^e, 0.5 <= m < 1 (1 where x is 0 or not finite, so
+    that an overflow still shows as one downstream)."""
+    _, e = torch.frexp(x)
+    one = torch.ones_like(x)
+    return torch.where(torch.isfinite(x) & (x > 0), torch.ldexp(one, e), one)
 
 
 def sample_depth_and_normal(rays, mu, precision):

@@ -62,7 +62,7 @@ from .distributed.group import all_gather_objects, on_main
 from .distributed.same_run import check_same_run, rank_identity
 from .distributed.shard import rebalance
 from .distributed.sharded_model import whole_model
-from .errors import RunStateError, SplatInputError
+from .errors import ConfigError, RunStateError, SplatInputError
 from .evaluation import check_eval_masks, evaluate_frames
 from .model import GaussianModel
 from .model_render import render_frame
@@ -145,6 +145,14 @@ class Trainer:
         )
         if not self.scene.train:
             raise SplatInputError(f"{dcfg['path']}: no training images")
+        n_train, batch = len(self.scene.train), cfg["train"]["batch_size"]
+        if batch > n_train:
+            # More views per step than there are would render the same views
+            # several times a step: slower for no gain, never what was meant.
+            raise ConfigError(
+                f"train.batch_size={batch} is more than the {n_train} training views of {dcfg['path']}; "
+                f"use at most {n_train}"
+            )
         check_eval_masks(cfg, self.scene)  # before the (long) training, not at its end
         self.scene_radius = float(self.scene.scene_radius())
         self.step = 0  # completed steps

@@ -5,6 +5,7 @@ The tiny scene of tests/test_train.py; every check runs a step or two."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from test_train import tiny_config, tiny_scene  # noqa: F401 (fixture)
 
@@ -95,3 +96,17 @@ def test_densification_statistics_do_not_depend_on_the_batch_size(tiny_scene, tm
     assert (c1 > 0).any() and torch.equal(c2, 2 * c1)
     # x 1/2 and x 2 are exact in binary floating point: equal, not close
     assert torch.equal(g2 / c2.clamp_min(1), g1 / c1.clamp_min(1))
+
+
+def test_a_batch_larger_than_the_training_views_is_refused_with_one_line(tiny_scene, tmp_path):  # noqa: F811
+    """B above the number of training views would render each view several
+    times a step: refused at start, naming the key and the number of views."""
+    from splat.data import load_scene_from_config
+    from splat.errors import ConfigError
+
+    cfg = tiny_config(tiny_scene, 10)
+    n = len(load_scene_from_config(cfg["data"]).train)
+    Trainer(tiny_config(tiny_scene, 10, [f"train.batch_size={n}"]), tmp_path / "all")  # every view: fine
+    with pytest.raises(ConfigError, match=rf"train.batch_size={n + 1} is more than the {n} training views") as info:
+        Trainer(tiny_config(tiny_scene, 10, [f"train.batch_size={n + 1}"]), tmp_path / "more")
+    assert "\n" not in str(info.value)

@@ -25,6 +25,7 @@ def test_header_matches_python():
     assert h["kMedianTransmittance"] == cv.MEDIAN_TRANSMITTANCE
     assert h["kLowpassInvVariance"] == cv.LOWPASS_INV_VARIANCE
     assert h["kTileSize"] == cv.TILE_SIZE
+    assert h["kRadiusMax"] == cv.RADIUS_MAX
 
 
 def test_rho_cutoff_is_an_exact_reject():

@@ -107,6 +107,11 @@ ENCODINGS = {
     "16-bit 0/65535": (lambda p: fx.write_png(p, u16 * 65535), "png"),
     "16-bit 0/1 labels": (lambda p: fx.write_png(p, u16), "png"),
     "16-bit RGB": (lambda p: fx.write_png(p, np.repeat(u16[..., None] * 65535, 3, 2)), "png"),
+    "grey 0/2 labels": (_save(Image.fromarray(u8 * 2)), "png"),
+    "grey labels 1 and 2": (_save(Image.fromarray(two_objects.astype(np.uint8))), "png"),
+    "grey 0/128": (_save(Image.fromarray(u8 * 128)), "png"),
+    "16-bit 0/2 labels": (lambda p: fx.write_png(p, u16 * 2), "png"),
+    "RGB 0/2 labels": (_save(Image.fromarray(np.repeat(u8[..., None] * 2, 3, 2))), "png"),
     "RGB white": (_save(Image.fromarray(np.repeat(u8[..., None] * 255, 3, 2))), "png"),
     "RGB red on black": (_save(Image.fromarray(np.stack([u8 * 255, 0 * u8, 0 * u8], 2))), "png"),
     "RGB 0/1 labels": (_save(Image.fromarray(np.repeat(u8[..., None], 3, 2))), "png"),
@@ -163,6 +168,32 @@ def test_soft_masks_keep_their_weights(tmp_path):
     alpha = np.dstack([np.full((H, W, 3), 255, np.uint8), grey])  # soft alpha over white
     Image.fromarray(alpha).save(tmp_path / "softa.png")
     np.testing.assert_allclose(read_mask(tmp_path / "softa.png"), grey / 255.0, atol=1e-7)
+
+
+def test_soft_masks_below_white_keep_their_weights(tmp_path):
+    """Many grey levels are a soft matte even when white never occurs (a
+    label map holds 0 and a few values): read as alpha, not as labels."""
+    grey = (np.arange(H * W) % 20 * 10).astype(np.uint8).reshape(H, W)  # 20 levels, top 190
+    Image.fromarray(grey).save(tmp_path / "soft8.png")
+    np.testing.assert_array_equal(read_mask(tmp_path / "soft8.png"), grey.astype(np.float32) / np.float32(255))
+    no_zero = np.where(KEEP, 2, 1).astype(np.uint8)  # 1/2 everywhere: no background label, so weights
+    Image.fromarray(no_zero).save(tmp_path / "nozero.png")
+    np.testing.assert_array_equal(read_mask(tmp_path / "nozero.png"), no_zero.astype(np.float32) / np.float32(255))
+
+
+def test_a_0_2_label_mask_keeps_the_object_in_masked_training_and_metrics(tmp_path):
+    """A 0/2 label mask (label 2 = object) reads as 0/1: ``background`` keeps
+    the object's pixels as they are and the masked SSIM of a prediction that
+    is right only outside the object is far below 1."""
+    from splat.losses import masked_ssim
+
+    root = _scene_with_masks(tmp_path / "s", *ENCODINGS["grey 0/2 labels"])
+    plain = load_scene(root, test_every=0, masks="none").train[0]
+    bg = load_scene(root, test_every=0, masks="background", background=(0.0, 1.0, 0.0)).train[0]
+    assert torch.equal(bg.image[:, : W // 2], plain.image[:, : W // 2])
+    assert torch.equal(bg.object_mask, torch.from_numpy(KEEP).float())
+    wrong_inside = torch.where(bg.object_mask[..., None] > 0, 1.0 - plain.image, plain.image)
+    assert masked_ssim(wrong_inside, plain.image, bg.object_mask, torch.zeros(3)) < 0.9
 
 
 EMPTY = {

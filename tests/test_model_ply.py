@@ -199,6 +199,19 @@ def _not_ply(tmp_path):
     return path
 
 
+def _sh_degree_4(tmp_path):
+    """An INRIA-layout PLY with 72 ``f_rest_*`` (SH degree 4)."""
+    from plyfile import PlyData, PlyElement
+
+    path = tmp_path / "m.ply"
+    names = [n for n in ply_attribute_names(3) if not n.startswith("f_rest_")]
+    names[names.index("opacity") : names.index("opacity")] = [f"f_rest_{i}" for i in range(72)]
+    arr = np.zeros(3, dtype=[(n, "f4") for n in names])
+    arr["rot_0"] = 1.0
+    PlyData([PlyElement.describe(arr, "vertex")]).write(str(path))
+    return path
+
+
 def _faces_only(tmp_path):
     from plyfile import PlyData, PlyElement
 
@@ -218,6 +231,7 @@ def _faces_only(tmp_path):
         (_faces_only, "no 'vertex' element"),
         (lambda t: _ply_with(t, _drop("rot_2")), r"lacks attribute\(s\) \['rot_2'\]"),
         (lambda t: _ply_with(t, _drop("f_rest_4")), "not a valid SH layout"),
+        (_sh_degree_4, r"72 f_rest attributes \(SH degree 4\); at most 45 \(degree 3\)"),
         (lambda t: _ply_with(t, _set("x", np.nan)), "'x' is not finite at vertex 2"),
         (lambda t: _ply_with(t, _set("opacity", np.inf)), "'opacity' is not finite at vertex 2"),
         (lambda t: _ply_with(t, _zero_quaternion(4)), "zero quaternion .* at vertex 4"),
@@ -231,6 +245,7 @@ def _faces_only(tmp_path):
         "faces_only",
         "missing_attribute",
         "bad_sh_layout",
+        "sh_degree_4",
         "nan_position",
         "inf_opacity",
         "zero_quaternion",

@@ -60,6 +60,7 @@ from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
 
+from .. import conventions as cv
 from ..rasterize_3dgs import rasterize_3dgs, rasterize_3dgs_and_inputs
 from .inria_family import (
     CULL_FAR,
@@ -106,7 +107,7 @@ def _radii_inria(kin, n, device):
     sxx, syy, sxy = c[:, 2] / det, c[:, 0] / det, -c[:, 1] / det  # S = C^-1
     mid = 0.5 * (sxx + syy)
     largest = mid + torch.sqrt(torch.clamp_min(mid * mid - (sxx * syy - sxy * sxy), 0.1))
-    r = torch.ceil(RADIUS_SIGMAS * torch.sqrt(largest)).to(torch.int32)
+    r = cv.radii_int32(torch.ceil(RADIUS_SIGMAS * torch.sqrt(largest)))
     radii[kin["ids"]] = torch.where(kin["radii"] > 0, r, torch.zeros_like(r))
     return radii
 

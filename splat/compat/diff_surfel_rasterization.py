@@ -111,6 +111,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
+from .. import conventions as cv
 from .._backend import has_cuda_kernels, has_extension
 from ..geometry import quat_to_rotmat
 from ..outputs import compose
@@ -179,7 +180,7 @@ def _radii_2dgs(M, drawn_radii, width, height):
     radius = torch.ceil(torch.clamp_min(half, RADIUS_MIN))
     radius = torch.where(bounded, radius, torch.full_like(radius, float(max(width, height))))
     drawn = drawn_radii.to(radius.device) > 0
-    return torch.where(drawn, radius, torch.zeros_like(radius)).to(torch.int32)
+    return cv.radii_int32(torch.where(drawn, radius, torch.zeros_like(radius)))
 
 
 def _screen_matrices(means, quats, scales, viewmat, K):

@@ -68,8 +68,11 @@ read by :func:`splat.data.types.read_mask`, by this rule (first match wins):
    any colour on black counts as kept) scaled by the bit depth's full value:
    255 (8-bit), 65535 (16-bit), 1 (float).
 
-In cases 1 and 3 an integer mask whose largest stored value is 1 holds 0/1
-labels (a segmentation output) and is read as 0 -> 0, 1 -> 1, not as 1/255.
+In cases 1 and 3 an integer (8- or 16-bit) mask that never reaches white is
+a label map when it holds only 0 and 1, or 0 and at most 15 other values
+(0/2, object ids 1..n: a segmentation output): 0 -> 0, every nonzero label
+-> 1 (not 2/255).  Any other mask (one reaching white, or with more grey
+levels: a soft matte) is alpha, its value over the full value.
 A mask that nowhere exceeds 1/255 (all black, or empty) would blank the
 whole image (``background``) or train on nothing (``ignore``): it is refused
 with a ``DataError`` naming the mask file.  Masks are then undistorted like

@@ -46,6 +46,10 @@ constexpr double kLowpassInvVariance = 2.0;
 // rounding of exp).
 constexpr double kRhoCutoff = 11.1;  // > 2 ln(255) = 11.0825
 constexpr int kTileSize = 16;
+// Largest screen radius reported, 2^30 px (conventions.RADIUS_MAX): radii are
+// int32 and carry no gradient, so a footprint larger than any image is
+// reported as this instead of overflowing.
+constexpr double kRadiusMax = 1073741824.0;
 constexpr int kChannels = 3;
 
 // Number of scalars in the per-surfel gradient record written by the backward

@@ -231,7 +231,7 @@ SPLAT_INLINE void screen_bounds(const ProjectInputs<T>& in, const Projected<T>& 
   rect[3] = visible ? last[1] : 0;
   const double extent = std::max(std::max(hi[0] - centre[0], centre[0] - lo[0]),
                                  std::max(hi[1] - centre[1], centre[1] - lo[1]));
-  const double r = visible ? std::ceil(std::max(extent, 0.0)) : 0.0;
+  const double r = visible ? std::min(std::ceil(std::max(extent, 0.0)), kRadiusMax) : 0.0;
   radius = int32_t((bounded | !visible) ? r : double(side));
 }
 
