@@ -291,6 +291,10 @@ def _grey_to_rgb(path: Path, im) -> tuple[np.ndarray, float]:
 
 #: A mask whose largest value is at most this masks out the whole image.
 MASK_EMPTY_BELOW = 1.0 / 255.0
+#: An integer mask below white that holds 0 and at most this many other
+#: values is a label map (:func:`read_mask`): few values are labels, a soft
+#: matte's anti-aliased edges hold many grey levels.
+MASK_MAX_LABELS = 15
 
 
 def read_mask(path: Path) -> np.ndarray:
@@ -308,9 +312,12 @@ def read_mask(path: Path) -> np.ndarray:
        mask; any colour on black counts as kept) scaled by the bit depth's
        full value: 255 (8-bit), 65535 (16-bit), 1 (float).
 
-    In cases 1 and 3 an integer mask whose largest stored value is 1 holds
-    0/1 labels (a segmentation output) and is read as 0 -> 0, 1 -> 1, not
-    as 1/255.  A mask that nowhere exceeds :data:`MASK_EMPTY_BELOW` (1/255)
+    In cases 1 and 3 an integer (8- or 16-bit) mask that never reaches the
+    full value is a label map when it holds only 0 and 1, or 0 and at most
+    :data:`MASK_MAX_LABELS` other values (0/2, object ids 1..n; a
+    segmentation output): 0 -> 0, every nonzero label -> 1, not 2/255.
+    Any other mask (one that reaches white, or with more grey levels: a soft
+    matte) is alpha, its value over the full value.  A mask that nowhere exceeds :data:`MASK_EMPTY_BELOW` (1/255)
     would mask out the whole image: :class:`DataError` naming ``path``.
     """
     path = Path(path)
@@ -322,8 +329,8 @@ def read_mask(path: Path) -> np.ndarray:
         m, full = (index != 0).astype(np.float32), 1.0
     else:
         m = samples[..., :3].max(axis=2)
-    if full > 1.0 and m.max() == 1.0:
-        full = 1.0  # stored as 0/1 labels
+    if full > 1.0 and _is_label_map(m, full):
+        m, full = (m != 0).astype(np.float32), 1.0
     m = (m / np.float32(full)).astype(np.float32)
     if not m.max() > MASK_EMPTY_BELOW:
         raise DataError(
@@ -331,6 +338,19 @@ def read_mask(path: Path) -> np.ndarray:
             "masks are white (or any nonzero label) where the image is kept"
         )
     return m
+
+
+def _is_label_map(m: np.ndarray, full: float) -> bool:
+    """Whether integer mask samples ``m`` (stored values, ``full`` = white)
+    hold labels rather than weights (:func:`read_mask`'s rule): below white
+    everywhere and either only 0/1, or 0 and a few other values."""
+    top = float(m.max())
+    if top >= full:
+        return False  # reaches white: a 0/255 mask or a soft matte, read as alpha either way
+    if top == 1.0:
+        return True  # 0/1 (or all 1)
+    counts = np.bincount(m.astype(np.int64).ravel(), minlength=int(top) + 1)  # stored values are integers
+    return bool(counts[0] > 0) and int(np.count_nonzero(counts[1:])) <= MASK_MAX_LABELS
 
 
 def _palette_indices(path: Path) -> Optional[np.ndarray]:
