@@ -227,6 +227,13 @@ def _complete_checkpoints(out_dir: Path, run_id: Optional[str], warn: bool = Tru
     return sorted(found, key=lambda c: c["step"], reverse=True)
 
 
+def newest_checkpoint_step(out_dir: Path, run_id: Optional[str] = None) -> Optional[int]:
+    """The step of the newest complete checkpoint (of run ``run_id`` if
+    given), by its name, without reading it; None if there is none."""
+    found = _complete_checkpoints(out_dir, run_id, warn=False)
+    return found[0]["step"] if found else None
+
+
 def _manifest_problem(body: dict, step: int) -> Optional[str]:
     """What is wrong with a manifest's list of shards, or None.  A manifest
     missing a shard would resume with part of the model, one listing a shard
