@@ -18,7 +18,13 @@ primitives, plus the run's shared state.  Rank 0 writes the manifest only
 after every rank has written its shard (a barrier), so a checkpoint counts
 once its manifest exists and names files of the sizes it lists; a run
 killed half-way through leaves an incomplete one that is ignored and later
-deleted.
+deleted.  The manifest also lists each shard's primitive count.  A manifest
+is not taken on trust (it is a text file a person can edit): one whose
+shards are not exactly ``rank0-of-N.pt`` ... ``rank<N-1>-of-N.pt`` for its
+``world_size``, a shard whose rank, world size or primitive count disagrees
+with it, or shards whose ids repeat, make the checkpoint unreadable: it is
+skipped with a one-line warning like a garbled shard, and the run resumes
+from the checkpoint before.
 
 Resuming (:func:`load_latest_checkpoint`):
 
@@ -36,6 +42,7 @@ Renderers and the viewer call it without a group and get the whole model.
 from __future__ import annotations
 
 import json
+import pickle
 import random
 import re
 import shutil
@@ -134,16 +141,28 @@ def save_sharded(out_dir: Path, state: dict, group: Group) -> Path:
     path = folder / shard_name(group.rank, group.world_size)
     atomic_write(path, lambda f: torch.save(state, f))
     sizes = [None] * group.world_size
-    dist.all_gather_object(sizes, path.stat().st_size)  # also the barrier: every shard is on disk
-    manifest = manifest_path(out_dir, step, run_id)
+    mine = (path.stat().st_size, int(state["params"]["means"].shape[0]))
+    dist.all_gather_object(sizes, mine)  # also the barrier: every shard is on disk
     if group.is_main:
-        body = {
-            "step": step,
-            "run_id": run_id,
-            "world_size": group.world_size,
-            "shards": [{"file": shard_name(r, group.world_size), "bytes": sizes[r]} for r in range(group.world_size)],
-        }
-        atomic_write_bytes(manifest, (json.dumps(body, indent=2) + "\n").encode())
+        return write_manifest(out_dir, step, run_id, sizes)
+    return manifest_path(out_dir, step, run_id)
+
+
+def write_manifest(out_dir: Path, step: int, run_id: str, shards: List[tuple]) -> Path:
+    """Writes the manifest of the shards written for ``step``: ``shards`` is
+    (bytes, primitives) of each rank's file, in rank order."""
+    world = len(shards)
+    body = {
+        "step": step,
+        "run_id": run_id,
+        "world_size": world,
+        "shards": [
+            {"file": shard_name(r, world), "bytes": int(size), "primitives": int(rows)}
+            for r, (size, rows) in enumerate(shards)
+        ],
+    }
+    manifest = manifest_path(out_dir, step, run_id)
+    atomic_write_bytes(manifest, (json.dumps(body, indent=2) + "\n").encode())
     return manifest
 
 
@@ -152,7 +171,7 @@ def prune(out_dir: Path, run_id: str, step: int, keep: int) -> List[Path]:
     ``step`` (one-process files and manifests alike) and deletes the older
     ones, and any shard folder without a manifest below ``step``.  Returns
     the deleted checkpoints' paths (files or manifests)."""
-    complete = [c for c in _complete_checkpoints(out_dir, run_id) if c["step"] <= step]
+    complete = [c for c in _complete_checkpoints(out_dir, run_id, warn=False) if c["step"] <= step]
     removed = [c["path"] for c in complete[max(int(keep), 1) :]]
     for path in removed:
         _delete(path)
@@ -174,11 +193,16 @@ def _delete(path: Path) -> None:
 
 
 # ----------------------------------------------------------------- loading
-def _complete_checkpoints(out_dir: Path, run_id: Optional[str]) -> List[dict]:
+def _complete_checkpoints(out_dir: Path, run_id: Optional[str], warn: bool = True) -> List[dict]:
     """This run's complete checkpoints, newest first: ``{"step", "path",
-    "shards": [paths]}``; a manifest counts when every shard it lists exists
-    with the size it lists."""
-    found = [{"step": int(_step_of(p)), "path": p, "shards": [p]} for p in list_checkpoints(out_dir, run_id)]
+    "shards": [paths], "counts": [primitives per shard, or None]}``; a
+    manifest counts when every shard it lists exists with the size it lists.
+    A manifest that is unreadable or disagrees with itself (see the module
+    doc) is left out, with a one-line warning if ``warn``."""
+    found = [
+        {"step": int(_step_of(p)), "path": p, "shards": [p], "counts": [None]}
+        for p in list_checkpoints(out_dir, run_id)
+    ]
     d = Path(out_dir) / "checkpoints"
     if d.is_dir():
         for p in d.iterdir():
@@ -187,26 +211,89 @@ def _complete_checkpoints(out_dir: Path, run_id: Optional[str]) -> List[dict]:
                 continue
             try:
                 body = json.loads(p.read_text())
-                shards = [p.with_suffix(".shards") / s["file"] for s in body["shards"]]
-                if all(f.is_file() and f.stat().st_size == s["bytes"] for f, s in zip(shards, body["shards"])):
-                    found.append({"step": int(m.group(1)), "path": p, "shards": shards})
-            except (OSError, ValueError, KeyError, TypeError):
-                print(f"warning: skipping unreadable checkpoint manifest {p}", file=sys.stderr)
+                listed = body["shards"]
+                problem = _manifest_problem(body, int(m.group(1)))
+                if problem:
+                    if warn:
+                        print(f"warning: skipping checkpoint {p}: {problem}", file=sys.stderr)
+                    continue
+                shards = [p.with_suffix(".shards") / s["file"] for s in listed]
+                if all(f.is_file() and f.stat().st_size == s["bytes"] for f, s in zip(shards, listed)):
+                    counts = [s.get("primitives") for s in listed]
+                    found.append({"step": int(m.group(1)), "path": p, "shards": shards, "counts": counts})
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                if warn:
+                    print(f"warning: skipping unreadable checkpoint manifest {p}", file=sys.stderr)
     return sorted(found, key=lambda c: c["step"], reverse=True)
+
+
+def newest_checkpoint_step(out_dir: Path, run_id: Optional[str] = None) -> Optional[int]:
+    """The step of the newest complete checkpoint (of run ``run_id`` if
+    given), by its name, without reading it; None if there is none."""
+    found = _complete_checkpoints(out_dir, run_id, warn=False)
+    return found[0]["step"] if found else None
+
+
+def _manifest_problem(body: dict, step: int) -> Optional[str]:
+    """What is wrong with a manifest's list of shards, or None.  A manifest
+    missing a shard would resume with part of the model, one listing a shard
+    twice with duplicated primitives, and neither fails on loading."""
+    world = body["world_size"]
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+        return f"its world_size is {world!r}"
+    if body.get("step", step) != step:
+        return f"it says step {body['step']!r}, its name {step}"
+    names = [s["file"] for s in body["shards"]]
+    expected = [shard_name(r, world) for r in range(world)]
+    if names != expected:
+        return f"it lists shards {names} for world_size {world} (expected {expected})"
+    for s in body["shards"]:
+        n = s.get("primitives")
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 0):
+            return f"it lists {n!r} primitives for {s['file']}"
+    return None
 
 
 def _step_of(path: Path) -> int:
     return int(Path(path).name[len(CKPT_PREFIX) :].split("_")[0])
 
 
-def _load(path: Path, run_id: Optional[str]) -> dict:
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+def _load(path: Path, run_id: Optional[str], rank: Optional[int] = None, count: Optional[int] = None) -> dict:
+    """A checkpoint file, or shard ``rank`` of its manifest (``count``: the
+    primitives the manifest lists for it); ValueError (one line, naming the
+    file) if it is unreadable or disagrees with its name or manifest."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        # torch's message is several lines of advice about weights_only
+        raise ValueError(f"{path}: not a torch file, or one holding more than a checkpoint does") from None
+    except Exception as e:  # a truncated or garbled zip archive, a read error
+        raise ValueError(f"{path}: {_one_line(e)}") from None
     if path.parent.suffix == ".shards":  # a shard: its step is in its folder's name
         if not isinstance(ckpt, dict) or ckpt.get("step") != _step_of(path.parent):
-            raise ValueError("not a shard of this checkpoint")
+            raise ValueError(f"{path}: not a shard of this checkpoint")
+        world = int(path.name.split("-of-")[1].split(".")[0])
+        held = (ckpt.get("rank"), ckpt.get("world_size"))
+        if held not in ((rank, world), (None, None)):
+            raise ValueError(f"{path}: holds rank {held[0]} of {held[1]}, its manifest says {rank} of {world}")
+        params = ckpt.get("params")
+        if not isinstance(params, dict) or not isinstance(params.get("means"), torch.Tensor):
+            raise ValueError(f"{path}: has no model parameters")
+        n = int(params["means"].shape[0])
+        ids = ckpt.get("ids")
+        if count is not None and n != count:
+            raise ValueError(f"{path}: holds {n} primitives, its manifest says {count}")
+        if ids is not None and len(ids) != n:
+            raise ValueError(f"{path}: holds {n} primitives but {len(ids)} ids")
     else:
         _check_checkpoint(ckpt, path, run_id)
     return ckpt
+
+
+def _one_line(e: BaseException) -> str:
+    """``Type: message`` folded to one line (torch's messages run to several)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {' '.join(lines)}" if lines else type(e).__name__
 
 
 def load_latest_checkpoint(
@@ -217,7 +304,7 @@ def load_latest_checkpoint(
     group it is collective: rank 0 picks the checkpoint, every rank loads
     it, and an unreadable shard is a RunStateError on every rank."""
     group = group or Group()
-    candidates = _complete_checkpoints(out_dir, run_id)
+    candidates = _complete_checkpoints(out_dir, run_id, warn=group.is_main)
     if group.distributed:
         # Rank 0's list, newest first; each is tried by every rank, and one
         # that any rank cannot read is skipped by all.
@@ -241,9 +328,7 @@ def load_latest_checkpoint(
             if quarantine and c["path"].suffix == ".pt":
                 c["path"].replace(c["path"].with_name(c["path"].name + ".corrupt"))
                 note = " (renamed to *.corrupt)"
-            print(
-                f"warning: skipping unreadable checkpoint {c['path']}: {type(e).__name__}: {e}{note}", file=sys.stderr
-            )
+            print(f"warning: skipping unreadable checkpoint {c['path']}: {_reason(e)}{note}", file=sys.stderr)
     return None
 
 
@@ -254,15 +339,19 @@ def _load_for_rank(c: Optional[dict], run_id: Optional[str], group: Group, path:
     try:
         if c is None:
             raise FileNotFoundError(f"{path} is not complete on rank {group.rank}")
-        shards = c["shards"]
+        shards, counts = c["shards"], c["counts"]
         if len(shards) == group.world_size:
-            ckpt = _load(shards[group.rank], run_id)
+            ckpt = _load(shards[group.rank], run_id, group.rank, counts[group.rank])
         else:
-            whole = PrimitiveState.merge([_load(p, run_id) for p in shards])
+            parts = [_load(p, run_id, r, counts[r]) for r, p in enumerate(shards)]
+            ids = [s["ids"] for s in parts if s.get("ids") is not None]
+            if ids and len(torch.cat(ids).unique()) != sum(len(i) for i in ids):
+                raise ValueError(f"{c['path']}: its shards hold the same primitive ids more than once")
+            whole = PrimitiveState.merge(parts)
             ckpt = PrimitiveState.slice(whole, group.world_size, group.rank)
         error = None
     except Exception as e:
-        ckpt, error = None, f"{type(e).__name__}: {e}"
+        ckpt, error = None, _reason(e)
     if group.distributed:
         import torch.distributed as dist
 
@@ -275,6 +364,12 @@ def _load_for_rank(c: Optional[dict], run_id: Optional[str], group: Group, path:
         raise RuntimeError(error)
     ckpt["path"] = str(c["path"])
     return ckpt
+
+
+def _reason(e: BaseException) -> str:
+    """Why a checkpoint was skipped, in one line: our ValueErrors name the
+    file; anything else keeps its type."""
+    return _one_line(e).split(": ", 1)[1] if type(e) is ValueError and str(e) else _one_line(e)
 
 
 # ------------------------------------------------------------- global RNGs

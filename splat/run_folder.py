@@ -25,6 +25,7 @@ the old file or the complete new one.
 from __future__ import annotations
 
 import copy
+import errno
 import hashlib
 import json
 import os
@@ -79,11 +80,41 @@ def atomic_write(path: Path, write_fn) -> None:
             # zip writer raises "unexpected pos"): the interrupt is what
             # happened, and the CLI reports it in one line.
             raise interrupt from None
+        full = _disk_full_behind(e)
+        if full is not None:
+            # torch.save's zip writer then fails again on the short file
+            # ("unexpected pos"): a chained traceback on every rank, where
+            # the user needs the folder and the space.
+            raise RunStateError(_disk_full_message(path, full)) from None
         raise
     finally:
         if tmp.exists():
             tmp.unlink()
     _fsync_dir(path.parent)
+
+
+def _disk_full_behind(e: BaseException) -> Optional[OSError]:
+    """The "no space left" / "quota exceeded" OSError that ``e`` is, or was
+    raised while handling, or None."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return e
+        seen.add(id(e))
+        e = e.__context__
+    return None
+
+
+def _disk_full_message(path: Path, e: OSError) -> str:
+    try:
+        free = f"{shutil.disk_usage(path.parent).free / 2**20:.0f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    what = "no space left on the device" if e.errno == errno.ENOSPC else "disk quota exceeded"
+    return (
+        f"{path.parent}: {what} ({free}) while writing {path.name}: free some space; "
+        "a training run continues from its last complete checkpoint with --resume"
+    )
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -4,7 +4,9 @@ keeps the traceback)."""
 
 from __future__ import annotations
 
+import errno
 import importlib.util
+import io
 import os
 import signal
 import subprocess
@@ -324,3 +326,33 @@ def test_an_error_raised_while_handling_an_interrupt_is_the_interrupt(capsys):
         run_cli(sigterm_as_interrupt(failing_cleanup(Terminated()), debug=True), debug=True)
     with pytest.raises(RuntimeError):  # no interrupt behind it: a bug stays a traceback
         run_cli(lambda: (_ for _ in ()).throw(RuntimeError("a bug")))
+
+
+class _FullDisk(io.RawIOBase):
+    """A file that takes ``room`` bytes, then fails as a full disk does."""
+
+    def __init__(self, f, room: int = 1000):
+        self.f, self.room = f, room
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        if len(b) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(b)
+        return self.f.write(b)
+
+
+def test_disk_full_while_writing_a_checkpoint_is_one_line(capsys, scene, tmp_path, monkeypatch):
+    """ENOSPC inside torch.save: its zip writer then fails again on the short
+    file ("unexpected pos"), which printed a chained traceback; one line
+    names the folder and the space instead."""
+    real_save = torch.save
+    monkeypatch.setattr(torch, "save", lambda obj, f, *a, **k: real_save(obj, _FullDisk(f), *a, **k))
+    out = tmp_path / "out"
+    code, err = _train(capsys, *_base(scene, out))
+    assert code == 1
+    line = _one_error_line(err, out / "checkpoints", "no space left", "MiB free", "--resume")
+    assert "unexpected pos" not in err and "Errno" not in line
+    assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]  # no temp file left

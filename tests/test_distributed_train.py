@@ -275,7 +275,7 @@ def test_a_rank_that_fails_stops_the_others(scene, tmp_path):
     assert "rank 1's own error" in (tmp_path / "ranks" / "rank1.err").read_text()
 
 
-def test_unreadable_shard_falls_back_to_the_previous_checkpoint(scene, tmp_path):
+def test_unreadable_shard_falls_back_to_the_previous_checkpoint(scene, tmp_path, capfd):
     """Two processes resuming: the newest checkpoint's rank-1 shard is
     garbage (a disk error; atomic writes make it otherwise impossible), so
     both ranks skip it together and resume from the one before."""
@@ -285,8 +285,14 @@ def test_unreadable_shard_falls_back_to_the_previous_checkpoint(scene, tmp_path)
     newest = sorted((out / "checkpoints").glob("*.shards"))[-1]
     shard = newest / "rank1-of-2.pt"
     shard.write_bytes(b"x" * shard.stat().st_size)  # same size: the manifest still counts it complete
+    capfd.readouterr()
     resumed = run(2, cfg, out, resume=True)
     assert len(resumed[0]["counts"]) == 60 - 20  # resumed at step 20, not 40
+    # One warning line naming the shard, not torch's six lines about weights_only.
+    err = capfd.readouterr().err
+    warnings = [ln for ln in err.splitlines() if "skipping" in ln]
+    assert len(warnings) == 1 and str(shard) in warnings[0] and "rank 1" in warnings[0], err[-3000:]
+    assert "weights_only" not in err, err[-3000:]
 
 
 def train_own_config(group, cfgs, out):

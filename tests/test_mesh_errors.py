@@ -44,8 +44,10 @@ def _mesh(model, *flags, capsys):
     from splat.render_cli import main
 
     rc = main(["--model", str(model), "--mesh", "--no-progress", "--mesh-res", "64", *flags])
-    # The tiny scene's cameras span little: its depth_trunc warning is not what these tests check.
-    return rc, "".join(ln for ln in capsys.readouterr().err.splitlines(True) if not ln.startswith("warning: "))
+    # The tiny scene's cameras span little: its depth_trunc warning is not what these tests check,
+    # nor the line saying which model (step) is meshed.
+    err = capsys.readouterr().err
+    return rc, "".join(ln for ln in err.splitlines(True) if not ln.startswith(("warning: ", "model: ")))
 
 
 def test_an_empty_mesh_is_one_line_and_not_written(model, capsys):

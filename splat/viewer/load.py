@@ -38,28 +38,26 @@ def model_extent(model: GaussianModel) -> Tuple[np.ndarray, float]:
     return center, radius if radius > 0 else 1.0
 
 
-def load_model_file(path: Path) -> Tuple[GaussianModel, str]:
+def load_model_file(path: Path, log: Optional[TextIO] = None) -> Tuple[GaussianModel, str]:
     """(model, source) of a PLY file or a training output folder: its
-    ``point_cloud.ply``, else the newest readable checkpoint of its run."""
-    from ..checkpoints import load_latest_checkpoint
-    from ..model import GaussianModel
+    ``point_cloud.ply``, or the newest complete checkpoint of an unfinished
+    run (:func:`splat.trained_run.newest_model`); for a folder, one line
+    ``model: step S ...`` on ``log`` says which."""
     from ..ply import load_ply
-    from ..run_folder import read_run_file
+    from ..trained_run import newest_model
 
     if path.is_file():
         if path.suffix.lower() != ".ply":
             raise SplatInputError(f"{path}: not a .ply file or a training output folder")
         return load_ply(path), str(path)
-    ply = path / "point_cloud.ply"
-    if ply.is_file():
-        return load_ply(ply), str(ply)
-    run = read_run_file(path)
-    ckpt = load_latest_checkpoint(path, run["run_id"] if run and run["run_id"] != "<unreadable>" else None)
-    if ckpt is None:
+    found = newest_model(path)
+    if found is None:
         raise SplatInputError(
             f"{path}: holds neither point_cloud.ply nor a readable checkpoint (is it a training output folder?)"
         )
-    return GaussianModel(ckpt["params"], ckpt["sh_degree"]), ckpt["path"]
+    if log is not None:
+        print(f"model: {found.describe()}", file=log)
+    return found.model, found.source
 
 
 def start_from_data(
@@ -84,7 +82,7 @@ def start_from_data(
 
 
 def load_for_viewer(
-    path: str | Path, data: Optional[str] = None, root: Optional[Path] = None, log: TextIO = sys.stderr
+    path: str | Path, data: Optional[str] = None, root: Optional[Path] = None, log: Optional[TextIO] = None
 ) -> ViewerInput:
     """Load a PLY file or a training output folder (``OUT/config.yaml`` gives
     near/far, background and the data whose first test camera is the start).
@@ -94,12 +92,13 @@ def load_for_viewer(
     ``root`` too (as train.py does for the bundled sample)."""
     from ..config import load_config
 
+    log = log or sys.stderr  # the current one (pytest's capture replaces it), not the one at import
     path = Path(path)
     if not path.exists():
         raise SplatInputError(f"{path}: no such file or folder")
     if data is not None and not Path(data).exists() and not (root is not None and (Path(root) / data).exists()):
         raise SplatInputError(f"{data}: no such data folder (--data)")
-    model, source = load_model_file(path)
+    model, source = load_model_file(path, log)
     center, radius = model_extent(model)
     inp = ViewerInput(model, start_view_looking_at(center, radius), source=source, scene_radius=radius)
     cfg_path = path / "config.yaml" if path.is_dir() else path.parent / "config.yaml"
