@@ -17,7 +17,9 @@ collective that would otherwise wait for ever (NCCL) or for the process
 group's own timeout.  When a collective fails first (gloo notices a closed
 connection at once), the trainer asks :meth:`Watchdog.lost_rank` which peer
 went, so its error names it too.  A rank that ends normally says so in the
-store and is never reported.
+store and is never reported; one that stops because a peer was lost says
+which (``stopped:<rank>``), so that in a cascade every rank names the rank
+where it started rather than the neighbour it heard from.
 
 Checkpoints are unaffected: one counts only once its manifest exists
 (:mod:`splat.checkpoints`), so ``--resume`` continues from the
@@ -39,6 +41,8 @@ from .group import Group
 #: Exit code of a rank that stops because a peer was lost.
 EXIT_CODE = 75
 _PREFIX = "splat/watchdog"
+#: A rank's heartbeat value when it stops because of the lost rank that follows.
+_STOPPED = "stopped:"
 
 
 def _process_gone(pid: int) -> bool:
@@ -73,6 +77,8 @@ class Watchdog:
         self.host = socket.gethostname()
         self._stop = threading.Event()
         self._lost: Optional[str] = None
+        #: The rank behind ``_lost``: where a cascade of stopping ranks started.
+        self._lost_origin: Optional[int] = None
         self._main_reporting = False  # the main thread will raise the error itself
         self._peers = {}  # rank -> (host, pid)
         self._seen = {}  # rank -> (last heartbeat value, time it last changed)
@@ -103,8 +109,12 @@ class Watchdog:
                 return
 
     def _check(self) -> Optional[str]:
-        """A description of the first lost peer, or None."""
+        """A description of the first lost peer, or None; its rank in
+        ``_lost_origin``.  A peer that stopped because of another lost rank
+        (``stopped:<rank>`` in the store) points at that rank: in a cascade
+        every rank names where it started, not the neighbour it heard from."""
         now = time.monotonic()
+        relayed = None  # (the rank that stopped, the rank it named)
         for r in range(self.group.world_size):
             if r == self.group.rank:
                 continue
@@ -115,23 +125,34 @@ class Watchdog:
                 value = self.store.get(beat_key).decode()
             if value == "done":
                 continue
+            if value is not None and value.startswith(_STOPPED):
+                relayed = relayed or (r, int(value[len(_STOPPED) :]))
+                continue
             if value == "failed":
+                self._lost_origin = r
                 return f"rank {r} was lost: it stopped on an error (its own output says which)"
             if r not in self._peers and self.store.check([f"{_PREFIX}/proc/{r}"]):
                 host, pid = self.store.get(f"{_PREFIX}/proc/{r}").decode().split()
                 self._peers[r] = (host, int(pid))
             peer = self._peers.get(r)
             if peer is not None and peer[0] == self.host and _process_gone(peer[1]):
+                self._lost_origin = r
                 return f"rank {r} was lost: its process {peer[1]} on {peer[0]} ended"
             last = self._seen.get(r)
             if last is None or last[0] != value:
                 self._seen[r] = (value, now)
             elif now - last[1] > self.timeout_s:
                 where = f" on {peer[0]}" if peer else ""
+                self._lost_origin = r
                 return f"rank {r} was lost: no heartbeat{where} for {self.timeout_s:g} s (distributed.timeout_s)"
+        if relayed is not None:
+            stopped, origin = relayed
+            self._lost_origin = origin
+            return f"rank {origin} was lost (rank {stopped} stopped because of it; its own output says why)"
         return None
 
     def _exit(self, lost: str) -> None:
+        self._mark_stopped()
         print(
             f"error: rank {self.group.rank} stopping: {lost}; restart with --resume to continue from the last "
             "complete checkpoint",
@@ -139,6 +160,20 @@ class Watchdog:
             flush=True,
         )
         os._exit(EXIT_CODE)
+
+    def _mark_stopped(self) -> bool:
+        """Tells the others this rank stops because of a lost peer (the one
+        it found), so that they name that peer; False when it found none."""
+        if self._lost_origin is None:
+            return False
+        self._set_beat(f"{_STOPPED}{self._lost_origin}")
+        return True
+
+    def _set_beat(self, value: str) -> None:
+        try:
+            self.store.set(f"{_PREFIX}/beat/{self.group.rank}", value)
+        except Exception:  # the store's host is gone: nobody is left to tell
+            pass
 
     # ------------------------------------------------------- the main thread
     def lost_rank(self, wait_s: Optional[float] = None) -> Optional[str]:
@@ -166,8 +201,8 @@ class Watchdog:
         # Joined, not left to die with the process: a thread inside a store
         # call while the store is destroyed aborts the process.
         self._thread.join(timeout=10.0)
-        try:
-            self.store.set(f"{_PREFIX}/beat/{self.group.rank}", "done" if ok else "failed")
-        except Exception:
-            pass
+        if ok:
+            self._set_beat("done")
+        elif not self._mark_stopped():
+            self._set_beat("failed")
         self.store = None  # the process group owns the store: no reference may outlive it
