@@ -46,7 +46,7 @@ def run(args) -> int:
     from splat.viewer.load import load_for_viewer
 
     require_viser()  # before loading anything
-    from splat.viewer.server import check_port
+    from splat.viewer.network import check_port
 
     check_port(args.port)
     device = resolve_device(args.device)

@@ -149,8 +149,11 @@ class _FakeServer:
         from types import SimpleNamespace
 
         self._model, self._model_lock, self.backend = model, threading.Lock(), "auto"
-        self.bg = SimpleNamespace(value=(255, 255, 255))
-        self.near, self.far = SimpleNamespace(value=0.01), SimpleNamespace(value=100.0)
+        self.ui = SimpleNamespace(
+            bg=SimpleNamespace(value=(255, 255, 255)),
+            near=SimpleNamespace(value=0.01),
+            far=SimpleNamespace(value=100.0),
+        )
 
 
 @pytest.mark.parametrize("primitive", ["2dgs", "3dgs"])

@@ -333,7 +333,7 @@ def test_training_hook_pauses_and_publishes(run_dir):
         trainer = SimpleNamespace(model=inp.model, cfg={"train": {"iterations": 10}})
         view.callback(trainer, 1, {"loss": 0.5})  # idle: returns at once
         view.set_paused(True)
-        assert view.pause.label == "Resume training"
+        assert view.ui.pause.label == "Resume training"
         t = threading.Thread(target=view.callback, args=(trainer, 2, {"loss": 0.4}))
         t.start()
         time.sleep(0.5)
@@ -345,7 +345,7 @@ def test_training_hook_pauses_and_publishes(run_dir):
         view._states[0] = __import__("splat.viewer.server", fromlist=["_ClientState"])._ClientState()
         view.callback(trainer, 3, {"loss": 0.25})
         assert view._model is not inp.model and view._model.num_gaussians == inp.model.num_gaussians
-        assert "step 3/10" in view.training_md.content and "loss 0.2500" in view.training_md.content
+        assert "step 3/10" in view.ui.training_md.content and "loss 0.2500" in view.ui.training_md.content
     finally:
         view.close()
 

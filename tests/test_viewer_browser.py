@@ -227,7 +227,7 @@ def test_page_shows_the_rasterized_view_and_follows_the_controls(viewer, page, t
     assert page.get_by_text(f"{inp.model.num_gaussians:,} surfels").count() == 1  # the stats line
 
     # 2. fly forward with the page's own button: the new pose is predicted here.
-    step = float(view.step_size.value)
+    step = float(view.ui.step_size.value)
     R_cw = V0[:3, :3].T
     predicted = R_cw[:, 2] * step - V0[:3, :3].T @ V0[:3, 3]  # centre + step * forward
     page.get_by_role("button", name="Forward").click()

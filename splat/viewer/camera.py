@@ -151,3 +151,45 @@ def start_view_looking_at(
     dist = max(float(radius), 1e-6) / math.sin(0.5 * fov_y) * 1.1
     pos = center - np.array([0.0, 0.0, dist])
     return StartView(pos, center.copy(), np.array([0.0, -1.0, 0.0]), fov_y)
+
+
+# --------------------------------------------------- the page's camera buttons
+# ``cam`` is a viser camera handle (CameraHandle): position, look_at, up_direction, wxyz, fov.
+
+
+def fly(cam, direction: str, step: float) -> None:
+    """Move the camera (and its orbit centre) ``step`` along its own axes:
+    ``direction`` one of Forward, Back, Left, Right, Up, Down."""
+    R = quat_to_matrix(cam.wxyz)  # camera -> world: columns right, down, forward
+    axis = {
+        "Forward": R[:, 2],
+        "Back": -R[:, 2],
+        "Right": R[:, 0],
+        "Left": -R[:, 0],
+        "Down": R[:, 1],
+        "Up": -R[:, 1],
+    }[direction]
+    cam.position = cam.position + step * axis
+
+
+def turn(cam, direction: str) -> None:
+    """Rotate the view 10 degrees about the camera centre: ``direction`` one of
+    Yaw L, Yaw R (about the up direction), Pitch U, Pitch D."""
+    R = quat_to_matrix(cam.wxyz)
+    angle = math.radians(10.0) * (1 if direction in ("Yaw R", "Pitch U") else -1)
+    axis = cam.up_direction if direction.startswith("Yaw") else R[:, 0]
+    axis = np.asarray(axis, dtype=np.float64) / max(np.linalg.norm(axis), 1e-12)
+    if direction.startswith("Yaw"):
+        axis = -axis  # a positive yaw turns to the right: about -up in OpenCV's frame
+    offset = cam.look_at - cam.position
+    c, s = math.cos(angle), math.sin(angle)
+    rotated = offset * c + np.cross(axis, offset) * s + axis * (axis @ offset) * (1 - c)
+    cam.look_at = cam.position + rotated
+
+
+def reset_view(cam, start: StartView) -> None:
+    """Put the camera back where browsers start."""
+    cam.up_direction = tuple(start.up)
+    cam.position = tuple(start.position)
+    cam.look_at = tuple(start.look_at)
+    cam.fov = float(start.fov_y)

@@ -19,14 +19,10 @@ connected the callback only stores a few numbers.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import inspect
 import io
-import logging
 import math
 import signal
-import socket
 import sys
 import threading
 import time
@@ -36,9 +32,10 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, TextIO
 import numpy as np
 import torch
 
-from ..errors import SplatInputError
-from .camera import Camera, StartView, camera_from_view, quat_to_matrix
-from .colormap import COLORMAPS, MODES, colorbar, describe_range, to_tensor_bg, visualize
+from .camera import Camera, StartView, camera_from_view, fly, reset_view, turn
+from .colormap import colorbar, describe_range, to_tensor_bg, visualize
+from .controls import PageControls
+from .network import CLOSE_GRACE_S, end_connections, pick_port, quiet_handshake_errors, url_of
 from .optional_viser import require_viser
 
 if TYPE_CHECKING:
@@ -50,57 +47,6 @@ if TYPE_CHECKING:
 SETTLE_S = 0.25
 #: Lowest resolution scale used while moving.
 MIN_SCALE = 0.1
-#: Seconds websocket clients get for the closing handshake when the server
-#: stops, before their connections are aborted (see ViewerServer._end_connections).
-CLOSE_GRACE_S = 0.5
-
-
-def check_port(port: int) -> int:
-    """``port`` if it is a TCP port number (0..65535; 0: any free port), else SplatInputError."""
-    if not 0 <= int(port) <= 65535:
-        raise SplatInputError(f"port {port}: must be 0..65535 (0: any free port)")
-    return int(port)
-
-
-def pick_port(host: str, port: int) -> int:
-    """``port`` if it can be bound on ``host``, else a free port chosen by the OS.
-
-    Only a hint: another process may take the port before the server binds it
-    (viser then tries the next ones), so use the server's own port afterwards."""
-    check_port(port)
-    last = None
-    for candidate in (port, 0):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, candidate))
-            except OSError as e:
-                last = e
-                continue
-            return int(s.getsockname()[1])
-    raise SplatInputError(f"cannot serve on {host}: {last.strerror or last}")
-
-
-class _NoHandshakeErrors(logging.Filter):
-    """Drops websockets' "opening handshake failed" error, a traceback on
-    stderr for every connection that closes before sending a whole HTTP
-    request (a browser's unused pre-connected socket, a port check): the
-    client's doing, nothing for the viewer's user to act on.  viser adds the
-    same filter itself, but only once a first page request has arrived."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.getMessage() != "opening handshake failed"
-
-
-def quiet_handshake_errors() -> None:
-    """Install :class:`_NoHandshakeErrors` on websockets' server logger (once)."""
-    log = logging.getLogger("websockets.server")
-    if not any(isinstance(f, _NoHandshakeErrors) for f in log.filters):
-        log.addFilter(_NoHandshakeErrors())
-
-
-def url_of(host: str, port: int) -> str:
-    shown = "localhost" if host in ("127.0.0.1", "0.0.0.0", "localhost", "") else host
-    return f"http://{shown}:{port}"
 
 
 @dataclass
@@ -151,7 +97,8 @@ class ViewerServer:
         with contextlib.redirect_stdout(io.StringIO()):  # viser prints its own address box; we print one line
             self.server = viser.ViserServer(host=host, port=chosen, label=title, verbose=False)
         try:
-            self._build_page(start, near, far, background, radius)
+            self.ui = PageControls(self.server, start, near, far, background, radius)
+            self._wire_controls()
         except BaseException:
             self.server.stop()  # no server left running behind a failed constructor
             raise
@@ -162,56 +109,20 @@ class ViewerServer:
         self._thread = threading.Thread(target=self._loop, name="splat-viewer", daemon=True)
         self._thread.start()
 
-    def _build_page(self, start: StartView, near: float, far: float, background, radius: float) -> None:
-        """The page's controls and the callbacks behind them."""
-        s = self.server
-        s.gui.configure_theme(show_logo=False, show_share_button=False)
-        s.gui.main_panel.dock_right()  # the panel beside the picture, not over it
-        s.scene.set_up_direction(tuple(start.up))
-        cam = s.initial_camera
-        cam.fov = float(start.fov_y)
-        cam.position = tuple(start.position)
-        cam.look_at = tuple(start.look_at)
-        cam.up = tuple(start.up)
-
-        g = s.gui
-        self.stats = g.add_markdown("")
-        self.training_md = g.add_markdown("", visible=False)
-        self.pause = g.add_button("Pause training", visible=False)
-        with g.add_folder("Render"):
-            self.mode = g.add_dropdown("Mode", tuple(MODES), initial_value="RGB")
-            self.cmap = g.add_dropdown("Colour map", COLORMAPS, initial_value="turbo")
-            self.auto_range = g.add_checkbox("Auto range", True, hint="2nd..98th percentile of the view")
-            self.range_lo = g.add_number("Range min", 0.0, step=0.01, disabled=True)
-            self.range_hi = g.add_number("Range max", 1.0, step=0.01, disabled=True)
-            self.range_md = g.add_markdown("RGB over the background")
-            self.bar = g.add_image(colorbar("turbo"), label=None, format="png", visible=False)
-            self.near = g.add_number("Near", float(near), min=1e-6, step=0.01)
-            self.far = g.add_number("Far", float(far), min=1e-6, step=1.0)
-            self.bg = g.add_rgb("Background", tuple(int(round(255 * c)) for c in background))
-            self.scale = g.add_slider(
-                "Resolution", 0.1, 1.0, 0.05, 1.0, hint="render scale of the canvas size when the camera is still"
-            )
-            self.adaptive = g.add_checkbox("Lower while moving", True)
-            self.budget = g.add_slider("Moving budget (ms)", 20, 500, 10, 100)
-        with g.add_folder("Camera"):
-            g.add_markdown("Mouse: drag to orbit, right-drag to pan, wheel to zoom.")
-            self.step_size = g.add_slider("Fly step", 0.01, 1.0, 0.01, round(min(max(0.1 * radius, 0.01), 1.0), 2))
-            self.fly = g.add_button_group("Fly", ("Forward", "Back", "Left", "Right", "Up", "Down"))
-            self.turn = g.add_button_group("Turn", ("Yaw L", "Yaw R", "Pitch U", "Pitch D"))
-            self.reset = g.add_button("Reset view")
-
-        for h in (self.mode, self.cmap, self.near, self.far, self.bg, self.scale):
+    def _wire_controls(self) -> None:
+        """The callbacks behind the page's controls."""
+        ui = self.ui
+        for h in (ui.mode, ui.cmap, ui.near, ui.far, ui.bg, ui.scale):
             h.on_update(lambda _: self.invalidate())
-        for h in (self.range_lo, self.range_hi):  # written by the render loop itself in auto mode
-            h.on_update(lambda _: None if self.auto_range.value else self.invalidate())
-        self.cmap.on_update(lambda _: setattr(self.bar, "image", colorbar(self.cmap.value)))
-        self.auto_range.on_update(self._on_auto_range)
-        self.fly.on_click(lambda ev: self._fly(ev.client, ev.target.value))
-        self.turn.on_click(lambda ev: self._turn(ev.client, ev.target.value))
-        self.reset.on_click(lambda ev: self._reset(ev.client))
-        s.on_client_connect(self._on_connect)
-        s.on_client_disconnect(self._on_disconnect)
+        for h in (ui.range_lo, ui.range_hi):  # written by the render loop itself in auto mode
+            h.on_update(lambda _: None if ui.auto_range.value else self.invalidate())
+        ui.cmap.on_update(lambda _: setattr(ui.bar, "image", colorbar(ui.cmap.value)))
+        ui.auto_range.on_update(self._on_auto_range)
+        ui.fly.on_click(lambda ev: fly(ev.client.camera, ev.target.value, float(ui.step_size.value)))
+        ui.turn.on_click(lambda ev: turn(ev.client.camera, ev.target.value))
+        ui.reset.on_click(lambda ev: reset_view(ev.client.camera, self.start))
+        self.server.on_client_connect(self._on_connect)
+        self.server.on_client_disconnect(self._on_disconnect)
 
     # ------------------------------------------------------------ state
     @property
@@ -237,57 +148,8 @@ class ViewerServer:
             self._stopped = True
             self._wake.notify_all()
         self._thread.join(timeout=10)
-        self._end_connections(CLOSE_GRACE_S)
+        end_connections(self.server, CLOSE_GRACE_S)
         self.server.stop()
-
-    def _end_connections(self, grace: float) -> None:
-        """End the connections that are not websockets now, and every
-        connection still open ``grace`` seconds from now.
-
-        Stopping the websockets server waits for every connection handler to
-        end, and a connection that never became a websocket -- a browser's
-        idle keep-alive or pre-connected socket, any plain HTTP client -- ends
-        only at websockets' 10 s ``open_timeout``; a websocket client that
-        does not answer the closing handshake (a frozen tab, a bare socket)
-        holds it for the 10 s ``close_timeout``.  viser's ``stop()`` gives its
-        server thread 1 s + 5 s and then abandons it, so Ctrl+C would take 6-7 s
-        and the process would exit with that thread still running ("Server
-        stopped" never printed).  Here the handshake-stage handlers are
-        cancelled (websockets' own path for a cancelled handshake: it aborts
-        the connection, silently), and after ``grace`` -- the closing
-        handshake of a live browser takes milliseconds -- the remaining
-        connections are aborted, which ends their closing handshake and
-        viser's handler (it runs its disconnect teardown), so the server
-        thread finishes."""
-        loop = getattr(getattr(self.server, "_websock_server", None), "_background_event_loop", None)
-        if loop is None:  # another viser layout: its own stop() decides how long it takes
-            return
-        from websockets.protocol import State
-
-        def connections():  # (handler task, connection) of every connection; on the server's loop
-            for task in asyncio.all_tasks(loop):
-                coro = task.get_coro()
-                if getattr(coro, "__qualname__", "") == "Server.conn_handler":
-                    yield task, inspect.getcoroutinelocals(coro).get("connection")
-
-        def cancel_handshakes() -> None:
-            for task, connection in connections():
-                if getattr(getattr(connection, "protocol", None), "state", None) is not State.OPEN:
-                    task.cancel()
-
-        def abort_all() -> None:
-            for task, connection in connections():
-                transport = getattr(connection, "transport", None)
-                if transport is not None:
-                    transport.abort()
-                else:
-                    task.cancel()
-
-        try:  # both run before the stop request that server.stop() queues after them
-            loop.call_soon_threadsafe(cancel_handshakes)
-            loop.call_soon_threadsafe(loop.call_later, grace, abort_all)
-        except RuntimeError:  # the loop is closed already: nothing left to end
-            pass
 
     def serve_until_interrupted(self) -> None:
         """Block until Ctrl+C (SIGINT) or SIGTERM; the caller closes the server.
@@ -337,58 +199,23 @@ class ViewerServer:
                 self._wake.notify_all()
 
     def _on_auto_range(self, _) -> None:
-        self.range_lo.disabled = self.range_hi.disabled = bool(self.auto_range.value)
+        self.ui.range_lo.disabled = self.ui.range_hi.disabled = bool(self.ui.auto_range.value)
         self.invalidate()
-
-    def _fly(self, client, direction: str) -> None:
-        """Move the camera (and its orbit centre) one step along its own axes."""
-        cam = client.camera
-        R = quat_to_matrix(cam.wxyz)  # camera -> world: columns right, down, forward
-        axis = {
-            "Forward": R[:, 2],
-            "Back": -R[:, 2],
-            "Right": R[:, 0],
-            "Left": -R[:, 0],
-            "Down": R[:, 1],
-            "Up": -R[:, 1],
-        }[direction]
-        cam.position = cam.position + float(self.step_size.value) * axis
-
-    def _turn(self, client, direction: str) -> None:
-        """Rotate the view 10 degrees about the camera centre (yaw about the up direction)."""
-        cam = client.camera
-        R = quat_to_matrix(cam.wxyz)
-        angle = math.radians(10.0) * (1 if direction in ("Yaw R", "Pitch U") else -1)
-        axis = cam.up_direction if direction.startswith("Yaw") else R[:, 0]
-        axis = np.asarray(axis, dtype=np.float64) / max(np.linalg.norm(axis), 1e-12)
-        if direction.startswith("Yaw"):
-            axis = -axis  # a positive yaw turns to the right: about -up in OpenCV's frame
-        offset = cam.look_at - cam.position
-        c, s = math.cos(angle), math.sin(angle)
-        rotated = offset * c + np.cross(axis, offset) * s + axis * (axis @ offset) * (1 - c)
-        cam.look_at = cam.position + rotated
-
-    def _reset(self, client) -> None:
-        cam = client.camera
-        cam.up_direction = tuple(self.start.up)
-        cam.position = tuple(self.start.position)
-        cam.look_at = tuple(self.start.look_at)
-        cam.fov = float(self.start.fov_y)
 
     # ------------------------------------------------------ rendering
     def _next_job(self):
         """(client id, scale) of the next frame to render, or None."""
         now = time.monotonic()
-        full = float(self.scale.value)
+        full = float(self.ui.scale.value)
         for cid, st in self._states.items():
             moving = now - st.moved_at < SETTLE_S
             if st.dirty:
                 scale = full
-                if moving and self.adaptive.value and self._cost_per_px is not None:
+                if moving and self.ui.adaptive.value and self._cost_per_px is not None:
                     cam = self.server.get_clients().get(cid)
                     if cam is not None:
                         px = max(cam.camera.image_width * cam.camera.image_height, 1)
-                        fit = math.sqrt(float(self.budget.value) / 1000.0 / (self._cost_per_px * px))
+                        fit = math.sqrt(float(self.ui.budget.value) / 1000.0 / (self._cost_per_px * px))
                         scale = min(full, max(MIN_SCALE, fit))
                 return cid, scale
             if st.low_res and not moving:
@@ -415,13 +242,13 @@ class ViewerServer:
             try:
                 info = self._render_to(client, scale)
             except Exception as e:  # keep serving; show the problem on the page
-                self.stats.content = f"render failed: {type(e).__name__}: {e}"
+                self.ui.stats.content = f"render failed: {type(e).__name__}: {e}"
                 print(f"viewer: render failed: {type(e).__name__}: {e}", file=self._log)
                 continue
             with self._wake:
                 st = self._states.get(cid)
                 if st is not None:
-                    st.low_res = scale < float(self.scale.value) - 1e-9
+                    st.low_res = scale < float(self.ui.scale.value) - 1e-9
                     st.last = info
 
     def render(self, camera: Camera, model: Optional[GaussianModel] = None) -> RasterOutput:
@@ -430,8 +257,8 @@ class ViewerServer:
 
         with self._model_lock:
             model = self._model if model is None else model
-        bg = to_tensor_bg(c / 255.0 for c in self.bg.value)
-        near, far = float(self.near.value), float(self.far.value)
+        bg = to_tensor_bg(c / 255.0 for c in self.ui.bg.value)
+        near, far = float(self.ui.near.value), float(self.ui.far.value)
         if not 0 < near < far:
             raise ValueError(f"near {near} and far {far}: need 0 < near < far")
         with torch.no_grad():
@@ -449,22 +276,22 @@ class ViewerServer:
         px = camera.width * camera.height
         cost = seconds / px
         self._cost_per_px = cost if self._cost_per_px is None else 0.7 * self._cost_per_px + 0.3 * cost
-        mode, cmap = self.mode.value, self.cmap.value
-        manual = None if self.auto_range.value else (float(self.range_lo.value), float(self.range_hi.value))
-        bg = [v / 255.0 for v in self.bg.value]
+        mode, cmap = self.ui.mode.value, self.ui.cmap.value
+        manual = None if self.ui.auto_range.value else (float(self.ui.range_lo.value), float(self.ui.range_hi.value))
+        bg = [v / 255.0 for v in self.ui.bg.value]
         pic = visualize(out, mode, bg, cmap, manual)
-        still = scale >= float(self.scale.value) - 1e-9
+        still = scale >= float(self.ui.scale.value) - 1e-9
         # Still frames lossless; moving ones as JPEG (smaller, faster to encode).
         client.scene.set_background_image(pic.image, format="png" if still else "jpeg", jpeg_quality=85)
         self.frames_rendered += 1
-        self.stats.content = (
+        self.ui.stats.content = (
             f"**{n:,} surfels** · render {seconds * 1000:.0f} ms at "
             f"{camera.width}×{camera.height} (scale {scale:.2f}) · backend {self.backend}"
         )
-        self.range_md.content = describe_range(mode, cmap, pic)
-        self.bar.visible = pic.lo is not None
-        if pic.lo is not None and self.auto_range.value:
-            self.range_lo.value, self.range_hi.value = round(pic.lo, 4), round(pic.hi, 4)
+        self.ui.range_md.content = describe_range(mode, cmap, pic)
+        self.ui.bar.visible = pic.lo is not None
+        if pic.lo is not None and self.ui.auto_range.value:
+            self.ui.range_lo.value, self.ui.range_hi.value = round(pic.lo, 4), round(pic.hi, 4)
         return {
             "wxyz": wxyz,
             "position": position,
@@ -491,9 +318,9 @@ class TrainingView(ViewerServer):
         self._last_text = 0.0
         self._rate_t0, self._rate_step0 = None, 0
         self.steps_per_s = 0.0
-        self.training_md.visible = True
-        self.pause.visible = True
-        self.pause.on_click(lambda _: self.set_paused(not self._paused.is_set()))
+        self.ui.training_md.visible = True
+        self.ui.pause.visible = True
+        self.ui.pause.on_click(lambda _: self.set_paused(not self._paused.is_set()))
 
     @property
     def paused(self) -> bool:
@@ -504,7 +331,7 @@ class TrainingView(ViewerServer):
             self._paused.set()
         else:
             self._paused.clear()
-        self.pause.label = "Resume training" if paused else "Pause training"
+        self.ui.pause.label = "Resume training" if paused else "Pause training"
 
     def callback(self, trainer: Trainer, step: int, terms: dict) -> None:
         """The trainer hook (``Trainer(callbacks=[view.callback])``)."""
@@ -529,7 +356,7 @@ class TrainingView(ViewerServer):
         if now - self._last_text >= 0.25 or self.paused:
             self._last_text = now
             total = trainer.cfg["train"]["iterations"]
-            self.training_md.content = (
+            self.ui.training_md.content = (
                 f"**training** step {step:,}/{total:,} · "
                 f"{self.steps_per_s:.1f} steps/s · loss {terms.get('loss', float('nan')):.4f}"
                 + (" · **paused**" if self.paused else "")
@@ -542,5 +369,5 @@ class TrainingView(ViewerServer):
 
     def finished(self, step: int) -> None:
         """Training is over: say so on the page."""
-        self.training_md.content = f"**training done** at step {step:,}"
-        self.pause.visible = False
+        self.ui.training_md.content = f"**training done** at step {step:,}"
+        self.ui.pause.visible = False

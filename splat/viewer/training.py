@@ -27,7 +27,8 @@ def train_with_viewer(
     require_viser()  # before the (slow) data loading
     from ..model import GaussianModel
     from ..trainer import Trainer
-    from .server import TrainingView, check_port
+    from .network import check_port
+    from .server import TrainingView
 
     check_port(port)
 
