@@ -1,99 +1,21 @@
 #!/usr/bin/env python
-"""Unposed photos -> a scene folder that train.py reads (COLMAP layout).
+"""``splat convert`` without installing: the same flags (``python convert.py --help``); see splat/convert_cli.py."""
 
-    python convert.py --images photos/ --out scenes/garden
-    python convert.py --images frames/ --out scenes/walk --matcher sequential --single-camera
-    python train.py --data scenes/garden --out output/garden
-
-Runs pycolmap (``pip install -e ".[sfm]"``): SIFT features, exhaustive or
-sequential matching, incremental mapping, undistortion to PINHOLE; writes
-OUT/images/ + OUT/sparse/0/ (and OUT/distorted/: the database and the
-distorted model).  Files that are empty, not images, truncated or of an
-absurd size are skipped, each named on one line.  OUT changes only when
-every step has succeeded: the result is built in a hidden folder in OUT and
-then moved into place, so a failed or interrupted run leaves OUT as it was.
-images/, sparse/ and distorted/ already in OUT (a previous conversion, or
-the 3DGS convert.py's distorted/database.db) are replaced only with
---overwrite.  Mistakes print one line ``error: ...`` (exit code 1; 2 for bad
-flags); Ctrl+C and SIGTERM stop it with one line too (exit codes 130 and
-143); ``--debug`` shows the traceback instead.  The work is done by
-splat.sfm.colmap_pipeline.
-"""
-
-import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-
-
-def build_parser() -> argparse.ArgumentParser:
-    # Imported here, not at the top: importing splat imports torch (seconds),
-    # and a Ctrl+C meanwhile must meet the handler at the bottom of this file.
-    from splat.sfm.colmap_pipeline import CAMERA_MODELS, MATCHERS  # (no pycolmap import)
-
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--images", required=True, help="folder of photos or video frames (subfolders included)")
-    p.add_argument("--out", required=True, help="scene folder to write (images/ + sparse/0/)")
-    p.add_argument(
-        "--matcher",
-        choices=MATCHERS,
-        default="exhaustive",
-        help="exhaustive: every pair (photos); sequential: each frame with the next --overlap "
-        "frames in name order (video)",
-    )
-    p.add_argument("--overlap", type=int, default=10, help="sequential matcher: frames matched ahead (default 10)")
-    p.add_argument(
-        "--camera-model",
-        choices=CAMERA_MODELS,
-        default="SIMPLE_RADIAL",
-        help="lens model estimated by the mapper (default SIMPLE_RADIAL); the output is PINHOLE",
-    )
-    p.add_argument(
-        "--single-camera", action="store_true", help="one shared camera for all images (one phone, one zoom setting)"
-    )
-    p.add_argument("--threads", type=int, default=-1, help="threads (default: all cores)")
-    p.add_argument("--seed", type=int, default=0, help="mapper random seed")
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace the images/, sparse/ and distorted/ already in --out (once the new conversion has succeeded)",
-    )
-    p.add_argument("--verbose", action="store_true", help="show COLMAP's log")
-    p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
-    return p
-
-
-def run(args) -> int:
-    from splat.sfm import convert
-
-    convert(
-        args.images,
-        args.out,
-        matcher=args.matcher,
-        camera_model=args.camera_model,
-        single_camera=args.single_camera,
-        overlap=args.overlap,
-        num_threads=args.threads,
-        seed=args.seed,
-        overwrite=args.overwrite,
-        verbose=args.verbose,
-    )
-    return 0
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run from a checkout without installing
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    from splat.errors import run_cli
-    from splat.sfm.sigterm import sigterm_as_interrupt
+    from splat.cli import run_command
 
-    return run_cli(sigterm_as_interrupt(lambda: run(args), args.debug), debug=args.debug)
+    return run_command("convert", argv)
 
 
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except KeyboardInterrupt:  # Ctrl+C during the imports (torch: seconds), before run_cli's handler is in place
+    except KeyboardInterrupt:  # Ctrl+C while torch loads, before the command's handler is in place
         print("error: interrupted", file=sys.stderr)
         sys.exit(130)

@@ -1,18 +1,21 @@
 #!/usr/bin/env python
-"""Render a trained model: ``python render.py --model OUT [--data DIR] --split test``
-writes OUT/renders/test/{rgb,depth,normal,alpha}/<stem>.*; ``--mesh`` fuses the
-train views' depth into OUT/mesh.ply with open3d.  See splat/render_cli.py."""
+"""``splat render`` without installing: the same flags (``python render.py --help``); see splat/render_cli.py."""
 
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run from a checkout without installing
 
+
+def main(argv=None) -> int:
+    from splat.cli import run_command
+
+    return run_command("render", argv)
+
+
 if __name__ == "__main__":
     try:
-        from splat.render_cli import main
-
         sys.exit(main())
-    except KeyboardInterrupt:  # Ctrl+C during the imports (torch: seconds), before run_cli's handler is in place
+    except KeyboardInterrupt:  # Ctrl+C while torch loads, before the command's handler is in place
         print("error: interrupted", file=sys.stderr)
         sys.exit(130)

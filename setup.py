@@ -103,7 +103,10 @@ setup(
     version="0.1.0",
     description="Differentiable 2D Gaussian surfel rasterizer with exact depth-distortion gradients",
     packages=find_packages(include=["splat", "splat.*"]),
-    package_data={"splat": ["kernels/*.h", "kernels/*.cpp", "kernels/cpu/*", "kernels/cuda/*"]},
+    # configs/*.yaml: the packaged configs (`splat train --config fast` outside a checkout).
+    package_data={"splat": ["kernels/*.h", "kernels/*.cpp", "kernels/cpu/*", "kernels/cuda/*", "configs/*.yaml"]},
+    # The `splat` command (splat/cli.py): splat train|render|view|convert.
+    entry_points={"console_scripts": ["splat = splat.cli:main"]},
     python_requires=">=3.10",
     # torch is deliberately not listed: any torch requirement lets pip replace the
     # installed build with the newest one.  Install torch first (see README).

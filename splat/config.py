@@ -1,7 +1,8 @@
 """The training config: typed sections declared once, checked on load.
 
 Every field is declared below with its type, default and allowed range; the
-YAML files in ``configs/`` and ``key=value`` overrides are checked against
+YAML files in ``splat/configs/`` (shipped in the package; ``configs/`` in a
+checkout links to them) and ``key=value`` overrides are checked against
 these declarations (unknown key, wrong type, out-of-range value ->
 :class:`~splat.errors.ConfigError` naming the file/override, key and value).
 The loaded config is a plain nested ``dict`` (``cfg["train"]["iterations"]``)
@@ -9,6 +10,7 @@ so that it is trivially saved as YAML and stored in checkpoints::
 
     from splat.config import load_config
     cfg = load_config("configs/fast.yaml", ["train.iterations=2000"])
+    cfg = load_config("fast")  # the packaged config of that name, from any folder
 
 Order: defaults <- YAML file <- overrides (values parsed as YAML; float
 fields also accept ``1e-4``, which YAML 1.1 reads as a string).
@@ -22,6 +24,7 @@ import math
 import re
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Dict, List, Literal, Optional, Sequence
 
 from .errors import ConfigError
@@ -30,6 +33,8 @@ __all__ = [
     "SplatConfig",
     "DEFAULT_CONFIG",
     "load_config",
+    "config_file",
+    "packaged_configs",
     "check_config",
     "set_dotted",
     "config_to_yaml",
@@ -460,13 +465,45 @@ def read_yaml(path) -> Dict:
     return data
 
 
+# The configs shipped inside the package (setup.py's package data), so that
+# ``--config fast`` works from any folder, without a checkout.
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+
+def packaged_configs() -> List[str]:
+    """Names of the packaged configs (``splat/configs/<name>.yaml``), sorted."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def config_file(name: str) -> str:
+    """The YAML file that ``--config name`` means.
+
+    An existing path, or any name with a folder in it, is a file (a missing
+    one fails later, in :func:`read_yaml`, naming it).  A bare name that is
+    no file here is a packaged config, with or without ``.yaml``
+    (``fast``, ``fast.yaml``); anything else raises ConfigError listing the
+    packaged names."""
+    path = Path(name)
+    if path.exists() or path.name != str(name):
+        return str(name)
+    stem = path.stem if path.suffix in (".yaml", ".yml") else path.name
+    if stem in packaged_configs():
+        return str(CONFIG_DIR / f"{stem}.yaml")
+    raise ConfigError(
+        f"config {str(name)!r}: no such file, and no packaged config of that name "
+        f"(packaged: {', '.join(packaged_configs())})"
+    )
+
+
 def load_config(path: Optional[str] = None, overrides: Sequence[str] = ()) -> Dict:
     """Defaults <- YAML file (optional) <- ``key=value`` overrides, checked.
 
+    ``path`` is a YAML file or a packaged config's name (:func:`config_file`).
     Raises ConfigError (a ValueError) naming the file or override, the key
     and the value for anything that does not fit the declarations above."""
     cfg = copy.deepcopy(DEFAULT_CONFIG)
     if path is not None:
+        path = config_file(path)
         try:
             _merge(cfg, read_yaml(path))
             cfg = check_config(cfg)

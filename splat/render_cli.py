@@ -1,4 +1,4 @@
-"""``render.py``'s command line: views (:mod:`splat.render_files`) and meshes (:mod:`splat.mesh`).
+"""``splat render`` / ``render.py``'s command line: views (:mod:`splat.render_files`) and meshes (:mod:`splat.mesh`).
 
 Mistakes print one line ``error: ...`` (exit 1; 2 for bad flags or an
 open3d that is missing or cannot load), ``--debug`` shows tracebacks instead.
@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Optional, Sequence
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
+    """The flags of ``splat render`` / ``render.py`` (``prog``: the name in the usage line)."""
     from .mesh.extract import MeshOptions
 
     d = MeshOptions()
     p = argparse.ArgumentParser(
+        prog=prog,
         description="Render a trained splat model (images, depth, normals) or extract its mesh.",
     )
     p.add_argument("--model", required=True, help="training output folder (holds config.yaml)")
@@ -103,9 +106,9 @@ def mesh_options(args, unbounded: bool):
     return options
 
 
-def main(argv=None) -> int:
-    """CLI entry (module doc)."""
-    p = build_parser()
+def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
+    """CLI entry (module doc): the exit code."""
+    p = build_parser(prog)
     args = p.parse_intermixed_args(argv)  # key=value may stand between flags
     meshing = args.mesh or args.unbounded
     if meshing:
