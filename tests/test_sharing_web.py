@@ -24,11 +24,12 @@ code, so the error is at most half a step:
   |dx| <= 4.5/128 for x in [-1, 127/128].
 
 Each bound gets a float32 slack of 1e-6 relative.  Measured on the fixture: every
-attribute's largest error is 0.99 to 1.00 of its bound (0.3 for the rotation),
+attribute's largest error is 0.997 to 1.000 of its bound (0.42 for the rotation),
 so a coarser encoding would fail; so does a file whose layout is wrong (tried:
 ``f_rest`` not channel-major, opacity not a logit, a fixed 1e-7 third scale).  A surfel's third scale is
 splat's thin axis (splat/ply.py: 1 % of the smaller tangent scale); SPZ's
-floor of e**-10 (4.5e-5) clamps it, so it comes back as max(thin, -10).
+floor of e**-10 (4.5e-5) clamps it (181 of the fixture's 400), so it comes
+back as max(thin, -10).
 
 The HTML test opens the single-file viewer page the tool writes in headless
 Chromium (software WebGL: SwiftShader) and requires the model, a ball of
@@ -225,12 +226,12 @@ def page_green_fraction(html: Path, timeout: float = 90.0) -> float:
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium); CI installs it")
-@pytest.mark.parametrize("primitive", ["2dgs", "3dgs"])
-def test_html_viewer_page_shows_the_model(tmp_path, primitive):
+def test_html_viewer_page_shows_the_model(tmp_path):
+    """Surfels, which web viewers draw as thin 3D Gaussians (3D Gaussians: the same path, 13 s more)."""
     ply, html = tmp_path / "point_cloud.ply", tmp_path / "scene.html"
-    save_ply(green_ball(primitive, opacity=0.95), ply)
+    save_ply(green_ball("2dgs", opacity=0.95), ply)
     run_tool("-g", "cpu", str(ply), str(html))  # the page embeds SOG: '-g cpu' runs its k-means without a GPU
     assert html.stat().st_size > 0
     fraction = page_green_fraction(html)
-    print(primitive, "green fraction", fraction)
+    print("green fraction", fraction)
     assert fraction >= GREEN_FRACTION_MIN
