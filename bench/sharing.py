@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -146,7 +147,7 @@ def main(argv=None) -> int:
     as_3dgs = "3dgs"
     report = dict(
         what="splat-transform outputs of a trained model: size, conversion time, decoded test quality",
-        command="python bench/sharing.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        command="python bench/sharing.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
         tool=dict(name="@playcanvas/splat-transform", version=version, gpu=args.gpu),
         node=subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip(),
         machine=machine(threads=args.threads, omp_num_threads=os.environ.get("OMP_NUM_THREADS")),
