@@ -33,6 +33,7 @@ GROUPS = (
     ("Robustness and the CUDA test harness", ("kill_resume", "cuda_emulation")),
     ("Viewer", ("viewer",)),
     ("Several processes", ("distributed",)),
+    ("Sharing on the web", ("sharing",)),
 )
 
 
