@@ -4,6 +4,12 @@ it with --out).  Not a test: numbers depend on the machine and its load.
 
     python bench/rasterize.py                      # CPU machine: cpu vs torch reference
     python bench/rasterize.py --out bench/results/cpu.json
+    python bench/rasterize.py --case 10000,128,128 --case 100000,512,512 --roots OLD NEW
+
+--case runs the given CPU cases (surfels and 3D Gaussians) instead of the
+default list; --roots times the kernels of several source trees (each with
+its built splat/_C*.so), case by case in turn, so that machine load falls on
+all of them alike.
 
 Surfels (splat.rasterize) and, in the "3dgs" rows, 3D Gaussians
 (splat.rasterize_3dgs) on the same scene.  CUDA rows run only where a GPU is.
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import sys
@@ -167,6 +174,11 @@ def main():
     ap.add_argument("--out", help="also write the JSON here")
     add_child_flag(ap)
     ap.add_argument("--quick", action="store_true", help="only the 20k/256 case")
+    ap.add_argument(
+        "--case", action="append", metavar="N,W,H", help="CPU case: N primitives at W x H, both primitives (repeatable)"
+    )
+    ap.add_argument("--reps", type=int, default=3, help="timed repetitions of a --case (median reported)")
+    ap.add_argument("--roots", nargs="+", help="source trees whose kernels to time side by side (default: this one)")
     args = ap.parse_args()
     case = child_case(args)
     if case is not None:
@@ -176,22 +188,46 @@ def main():
 
     from splat._backend import has_cuda_kernels
 
+    cases = CASES[:2] if args.quick else CASES
+    if args.case:
+        cases = []
+        for spec in args.case:
+            n, w, h = (int(v) for v in spec.split(","))
+            cases += [(n, w, h, ("cpu",), args.reps, p) for p in ("2dgs", "3dgs")]
+    roots = args.roots or [None]
     results = []
-    for n, w, h, backends, reps, primitive in CASES[:2] if args.quick else CASES:
+    for n, w, h, backends, reps, primitive in cases:
         for backend in backends:
             if backend == "cuda" and not (torch.cuda.is_available() and has_cuda_kernels()):
                 continue
-            r = 1 if backend == "torch" else reps
-            result, proc = run_child(
-                __file__, dict(n=n, width=w, height=h, backend=backend, reps=r, primitive=primitive)
-            )
-            if result is None:
-                results.append(
-                    dict(backend=backend, primitive=primitive, surfels=n, width=w, height=h, error=proc.stderr[-2000:])
+            for root in roots:
+                r = 1 if backend == "torch" else reps
+                popen = {}
+                if root is not None:
+                    popen = dict(env={**os.environ, "PYTHONPATH": os.path.abspath(root)}, cwd=os.path.abspath(root))
+                result, proc = run_child(
+                    __file__, dict(n=n, width=w, height=h, backend=backend, reps=r, primitive=primitive), **popen
                 )
-            else:
+                if result is None:
+                    result = dict(
+                        backend=backend, primitive=primitive, surfels=n, width=w, height=h, error=proc.stderr[-2000:]
+                    )
+                if root is not None:
+                    result["root"] = root
                 results.append(result)
-            print(json.dumps(results[-1]), file=sys.stderr)
+                print(json.dumps(results[-1]), file=sys.stderr)
+    if args.roots:
+        ratios = {}
+        for root in roots:
+            mine = [r for r in results if r.get("root") == root and "error" not in r]
+            keyed = {(r["primitive"], r["surfels"], r["width"]): r for r in mine}
+            for (prim, n, w), r in keyed.items():
+                other = keyed.get(("2dgs", n, w))
+                if prim == "3dgs" and other:
+                    ratio = round(r["total_ms"] / other["total_ms"], 2)
+                    ratios[f"{root}: 3dgs_over_2dgs_time_{n // 1000}k_{w}"] = ratio
+        emit(dict(machine=machine(), command="python " + " ".join(sys.argv), results=results, ratios=ratios), args.out)
+        return
     ratios = {}
     by_key = {
         (r["backend"], r.get("primitive", "2dgs"), r["surfels"], r["width"]): r for r in results if "error" not in r

@@ -77,6 +77,7 @@ inline VMask operator>=(VFloat a, VFloat b) { return VMask{a.v >= b.v}; }
 inline VMask operator<(VFloat a, float b) { return VMask{a.v < b}; }
 inline VMask operator>(VFloat a, float b) { return VMask{a.v > b}; }
 inline VMask operator>=(VFloat a, float b) { return VMask{a.v >= b}; }
+inline VMask operator==(VFloat a, float b) { return VMask{a.v == b}; }
 inline VMask operator==(VInt a, int32_t b) { return VMask{a.v == b}; }
 inline VMask operator<(VInt a, VInt b) { return VMask{a.v < b.v}; }
 
@@ -119,6 +120,12 @@ inline VInt trunc_to_int(VFloat x) { return VInt(__builtin_convertvector(x.v, i3
 inline VFloat to_float(VInt n) { return VFloat(__builtin_convertvector(n.v, f32x8)); }
 inline VFloat pow2i(VInt n) { return VFloat((f32x8)((n.v + 127) << 23)); }
 inline VFloat exp_of(VFloat x) { return exp_float(x); }
+// Correctly rounded per lane, like the scalar sqrtf (one sqrtps / vsqrtps).
+inline VFloat sqrt_of(VFloat x) {
+  VFloat r;
+  for (int i = 0; i < kLanes; ++i) r.v[i] = __builtin_sqrtf(x.v[i]);
+  return r;
+}
 
 inline VFloat load8(const float* p) {
   VFloat r;
