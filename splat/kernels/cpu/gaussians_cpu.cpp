@@ -150,23 +150,33 @@ struct GaussianTiles {
 
   // The lanes' gradients are computed together and added to the record one
   // lane at a time, lane 0 first: the windows' pixel order, the scalar loop's
-  // order of additions, so the record has the scalar loop's bits.
+  // order of additions, so the record has the scalar loop's bits.  The record
+  // is held in registers, 8 entries a vector, and each visit's gradients are
+  // transposed (lane l's entries into vectors) so that adding one lane's
+  // gradients takes 4 vector additions instead of 30 scalar ones.
   struct Accumulator {
-    SPLAT_ALWAYS_INLINE void begin() {}
+    static constexpr int kBlocks = (kGaussGradSize + kLanes - 1) / kLanes;
+    VFloat sum[kBlocks];  // record entries 8 b .. 8 b + 7 in sum[b]
+    SPLAT_ALWAYS_INLINE void begin() {
+      for (auto& v : sum) v = VFloat(0.0f);  // the zeroed record
+    }
     SPLAT_ALWAYS_INLINE void visit(BackwardState<VFloat>& b, const PixelGrad<VFloat>& g,
                                    const PackedGaussian& ps, const GaussianHit<VFloat>& h, VMask go,
-                                   VFloat, VFloat, float near, float far, VMask is_median,
-                                   float* record) {
-      VFloat c[kGaussGradSize];
+                                   VFloat, VFloat, float near, float far, VMask is_median, float*) {
+      VFloat c[kBlocks * kLanes];
       gaussian_grad_lanes(b, g, ps.params, h, go, ps.color, near, far, is_median, c);
-      alignas(32) float lanes[kGaussGradSize][kLanes];
-      for (int j = 0; j < kGaussGradSize; ++j) store8(lanes[j], c[j]);
+      for (int j = kGaussGradSize; j < kBlocks * kLanes; ++j) c[j] = VFloat(0.0f);
+      for (int blk = 0; blk < kBlocks; ++blk) transpose8(c + blk * kLanes);
       for (uint32_t m = lane_bits(go); m; m &= m - 1) {
         const int l = __builtin_ctz(m);
-        for (int j = 0; j < kGaussGradSize; ++j) record[j] += lanes[j][l];
+        for (int blk = 0; blk < kBlocks; ++blk) sum[blk] += c[blk * kLanes + l];
       }
     }
-    SPLAT_ALWAYS_INLINE void finish(float*) const {}
+    SPLAT_ALWAYS_INLINE void finish(float* record) const {
+      alignas(32) float all[kBlocks * kLanes];
+      for (int blk = 0; blk < kBlocks; ++blk) store8(all + blk * kLanes, sum[blk]);
+      std::copy(all, all + kGaussGradSize, record);
+    }
   };
 };
 

@@ -171,6 +171,27 @@ inline void store_halves(int32_t* a, int32_t* b, VInt x) {
   std::memcpy(b, &hi, sizeof hi);
 }
 
+// Transposes the 8 x 8 block r[0..7] (vector i, lane l) in place, so that
+// afterwards r[l] lane i holds what r[i] lane l held: three rounds of
+// shuffles, moving values only (no arithmetic).
+inline void transpose8(VFloat* r) {
+  f32x8 a[kLanes], b[kLanes];
+  for (int i = 0; i < kLanes; i += 2) {
+    a[i] = __builtin_shufflevector(r[i].v, r[i + 1].v, 0, 8, 2, 10, 4, 12, 6, 14);
+    a[i + 1] = __builtin_shufflevector(r[i].v, r[i + 1].v, 1, 9, 3, 11, 5, 13, 7, 15);
+  }
+  for (int i = 0; i < kLanes; i += 4) {
+    for (int k = 0; k < 2; ++k) {
+      b[i + k] = __builtin_shufflevector(a[i + k], a[i + k + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+      b[i + k + 2] = __builtin_shufflevector(a[i + k], a[i + k + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+  }
+  for (int k = 0; k < 4; ++k) {
+    r[k].v = __builtin_shufflevector(b[k], b[k + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+    r[k + 4].v = __builtin_shufflevector(b[k], b[k + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+  }
+}
+
 // Sum of the lanes as a fixed tree ((0+4) + (2+6)) + ((1+5) + (3+7)), written
 // as vector operations so that every instruction set computes the same bits
 // (and cheaply: three vector adds instead of seven scalar ones).
