@@ -4,6 +4,16 @@ it with --out).  Not a test: numbers depend on the machine and its load.
 
     python bench/rasterize.py                      # CPU machine: cpu vs torch reference
     python bench/rasterize.py --out bench/results/cpu.json
+    python bench/rasterize.py --case 10000,128,128 --case 100000,512,512 --roots OLD NEW
+
+forward_ms / backward_ms time the whole render (projection, kernels,
+composition); kernel_forward_ms / kernel_backward_ms the rasterizer's
+autograd Function alone (binning, tile kernels and their buffers).
+
+--case runs the given CPU cases (surfels and 3D Gaussians) instead of the
+default list; --roots times the kernels of several source trees (each with
+its built splat/_C*.so), case by case in turn, so that machine load falls on
+all of them alike.
 
 Surfels (splat.rasterize) and, in the "3dgs" rows, 3D Gaussians
 (splat.rasterize_3dgs) on the same scene.  CUDA rows run only where a GPU is.
@@ -18,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import sys
@@ -41,6 +52,32 @@ CASES = [
 THIRD_SCALE = 0.3
 
 
+def _time_raster_functions(primitive, sync):
+    """Times the rasterizer's autograd Function (binning, tile kernels and
+    their buffers; not the projection nor the composition) in this process:
+    returns lists the renders fill, kernel_forward_ms and kernel_backward_ms."""
+    from splat.rasterize import _RasterizeSurfels
+    from splat.rasterize_3dgs import _RasterizeGaussians
+
+    fn = _RasterizeGaussians if primitive == "3dgs" else _RasterizeSurfels
+    times = {"kernel_forward_ms": [], "kernel_backward_ms": []}
+
+    def timed(f, key):
+        def wrapper(ctx, *args):
+            sync()
+            t = time.perf_counter()
+            r = f(ctx, *args)
+            sync()
+            times[key].append(time.perf_counter() - t)
+            return r
+
+        return staticmethod(wrapper)
+
+    fn.forward = timed(fn.forward, "kernel_forward_ms")
+    fn.backward = timed(fn.backward, "kernel_backward_ms")
+    return times
+
+
 def run_case(n, width, height, backend, reps, primitive="2dgs"):
     import torch
 
@@ -60,6 +97,7 @@ def run_case(n, width, height, backend, reps, primitive="2dgs"):
         render = rasterize_3dgs
     params = {k: scene[k].clone().requires_grad_(True) for k in ("means", "quats", "scales", "opacities", "colors")}
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    kernel_times = _time_raster_functions(primitive, sync)
     fwd, bwd = [], []
     for rep in range(reps + 1):  # the first run warms up (JIT, allocator, caches)
         sync()
@@ -135,6 +173,7 @@ def run_case(n, width, height, backend, reps, primitive="2dgs"):
             )
             pairs = int(res[6].long().sum())
             tile_pairs = int(res[10].numel())
+    kernel = {k: round(1e3 * statistics.median(v[1:]), 2) for k, v in kernel_times.items() if len(v) > 1}
     if device == "cuda":
         peak = torch.cuda.max_memory_allocated() / 2**20
     else:
@@ -149,6 +188,7 @@ def run_case(n, width, height, backend, reps, primitive="2dgs"):
         forward_ms=round(fwd_ms, 2),
         backward_ms=round(bwd_ms, 2),
         total_ms=round(fwd_ms + bwd_ms, 2),
+        **kernel,
         peak_memory_mib=round(peak, 1),
         threads=torch.get_num_threads(),
         repetitions=reps,
@@ -167,6 +207,11 @@ def main():
     ap.add_argument("--out", help="also write the JSON here")
     add_child_flag(ap)
     ap.add_argument("--quick", action="store_true", help="only the 20k/256 case")
+    ap.add_argument(
+        "--case", action="append", metavar="N,W,H", help="CPU case: N primitives at W x H, both primitives (repeatable)"
+    )
+    ap.add_argument("--reps", type=int, default=3, help="timed repetitions of a --case (median reported)")
+    ap.add_argument("--roots", nargs="+", help="source trees whose kernels to time side by side (default: this one)")
     args = ap.parse_args()
     case = child_case(args)
     if case is not None:
@@ -176,22 +221,49 @@ def main():
 
     from splat._backend import has_cuda_kernels
 
+    cases = CASES[:2] if args.quick else CASES
+    if args.case:
+        cases = []
+        for spec in args.case:
+            n, w, h = (int(v) for v in spec.split(","))
+            cases += [(n, w, h, ("cpu",), args.reps, p) for p in ("2dgs", "3dgs")]
+    roots = args.roots or [None]
     results = []
-    for n, w, h, backends, reps, primitive in CASES[:2] if args.quick else CASES:
+    for n, w, h, backends, reps, primitive in cases:
         for backend in backends:
             if backend == "cuda" and not (torch.cuda.is_available() and has_cuda_kernels()):
                 continue
-            r = 1 if backend == "torch" else reps
-            result, proc = run_child(
-                __file__, dict(n=n, width=w, height=h, backend=backend, reps=r, primitive=primitive)
-            )
-            if result is None:
-                results.append(
-                    dict(backend=backend, primitive=primitive, surfels=n, width=w, height=h, error=proc.stderr[-2000:])
+            for root in roots:
+                r = 1 if backend == "torch" else reps
+                popen = {}
+                if root is not None:
+                    popen = dict(env={**os.environ, "PYTHONPATH": os.path.abspath(root)}, cwd=os.path.abspath(root))
+                result, proc = run_child(
+                    __file__, dict(n=n, width=w, height=h, backend=backend, reps=r, primitive=primitive), **popen
                 )
-            else:
+                if result is None:
+                    result = dict(
+                        backend=backend, primitive=primitive, surfels=n, width=w, height=h, error=proc.stderr[-2000:]
+                    )
+                if root is not None:
+                    result["root"] = root
                 results.append(result)
-            print(json.dumps(results[-1]), file=sys.stderr)
+                print(json.dumps(results[-1]), file=sys.stderr)
+    if args.roots:
+        ratios = {}
+        for root in roots:
+            mine = [r for r in results if r.get("root") == root and "error" not in r]
+            keyed = {(r["primitive"], r["surfels"], r["width"]): r for r in mine}
+            for (prim, n, w), r in keyed.items():
+                other = keyed.get(("2dgs", n, w))
+                if prim == "3dgs" and other:
+                    ratio = round(r["total_ms"] / other["total_ms"], 2)
+                    ratios[f"{root}: 3dgs_over_2dgs_time_{n // 1000}k_{w}"] = ratio
+                    if "kernel_forward_ms" in r and "kernel_forward_ms" in other:
+                        k3, k2 = (x["kernel_forward_ms"] + x["kernel_backward_ms"] for x in (r, other))
+                        ratios[f"{root}: 3dgs_over_2dgs_kernel_time_{n // 1000}k_{w}"] = round(k3 / k2, 2)
+        emit(dict(machine=machine(), command="python " + " ".join(sys.argv), results=results, ratios=ratios), args.out)
+        return
     ratios = {}
     by_key = {
         (r["backend"], r.get("primitive", "2dgs"), r["surfels"], r["width"]): r for r in results if "error" not in r

@@ -7,6 +7,7 @@ or more source trees and prints the SHA-256 of each ``point_cloud.ply``.
     python bench/same_models.py --shared ../shared                       # this tree
     python bench/same_models.py --shared ../shared --roots /tmp/old .    # old against new, one run
     python bench/same_models.py --runs tiny fast --out bench/results/same_models.json
+    python bench/same_models.py --runs tiny --override model.primitive=3dgs --worlds 1 --roots /tmp/old .
 
 Runs:
 
@@ -41,8 +42,10 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def run_tree(root: Path, shared: Path, runs, out: Path) -> dict:
-    """Child process: every run of ``runs`` with the splat at ``root``."""
+def run_tree(root: Path, shared: Path, runs, out: Path, overrides=(), worlds=(1, 2, 3)) -> dict:
+    """Child process: every run of ``runs`` with the splat at ``root``, each
+    with the config ``overrides`` (KEY=VALUE) added; ``tiny`` on each number
+    of processes in ``worlds``."""
     sys.path[:0] = [str(root), str(root / "tests")]
     import splat
 
@@ -61,6 +64,7 @@ def run_tree(root: Path, shared: Path, runs, out: Path) -> dict:
                     "model.init=auto",
                     "seed=0",
                     "log.progress=false",
+                    *overrides,
                 ],
             )
             metrics = Trainer(cfg, out / name, overwrite=True).train()
@@ -73,9 +77,9 @@ def run_tree(root: Path, shared: Path, runs, out: Path) -> dict:
             import test_distributed_train as t
 
             scene = t.make_tiny_scene(out / "tiny_scene")
-            for world in (1, 2, 3):
+            for world in worlds:
                 run_dir = out / f"tiny{world}" / "run"
-                t.run(world, t.config(scene), run_dir)
+                t.run(world, t.config(scene, extra=overrides), run_dir)
                 result[f"tiny{world}"] = dict(sha256=_sha(run_dir / "point_cloud.ply"))
     return result
 
@@ -86,18 +90,35 @@ def main(argv=None) -> int:
     ap.add_argument("--roots", nargs="+", default=[str(ROOT)], help="source trees to compare (default: this one)")
     ap.add_argument("--runs", nargs="+", default=list(RUNS), choices=RUNS)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--override", nargs="+", default=[], metavar="KEY=VALUE", help="config overrides, every run")
+    ap.add_argument(
+        "--worlds", nargs="+", type=int, default=[1, 2, 3], help="processes of the tiny run (3D Gaussians: 1 only)"
+    )
     ap.add_argument("--out", default=None)
     add_child_flag(ap)
     args = ap.parse_args(argv)
     case = child_case(args)
     if case is not None:
-        print_child_result(run_tree(Path(case["root"]), Path(case["shared"]), case["runs"], Path(case["out"])))
+        runs = case["runs"]
+        print_child_result(
+            run_tree(
+                Path(case["root"]),
+                Path(case["shared"]),
+                runs,
+                Path(case["out"]),
+                case.get("overrides", []),
+                case.get("worlds", [1, 2, 3]),
+            )
+        )
         return 0
     trees = {}
     for root in args.roots:
         root = Path(root).resolve()
         with tempfile.TemporaryDirectory() as tmp:
-            case = dict(root=str(root), shared=str(Path(args.shared).resolve()), runs=args.runs, out=tmp)
+            shared = str(Path(args.shared).resolve())
+            case = dict(
+                root=str(root), shared=shared, runs=args.runs, out=tmp, overrides=args.override, worlds=args.worlds
+            )
             env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS=str(args.threads))
             result, proc = run_child(__file__, case, env=env)
         if result is None:
@@ -106,7 +127,8 @@ def main(argv=None) -> int:
         trees[str(root)] = dict(commit=commit(str(root)), runs=result)
     shas = [{k: v["sha256"] for k, v in t["runs"].items()} for t in trees.values()]
     same = all(s == shas[0] for s in shas)
-    emit(dict(benchmark="same_models", machine=machine(threads=args.threads), trees=trees, same=same), args.out)
+    report = dict(benchmark="same_models", machine=machine(threads=args.threads), overrides=args.override)
+    emit(dict(report, trees=trees, same=same), args.out)
     return 0 if same else 1
 
 

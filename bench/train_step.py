@@ -17,7 +17,7 @@ repetition by repetition, so that both see the same machine load.  Phases:
     optimiser            Adam steps and zero_grad
     strategy             densification statistics (pre- and post-backward hooks)
 
-Scenes (800 x 600, --surfels surfels):
+Scenes (800 x 600 / --downscale, --surfels surfels or 3D Gaussians with --primitive 3dgs):
     dtu_scan24   ../shared/scenes/dtu_scan24 (COLMAP layout, 49 images of
                  800x600); the model is its point cloud, resampled with jitter
                  to --surfels points.
@@ -103,7 +103,7 @@ def _bench_model(trainer, cfg, scene_name, data, surfels):
     params = {
         "means": pts.float().contiguous(),
         "quats": random_quats(surfels, g),
-        "scales": torch.log(dist * m["init_scale"])[:, None].repeat(1, 2),
+        "scales": torch.log(dist * m["init_scale"])[:, None].repeat(1, 3 if m["primitive"] == "3dgs" else 2),
         "opacities": logit(torch.full((surfels,), float(m["init_opacity"]))),
         "sh0": rgb_to_sh(cols.clamp(0, 1))[:, None, :],
         "shN": torch.zeros(surfels, n_rest, 3),
@@ -113,7 +113,7 @@ def _bench_model(trainer, cfg, scene_name, data, surfels):
     return GaussianModel(params, m["sh_degree"])
 
 
-def run_case(scene_name, data, surfels, steps, threads):
+def run_case(scene_name, data, surfels, steps, threads, primitive="2dgs", downscale=1):
     import torch
 
     torch.set_num_threads(threads)
@@ -127,7 +127,8 @@ def run_case(scene_name, data, surfels, steps, threads):
     cfg = _load_config(
         [
             f"data.path={data}",
-            "data.downscale=1",
+            f"data.downscale={downscale}",
+            f"model.primitive={primitive}",
             "data.layout=colmap",
             "model.init=random",
             "model.init_num_random=1000",
@@ -154,8 +155,13 @@ def run_case(scene_name, data, surfels, steps, threads):
 
             return call
 
-        ext.forward_cpu = timed("rasterizer_forward", ext.forward_cpu)
-        ext.backward_cpu = timed("rasterizer_backward", ext.backward_cpu)
+        kernels = (
+            ("forward_gaussians_cpu", "backward_gaussians_cpu")
+            if primitive == "3dgs"
+            else ("forward_cpu", "backward_cpu")
+        )
+        setattr(ext, kernels[0], timed("rasterizer_forward", getattr(ext, kernels[0])))
+        setattr(ext, kernels[1], timed("rasterizer_backward", getattr(ext, kernels[1])))
         frames = trainer.scene.train
         rows = []
         for i in range(steps + 2):
@@ -198,6 +204,7 @@ def run_case(scene_name, data, surfels, steps, threads):
     med = {k: round(1e3 * statistics.median(r[k] for r in rows), 1) for k in rows[0]}
     return dict(
         scene=scene_name,
+        primitive=primitive,
         surfels=int(model.num_gaussians),
         width=frames[0].width,
         height=frames[0].height,
@@ -217,12 +224,18 @@ def main():
     ap.add_argument("--steps", type=int, default=5, help="timed steps per repetition")
     ap.add_argument("--reps", type=int, default=2, help="alternating repetitions per root")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--primitive", choices=("2dgs", "3dgs"), default="2dgs", help="model.primitive")
+    ap.add_argument("--downscale", type=int, default=1, help="data.downscale (2: 400 x 300)")
     ap.add_argument("--out")
     add_child_flag(ap)
     args = ap.parse_args()
     case = child_case(args)
     if case is not None:
-        print_child_result(run_case(case["scene"], args.data, case["surfels"], args.steps, args.threads))
+        print_child_result(
+            run_case(
+                case["scene"], args.data, case["surfels"], args.steps, args.threads, args.primitive, args.downscale
+            )
+        )
         return
     roots = [os.path.abspath(r) for r in args.roots]
     results = {}
@@ -233,7 +246,8 @@ def main():
                 r, proc = run_child(
                     __file__,
                     dict(scene=scene, surfels=args.surfels),
-                    ["--data", args.data, "--steps", args.steps, "--threads", args.threads],
+                    ["--data", args.data, "--steps", args.steps, "--threads", args.threads]
+                    + ["--primitive", args.primitive, "--downscale", args.downscale],
                     env=env,
                     cwd=root,
                 )

@@ -27,10 +27,15 @@
 
 #include "raster_args.h"
 
+// Always inlined, on the host as on the device: the CPU's SIMD tile loops
+// (cpu/tile_loop.h) run these functions on 8-float vectors inside functions
+// compiled for AVX2 / AVX-512, and an out-of-line copy would be compiled for
+// baseline x86-64, where a 32-byte vector argument is passed another way
+// (wrong values, not just slow code).
 #if defined(__CUDACC__)
 #define SPLAT_HD __host__ __device__ __forceinline__
 #else
-#define SPLAT_HD inline
+#define SPLAT_HD inline __attribute__((always_inline))
 #endif
 
 namespace splat {
@@ -665,58 +670,78 @@ SPLAT_HD void intersect_gaussian(const GaussianParams<T>& g, V px, V py, T near,
                            mask_and(mask_and(ray_ok, normal_ok), h.z > near));
 }
 
-// Differentiates one contributing Gaussian sample at pixel centre (px, py)
-// (the maths above, backwards) and adds to `grad` (kGaussGradSize).
-template <typename T>
-SPLAT_HD void backward_gaussian_step(BackwardState<T>& st, const PixelGrad<T>& g,
-                                     const GaussianParams<T>& gp, const GaussianHit<T>& h,
-                                     const T* color, T near, T far, bool is_median, T* grad) {
+// Differentiates the Gaussian samples of the lanes in `active` (the maths
+// above, backwards), advancing the walk `st`, and writes what each lane adds
+// to the gradient record into c[kGaussGradSize]: a record takes
+// `record[j] += c[j]` per sample.  Entries a sample leaves alone (the
+// clamped alpha's) are +0, which leaves a record unchanged: records start at
+// +0 and a round-to-nearest sum is -0 only when both terms are.
+template <typename T, typename V>
+SPLAT_HD void gaussian_grad_lanes(BackwardState<V>& st, const PixelGrad<V>& g,
+                                  const GaussianParams<T>& gp, const GaussianHit<V>& h,
+                                  MaskOf<V> active, const T* color, T near, T far,
+                                  MaskOf<V> is_median, V* c) {
   const T* q = gp.p;
-  const SampleGrad<T> sg =
-      blend_backward(st, g, h.alpha, h.z, true, color, h.normal, near, far, is_median);
-  const T w = sg.w;
-  T v_z = sg.v_z;
-  for (int c = 0; c < kChannels; ++c) grad[kGaussGradColor + c] += w * g.v_color[c];
-  T v_d[2] = {T(0), T(0)};
+  const V zero = V(T(0));
+  const SampleGrad<V> sg =
+      blend_backward(st, g, h.alpha, h.z, active, color, h.normal, near, far, is_median);
+  const V w = sg.w;
+  V v_z = sg.v_z;
+  for (int ch = 0; ch < kChannels; ++ch) c[kGaussGradColor + ch] = w * g.v_color[ch];
+  V v_d[2] = {zero, zero};
 
   // normal = n / |n|:  dL/dn = (v - normal (normal . v)) / |n|, v = w dL/d(normal sum)
-  T v_normal[3], dot = T(0);
+  V v_normal[3], dot = zero;
   for (int k = 0; k < 3; ++k) {
     v_normal[k] = w * g.v_normal[k];
     dot += h.normal[k] * v_normal[k];
   }
   for (int k = 0; k < 3; ++k) {
-    const T v_n = (v_normal[k] - h.normal[k] * dot) * h.inv_len;
+    const V v_n = (v_normal[k] - h.normal[k] * dot) * h.inv_len;
     // n = n0 - 2 z N d~
-    grad[kGaussNormalBase + k] += v_n;
+    c[kGaussNormalBase + k] = v_n;
     v_z -= T(2) * v_n * h.Nd[k];
-    const T v_Nd = T(-2) * h.z * v_n;
-    for (int j = 0; j < 3; ++j) grad[kGaussNormalSlope + 3 * k + j] += v_Nd * h.d[j];
+    const V v_Nd = T(-2) * h.z * v_n;
+    for (int j = 0; j < 3; ++j) c[kGaussNormalSlope + 3 * k + j] = v_Nd * h.d[j];
     for (int j = 0; j < 2; ++j) v_d[j] += v_Nd * q[kGaussNormalSlope + 3 * k + j];
   }
 
   // z = num / den, num = b . d~, den = d~^T Q d~
-  const T v_num = v_z / h.den;
-  const T v_den = -v_z * h.z / h.den;
-  for (int j = 0; j < 3; ++j) grad[kGaussPeakNum + j] += v_num * h.d[j];
+  const V v_num = v_z / h.den;
+  const V v_den = -v_z * h.z / h.den;
+  for (int j = 0; j < 3; ++j) c[kGaussPeakNum + j] = v_num * h.d[j];
   for (int r = 0; r < 3; ++r)
-    for (int c = r; c < 3; ++c)  // an off-diagonal entry stands for Q_rc and Q_cr
-      grad[kGaussPeakDen + sym3_index(r, c)] += (r == c ? T(1) : T(2)) * v_den * h.d[r] * h.d[c];
+    for (int k = r; k < 3; ++k)  // an off-diagonal entry stands for Q_rk and Q_kr
+      c[kGaussPeakDen + sym3_index(r, k)] = (r == k ? T(1) : T(2)) * v_den * h.d[r] * h.d[k];
   for (int j = 0; j < 2; ++j) v_d[j] += v_num * q[kGaussPeakNum + j] + T(2) * v_den * h.Qd[j];
 
   // alpha = min(kAlphaMax, o G), G = exp(-rho / 2): the clamp has zero gradient.
-  if (q[kGaussOpacity] * h.G < T(kAlphaMax)) {
-    grad[kGaussOpacity] += h.G * sg.v_alpha;
-    const T v_rho = T(-0.5) * h.G * q[kGaussOpacity] * sg.v_alpha;
-    grad[kGaussConic] += v_rho * h.d[0] * h.d[0];
-    grad[kGaussConic + 1] += T(2) * v_rho * h.d[0] * h.d[1];
-    grad[kGaussConic + 2] += v_rho * h.d[1] * h.d[1];
-    v_d[0] += T(2) * v_rho * (q[kGaussConic] * h.d[0] + q[kGaussConic + 1] * h.d[1]);
-    v_d[1] += T(2) * v_rho * (q[kGaussConic + 1] * h.d[0] + q[kGaussConic + 2] * h.d[1]);
-  }
-  // delta = p - m
-  grad[kGaussCenter] -= v_d[0];
-  grad[kGaussCenter + 1] -= v_d[1];
+  const MaskOf<V> unclamped = q[kGaussOpacity] * h.G < T(kAlphaMax);
+  c[kGaussOpacity] = select(unclamped, h.G * sg.v_alpha, zero);
+  const V v_rho = T(-0.5) * h.G * q[kGaussOpacity] * sg.v_alpha;
+  c[kGaussConic] = select(unclamped, v_rho * h.d[0] * h.d[0], zero);
+  c[kGaussConic + 1] = select(unclamped, T(2) * v_rho * h.d[0] * h.d[1], zero);
+  c[kGaussConic + 2] = select(unclamped, v_rho * h.d[1] * h.d[1], zero);
+  v_d[0] = select(unclamped,
+                  v_d[0] + T(2) * v_rho * (q[kGaussConic] * h.d[0] + q[kGaussConic + 1] * h.d[1]),
+                  v_d[0]);
+  v_d[1] = select(
+      unclamped,
+      v_d[1] + T(2) * v_rho * (q[kGaussConic + 1] * h.d[0] + q[kGaussConic + 2] * h.d[1]), v_d[1]);
+  // delta = p - m  (x - y is x + (-y) in IEEE arithmetic)
+  c[kGaussCenter] = -v_d[0];
+  c[kGaussCenter + 1] = -v_d[1];
+}
+
+// The scalar form: differentiates one contributing Gaussian sample and adds
+// to `grad` (kGaussGradSize).
+template <typename T>
+SPLAT_HD void backward_gaussian_step(BackwardState<T>& st, const PixelGrad<T>& g,
+                                     const GaussianParams<T>& gp, const GaussianHit<T>& h,
+                                     const T* color, T near, T far, bool is_median, T* grad) {
+  T c[kGaussGradSize];
+  gaussian_grad_lanes(st, g, gp, h, true, color, near, far, is_median, c);
+  for (int j = 0; j < kGaussGradSize; ++j) grad[j] += c[j];
 }
 
 }  // namespace splat

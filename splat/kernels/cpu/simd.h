@@ -77,6 +77,7 @@ inline VMask operator>=(VFloat a, VFloat b) { return VMask{a.v >= b.v}; }
 inline VMask operator<(VFloat a, float b) { return VMask{a.v < b}; }
 inline VMask operator>(VFloat a, float b) { return VMask{a.v > b}; }
 inline VMask operator>=(VFloat a, float b) { return VMask{a.v >= b}; }
+inline VMask operator==(VFloat a, float b) { return VMask{a.v == b}; }
 inline VMask operator==(VInt a, int32_t b) { return VMask{a.v == b}; }
 inline VMask operator<(VInt a, VInt b) { return VMask{a.v < b.v}; }
 
@@ -119,6 +120,12 @@ inline VInt trunc_to_int(VFloat x) { return VInt(__builtin_convertvector(x.v, i3
 inline VFloat to_float(VInt n) { return VFloat(__builtin_convertvector(n.v, f32x8)); }
 inline VFloat pow2i(VInt n) { return VFloat((f32x8)((n.v + 127) << 23)); }
 inline VFloat exp_of(VFloat x) { return exp_float(x); }
+// Correctly rounded per lane, like the scalar sqrtf (one sqrtps / vsqrtps).
+inline VFloat sqrt_of(VFloat x) {
+  VFloat r;
+  for (int i = 0; i < kLanes; ++i) r.v[i] = __builtin_sqrtf(x.v[i]);
+  return r;
+}
 
 inline VFloat load8(const float* p) {
   VFloat r;
@@ -162,6 +169,27 @@ inline void store_halves(int32_t* a, int32_t* b, VInt x) {
   const i32x4 hi = __builtin_shufflevector(x.v, x.v, 4, 5, 6, 7);
   std::memcpy(a, &lo, sizeof lo);
   std::memcpy(b, &hi, sizeof hi);
+}
+
+// Transposes the 8 x 8 block r[0..7] (vector i, lane l) in place, so that
+// afterwards r[l] lane i holds what r[i] lane l held: three rounds of
+// shuffles, moving values only (no arithmetic).
+inline void transpose8(VFloat* r) {
+  f32x8 a[kLanes], b[kLanes];
+  for (int i = 0; i < kLanes; i += 2) {
+    a[i] = __builtin_shufflevector(r[i].v, r[i + 1].v, 0, 8, 2, 10, 4, 12, 6, 14);
+    a[i + 1] = __builtin_shufflevector(r[i].v, r[i + 1].v, 1, 9, 3, 11, 5, 13, 7, 15);
+  }
+  for (int i = 0; i < kLanes; i += 4) {
+    for (int k = 0; k < 2; ++k) {
+      b[i + k] = __builtin_shufflevector(a[i + k], a[i + k + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+      b[i + k + 2] = __builtin_shufflevector(a[i + k], a[i + k + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+  }
+  for (int k = 0; k < 4; ++k) {
+    r[k].v = __builtin_shufflevector(b[k], b[k + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+    r[k + 4].v = __builtin_shufflevector(b[k], b[k + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+  }
 }
 
 // Sum of the lanes as a fixed tree ((0+4) + (2+6)) + ((1+5) + (3+7)), written
