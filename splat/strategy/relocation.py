@@ -70,11 +70,7 @@ NOISE_CUTOFF = 1e-12
 
 def binomial_table(n_max: int = MAX_COPIES) -> torch.Tensor:  # [n_max, n_max] float64
     """``C(n, k)`` at ``[n, k]`` for 0 <= k <= n < ``n_max`` (0 above the diagonal)."""
-    table = torch.zeros(n_max, n_max, dtype=torch.float64)
-    for n in range(n_max):
-        for k in range(n + 1):
-            table[n, k] = math.comb(n, k)
-    return table
+    return torch.tensor([[math.comb(n, k) for k in range(n_max)] for n in range(n_max)], dtype=torch.float64)
 
 
 def relocated_opacity_scale(opacities: torch.Tensor, scales: torch.Tensor, copies: torch.Tensor):
