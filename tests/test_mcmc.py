@@ -136,12 +136,13 @@ def test_surfel_noise_stays_in_its_plane_and_follows_the_covariance():
 
 
 # ----------------------------------------------------- strategy on a model
-def _model(opacities, primitive="2dgs"):
+def _model(opacities, primitive="2dgs", device="cpu"):
     n = len(opacities)
     g = torch.Generator().manual_seed(0)
     model = create_from_points(torch.rand(n, 3, generator=g), torch.rand(n, 3, generator=g), 0, primitive=primitive)
     with torch.no_grad():
         model.params["opacities"].copy_(logit(torch.tensor(opacities, dtype=torch.float32)))
+    model.to(device)
     optimizers = make_optimizers(model, load_config()["train"]["lr"], 1.0)
     for p in model.params.values():  # one Adam step: non-zero moments
         p.grad = torch.ones_like(p)
@@ -208,6 +209,30 @@ def test_growth_is_five_percent_up_to_the_budget_with_new_ids():
         same = (model.params["means"][:100] == model.params["means"][j]).all(dim=1).nonzero()
         o = model.opacities.detach()
         assert len(same) == 1 and float(o[j]) == float(o[same[0, 0]]) < 0.5
+
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+@needs_gpu
+@pytest.mark.parametrize("primitive", ["2dgs", "3dgs"])
+def test_mcmc_moves_on_cuda_match_the_cpu(primitive):
+    """Relocation, growth and noise on CUDA tensors make the CPU's moves: the
+    same ids and parameters to float32 rounding (rtol 1e-5: the GPU's Adam
+    step and transcendental functions round differently; the keyed draws
+    are the same unless a uniform lands within ~1e-7 of a CDF step)."""
+    opac = [0.001, 0.5, 0.003, 0.9, 0.2, 0.004] * 20
+    results = []
+    for device in ("cpu", "cuda"):
+        model, optimizers = _model(opac, primitive, device)
+        strategy = _mcmc(130)
+        for step in (10, 20):
+            strategy.step_post_backward(model, optimizers, None, step)
+        results.append((model.ids.clone(), {k: v.detach().cpu() for k, v in model.params.items()}))
+    (ids_cpu, cpu), (ids_gpu, gpu) = results
+    assert torch.equal(ids_cpu, ids_gpu) and len(ids_cpu) == 130
+    for k in cpu:
+        assert torch.allclose(cpu[k], gpu[k], rtol=1e-5, atol=1e-6), k
 
 
 def test_regularisers_are_means_over_every_primitive():
