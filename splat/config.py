@@ -150,11 +150,17 @@ class LossConfig:
 
 @dataclass
 class StrategyConfig:
-    """Adaptive density control (splat/strategy/default.py: gsplat's default
-    strategy). Gradients are in normalised-device units, screen sizes are
-    fractions of max(width, height), world sizes multiples of the scene radius."""
+    """Densification: ``default`` (splat/strategy/default.py: gsplat's default
+    strategy, clone / split / prune) or ``mcmc`` (splat/strategy/mcmc.py:
+    3DGS-MCMC, relocation and growth to a budget with position noise; the
+    ``mcmc_*`` fields).  Gradients are in normalised-device units, screen sizes
+    are fractions of max(width, height), world sizes multiples of the scene
+    radius.  docs/training.md says when to pick which."""
 
-    name: Literal["default", "none"] = _f("default", "3DGS clone/split/prune, or a fixed set")
+    name: Literal["default", "mcmc", "none"] = _f(
+        "default",
+        "default: 3DGS clone/split/prune; mcmc: 3DGS-MCMC relocation and growth to max_gaussians; none: a fixed set",
+    )
     prune_opa: float = _f(0.005, "prune primitives whose opacity is below this", ge=0.0, le=1.0)
     grow_grad2d: float = _f(
         0.0002, "grow (clone or split) primitives whose mean screen-space position gradient exceeds this", ge=0.0
@@ -176,17 +182,37 @@ class StrategyConfig:
     refine_scale2d_stop: int = _f(
         0, "step until which the screen-size rules (grow_scale2d, prune_scale2d) apply; 0: never", ge=0
     )
-    refine_start: int = _f(500, "first step that refines (grows and prunes)", ge=0)
-    refine_stop: int = _f(2500, "refining and gradient statistics stop at this step", ge=0)
-    refine_every: int = _f(100, "refine every n steps in [refine_start, refine_stop)", ge=1)
+    refine_start: int = _f(
+        500, "first step that refines (default: grows and prunes; mcmc: relocates and grows after it)", ge=0
+    )
+    refine_stop: int = _f(2500, "default strategy: refining and gradient statistics stop at this step", ge=0)
+    refine_every: int = _f(
+        100, "refine every n steps (default: in [refine_start, refine_stop); mcmc: up to mcmc_refine_stop)", ge=1
+    )
     reset_every: int = _f(1000, "clamp opacities to 2 x prune_opa every n steps (0: never)", ge=0)
     pause_refine_after_reset: int = _f(0, "no refining for this many steps after each opacity reset", ge=0)
     max_gaussians: int = _f(
         0,
-        "cap on the number of primitives; when growth would exceed it, only those with the "
-        "largest gradients grow (0: no cap)",
+        "the budget of primitives, from the first step: an initial model above it keeps a keyed random "
+        "max_gaussians of its points; default: when growth would exceed it only those with the largest "
+        "gradients grow (0: no cap); mcmc: the count it grows to (needs > 0); more than the training "
+        "views' pixels is a warning",
         ge=0,
     )
+    mcmc_refine_stop: int = _f(
+        3333, "mcmc: relocation and growth stop at this step (gsplat: 25,000 of 30,000 steps)", ge=0
+    )
+    mcmc_min_opacity: float = _f(
+        0.005,
+        "mcmc: primitives at or below this opacity are relocated; also the floor of a corrected opacity",
+        ge=0.0,
+        lt=1.0,
+    )
+    mcmc_noise_lr: float = _f(
+        5e5, "mcmc: position noise = covariance x N(0, 1) x gate(opacity) x means lr x this (0: none)", ge=0.0
+    )
+    mcmc_opacity_reg: float = _f(0.01, "mcmc: weight of the mean opacity added to the loss (L1)", ge=0.0)
+    mcmc_scale_reg: float = _f(0.01, "mcmc: weight of the mean scale (world units) added to the loss (L1)", ge=0.0)
     verbose: bool = _f(False, "print the counts cloned, split and pruned at each refinement")
 
 
@@ -395,6 +421,12 @@ def check_config(cfg: Dict) -> Dict:
     """A checked, normalised copy of a complete config dict (types converted,
     ranges and cross-field rules checked); raises ConfigError naming the key."""
     out = _check_section(SplatConfig, cfg, "")
+    st = out["strategy"]
+    if st["name"] == "mcmc" and st["max_gaussians"] <= 0:
+        raise ConfigError(
+            "strategy.name=mcmc needs strategy.max_gaussians > 0, the number of primitives it grows to "
+            "(e.g. strategy.max_gaussians=100000)"
+        )
     r = out["render"]
     if not r["near"] < r["far"]:
         raise ConfigError(f"render.near must be < render.far, got near={r['near']!r}, far={r['far']!r}")

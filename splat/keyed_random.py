@@ -9,7 +9,7 @@ process or N, and after any resume:
 
     value = hash(seed, stream, key..., index)   (splitmix64, 64-bit wrapping)
 
-``stream`` names the use (:data:`SPLIT_STREAM`, :data:`BACKGROUND_STREAM`),
+``stream`` names the use (:data:`SPLIT_STREAM`, :data:`BACKGROUND_STREAM`, ...),
 so two uses never share numbers.  Uniforms take the top 53 bits of the hash;
 normals come from two uniforms by the Box-Muller transform.
 """
@@ -23,6 +23,12 @@ import torch
 SPLIT_STREAM = 1
 #: Stream of the random training backgrounds (keys: step, camera of the batch).
 BACKGROUND_STREAM = 2
+#: Stream of MCMC's relocation and growth draws (keys: step, kind, draw).
+MCMC_SAMPLE_STREAM = 3
+#: Stream of MCMC's position noise (keys: step, primitive id).
+MCMC_NOISE_STREAM = 4
+#: Stream of the initial points kept under ``strategy.max_gaussians`` (keys: point index).
+INIT_SUBSAMPLE_STREAM = 5
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
@@ -50,9 +56,11 @@ def keyed_uniform(seed: int, stream: int, keys: torch.Tensor, count: int) -> tor
     """Uniforms in [0, 1): ``keys`` [M, K] int64 -> [M, count] float64; row m
     depends only on (seed, stream, keys[m])."""
     k = keys.detach().cpu().to(torch.int64).numpy()
-    idx = np.broadcast_to(np.arange(count, dtype=np.int64), k.shape[:-1] + (count,))
-    full = np.concatenate([np.repeat(k[..., None, :], count, axis=-2), idx[..., None]], axis=-1)  # [M, count, K+1]
-    bits = _hash(seed, stream, full) >> np.uint64(11)  # 53 bits
+    # The hash of (seed, stream, keys[m], index) chains through the key
+    # columns, so the chain up to keys[m] is computed once per row.
+    prefix = _hash(seed, stream, k)  # [M]
+    with np.errstate(over="ignore"):
+        bits = _splitmix64(prefix[..., None] ^ np.arange(count, dtype=np.uint64)) >> np.uint64(11)  # 53 bits
     return torch.from_numpy(bits.astype(np.float64) * (1.0 / 2**53))
 
 

@@ -15,6 +15,7 @@ together::
     render the B cameras, their losses
     strategy.step_pre_backward(model, optimizers, seen, step)    # per camera
     backward of the mean loss (camera by camera: each before the next renders)
+    strategy.loss(model)                                          # an extra loss term, or None
     optimizer steps
     strategy.step_post_backward(model, optimizers, seen, step)   # B > 1: the list of the B
 
@@ -36,6 +37,7 @@ from ..config import StrategyConfig
 from ..state import PrimitiveState
 from .base import Strategy, Visibility, visibility
 from .default import DefaultStrategy
+from .mcmc import MCMCStrategy
 
 __all__ = [
     "Strategy",
@@ -44,6 +46,7 @@ __all__ = [
     "update_params",
     "make_strategy",
     "DefaultStrategy",
+    "MCMCStrategy",
     "strategy_config",
 ]
 
@@ -83,7 +86,7 @@ def strategy_config(cfg: Union[StrategyConfig, dict]) -> StrategyConfig:
 
 
 def make_strategy(cfg: Union[StrategyConfig, dict], scene_radius: float, seed: int = 0, group=None) -> Strategy:
-    """Build the strategy named by ``cfg.name`` (``default`` or ``none``)
+    """Build the strategy named by ``cfg.name`` (``default``, ``mcmc`` or ``none``)
     from the config's ``strategy`` section (:func:`strategy_config`);
     ``seed`` keys its randomness, ``group`` (a
     :class:`splat.distributed.Group`; default: one process) is the set of
@@ -93,4 +96,6 @@ def make_strategy(cfg: Union[StrategyConfig, dict], scene_radius: float, seed: i
         return Strategy()
     if cfg.name == "default":
         return DefaultStrategy(cfg, scene_radius=scene_radius, seed=seed, group=group)
-    raise ValueError(f"strategy.name={cfg.name!r}: unknown strategy (expected 'default' or 'none')")
+    if cfg.name == "mcmc":
+        return MCMCStrategy(cfg, scene_radius=scene_radius, seed=seed, group=group)
+    raise ValueError(f"strategy.name={cfg.name!r}: unknown strategy (expected 'default', 'mcmc' or 'none')")

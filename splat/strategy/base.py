@@ -59,6 +59,12 @@ class Strategy:
         """Called after rendering, before ``loss.backward()``: ``out`` is the
         camera's :class:`Visibility` (:mod:`splat.training.batch_rendering`)."""
 
+    def loss(self, model) -> Optional[torch.Tensor]:
+        """An extra loss term on the primitives (a regulariser), whose gradient
+        is added to the step's before the optimiser steps; None: none.  Called
+        on every rank once per step (it may be collective)."""
+        return None
+
     def step_post_backward(self, model, optimizers: Dict, out, step: int) -> None:
         """Called after the optimiser step with the camera's
         :class:`Visibility`; ``out.means2d.grad`` is populated.  With

@@ -2,14 +2,49 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 
 from ..distributed.group import Group, on_main
 from ..distributed.sharded_model import shard_of
+from ..keyed_random import INIT_SUBSAMPLE_STREAM, keyed_uniform
 from ..model import GaussianModel, create_from_points
+
+
+def within_budget(n: int, budget: int, seed: int) -> Optional[torch.Tensor]:  # [budget] int64, or None
+    """The indices (increasing) of the ``budget`` points of ``n`` an initial
+    model keeps under ``strategy.max_gaussians`` (None: all fit, or no
+    budget): those with the smallest uniforms keyed by (``seed``, point
+    index).  A uniform random subset keeps the start's density as the
+    initialisation chose it (it already thins its filling sources to a
+    coverage cell), costs O(n), and is the same on any number of processes;
+    the kept surfels are sized from their own neighbours, so they still
+    cover the points dropped around them."""
+    if budget <= 0 or n <= budget:
+        return None
+    u = keyed_uniform(seed, INIT_SUBSAMPLE_STREAM, torch.arange(n, dtype=torch.int64)[:, None], 1)[:, 0]  # [n]
+    order = torch.argsort(u, stable=True)
+    return torch.sort(order[:budget]).values
+
+
+def check_budget(budget: int, scene, verbose: bool = True) -> bool:
+    """Whether ``strategy.max_gaussians`` fits the scene; if not (more
+    primitives than the training views have pixels: more than one per pixel
+    cannot all be seen), one warning line.  Not an error: the run still
+    trains, and the default strategy simply never reaches it."""
+    pixels = sum(int(f.width) * int(f.height) for f in scene.train)
+    if budget > pixels:
+        if verbose:
+            print(
+                f"warning: strategy.max_gaussians={budget:,} is more than the {pixels:,} pixels of the "
+                f"{len(scene.train)} training views: the scene cannot use that many primitives",
+                file=sys.stderr,
+            )
+        return False
+    return True
 
 
 def initial_model(cfg: Dict, scene, background: torch.Tensor, verbose: bool = True) -> GaussianModel:
@@ -34,6 +69,19 @@ def initial_model(cfg: Dict, scene, background: torch.Tensor, verbose: bool = Tr
     )
     if verbose:
         print(f"init: {start.description}", file=sys.stderr)
+    budget = int(cfg["strategy"]["max_gaussians"])
+    check_budget(budget, scene, verbose)
+    keep = within_budget(start.points.shape[0], budget, cfg["seed"])
+    if keep is not None:
+        if verbose:
+            print(
+                f"init: {start.points.shape[0]:,} points over strategy.max_gaussians={budget:,}: "
+                f"keeping a keyed random {budget:,}",
+                file=sys.stderr,
+            )
+        start = dataclasses.replace(
+            start, points=start.points[keep], colors=start.colors[keep], max_scales=start.max_scales[keep]
+        )
     return create_from_points(
         start.points,
         start.colors,

@@ -12,8 +12,9 @@ and carries the gradients back.  A step (1-based ``step``) over
    its background, through the view's appearance correction), the
    strategy's ``step_pre_backward`` per camera, backward of the mean over
    the batch;
-3. the appearance corrections' gradients summed over the ranks (every rank
-   holds them whole), the optimiser steps, the strategy's
+3. the gradient of the strategy's own loss term (``strategy.loss``, e.g.
+   MCMC's regularisers) added, the appearance corrections' gradients summed
+   over the ranks (every rank holds them whole), the optimiser steps, the strategy's
    ``step_post_backward`` (one :class:`splat.strategy.Visibility` when
    B = 1, else the list of the B cameras').
 
@@ -139,6 +140,9 @@ class BatchStep:
             loss_of,
             lambda camera: strategy.step_pre_backward(model, optimizers, camera, step),
         )
+        extra = strategy.loss(model)
+        if extra is not None:
+            extra.backward()
         if appearance is not None:
             sum_replicated_gradients(appearance, self.group, sparse=True)  # SparseAdam's row gradients
         self.apply_gradients(optimizers)
