@@ -62,6 +62,7 @@ __all__ = [
     "plane_homography",
     "apply_homography",
     "project",
+    "rays_through",
     "sample_bilinear",
     "forward_backward_error",
     "patch_offsets",
@@ -99,8 +100,8 @@ def pixel_centres(H: int, W: int, dtype=torch.float32, device=None) -> torch.Ten
     return torch.stack([u, v], dim=-1)
 
 
-def _rays(pix: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
-    """K^-1 (u, v, 1) of pixels [..., 2] -> [..., 3] (z = 1)."""
+def rays_through(pix: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
+    """K^-1 (u, v, 1) of continuous pixels [..., 2] -> camera rays [..., 3] with z = 1."""
     x = (pix[..., 0] - K[0, 2]) / K[0, 0]
     y = (pix[..., 1] - K[1, 2]) / K[1, 1]
     return torch.stack([x, y, torch.ones_like(x)], dim=-1)
@@ -114,7 +115,7 @@ def camera_planes(
     depth [H, W], normal_world [H, W, 3] -> (X [H, W, 3] surface points,
     n [H, W, 3] unit normals, d [H, W] plane distances ``-n . X``)."""
     H, W = depth.shape
-    X = depth[..., None] * _rays(pixel_centres(H, W, depth.dtype, depth.device), K)  # [H, W, 3]
+    X = depth[..., None] * rays_through(pixel_centres(H, W, depth.dtype, depth.device), K)  # [H, W, 3]
     n = normal_world @ viewmat[:3, :3].T.to(normal_world.dtype)  # [H, W, 3] R n_world
     n = n / n.norm(dim=-1, keepdim=True).clamp_min(1e-12)
     return X, n, -(n * X).sum(-1)
@@ -174,7 +175,7 @@ def forward_backward_error(
     q = project(Xn, K_nb)  # [P, 2]
     z_nb, inside = sample_bilinear(depth_nb[..., None], q)
     z_nb = z_nb[:, 0]
-    Y = z_nb[:, None] * _rays(q, K_nb)  # [P, 3] the neighbour's surface point (its frame)
+    Y = z_nb[:, None] * rays_through(q, K_nb)  # [P, 3] the neighbour's surface point (its frame)
     Y_ref = (Y - t) @ R  # R^T (Y - t)
     valid = inside & (Xn[:, 2] > 0) & (z_nb > 0) & (Y_ref[:, 2] > 0)
     safe = torch.where(valid[:, None], Y_ref, torch.ones_like(Y_ref))  # no 0/0 in the graph
@@ -207,7 +208,8 @@ def multiview_losses(
     nb: ViewGeometry,
     grey_ref: torch.Tensor,  # [H, W, 1] the reference photo, grey
     grey_nb: torch.Tensor,  # [H', W', 1] the neighbour photo, grey
-    sample: torch.Tensor,  # [S] flat pixel indices (row-major) of the photometric term's pixels
+    order: torch.Tensor,  # [S] flat pixel indices (row-major), the photometric term's preference order
+    num_pixels: int = 4096,
     patch_size: int = 7,
     pixel_noise: float = 1.0,
     min_patch_std: float = 0.01,
@@ -217,8 +219,10 @@ def multiview_losses(
     """(L_geo, L_ncc, counts) of the module doc for one (reference, neighbour) pair.
 
     The geometric term covers every reference pixel with ``alpha >
-    min_alpha``; the photometric term the pixels ``sample`` among them whose
-    patch lies inside the image.  Either loss is a zero (with a graph) when
+    min_alpha``; the photometric term the first ``num_pixels`` pixels of
+    ``order`` (a random permutation in training: PGSR's sampling) that are
+    valid for the geometric term, not seen edge-on and whose patch lies
+    inside the image.  Either loss is a zero (with a graph) when
     no pixel qualifies.  The third item: the pixel counts of either term and
     ``weights`` [H W], the weights w (zero outside the geometric mask);
     passing them back as ``weights`` holds w fixed (w has no gradient, so
@@ -234,13 +238,15 @@ def multiview_losses(
     n_geo = int(keep.sum())
     geo = (w * err).sum() / max(n_geo, 1)
 
-    # Photometric term on the sampled pixels whose whole patch is inside the reference image.
+    # Photometric term: the first num_pixels of `order` whose patch is inside
+    # the image, valid for the geometric term and not seen edge-on.
     h = patch_size // 2
-    si, sj = sample // W, sample % W
-    sample = sample[(si >= h) & (si < H - h) & (sj >= h) & (sj < W - h)]
-    cos = (n.reshape(-1, 3)[sample] * _rays(pix[sample], ref.K)).sum(-1).abs()
-    cos = cos / _rays(pix[sample], ref.K).norm(dim=-1)
-    sample = sample[(keep[sample] & (cos > MIN_COS)).detach()]
+    i, j = torch.arange(H, device=pix.device)[:, None], torch.arange(W, device=pix.device)[None, :]
+    interior = ((i >= h) & (i < H - h) & (j >= h) & (j < W - h)).reshape(-1)
+    rays = rays_through(pix, ref.K)  # [HW, 3]
+    cos = (n.reshape(-1, 3) * rays).sum(-1).abs() / rays.norm(dim=-1)
+    eligible = (interior & keep & (cos > MIN_COS)).detach()
+    sample = order[eligible[order]][:num_pixels]
     offs = patch_offsets(patch_size, torch.long, sample.device)  # [Q, 2]
     rows = (sample // W)[:, None] + offs[None, :, 1]  # [S, Q]
     cols = (sample % W)[:, None] + offs[None, :, 0]

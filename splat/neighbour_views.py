@@ -57,4 +57,3 @@ def lonely_cameras_message(names: Sequence[str], neighbours: Sequence[Sequence[i
     shown = ", ".join(lonely[:10]) + (f" and {len(lonely) - 10} more" if len(lonely) > 10 else "")
     share = f"{len(lonely)} of {len(names)}"
     return f"loss.multiview: {share} train cameras have no neighbour ({limits}) and get no multi-view loss: {shown}"
-
