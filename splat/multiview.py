@@ -75,6 +75,8 @@ __all__ = [
 GREY_WEIGHTS = (0.299, 0.587, 0.114)
 #: Patches with 1 - NCC at or above this are left out (PGSR's occlusion mask).
 NCC_OUTLIER = 0.9
+#: Where a point behind a camera projects: outside any image.
+OFF_IMAGE = -1.0e6
 #: A plane seen within this cosine of edge-on (|n . ray| < 0.05, ~87°) gives no homography.
 MIN_COS = 0.05
 
@@ -136,15 +138,25 @@ def plane_homography(
 
 
 def apply_homography(Hm: torch.Tensor, pts: torch.Tensor) -> torch.Tensor:
-    """Pixels pts [P, Q, 2] through H [P, 3, 3] -> [P, Q, 2] (divided by the third coordinate)."""
+    """Pixels pts [P, Q, 2] through H [P, 3, 3] -> [P, Q, 2] (divided by the
+    third coordinate; a point mapped behind the destination camera, third
+    coordinate <= 0, lands at :data:`OFF_IMAGE`, outside any image, with no
+    gradient)."""
     h = torch.cat([pts, torch.ones_like(pts[..., :1])], dim=-1) @ Hm.transpose(1, 2)  # [P, Q, 3]
-    return h[..., :2] / h[..., 2:3]
+    return _dehomogenise(h[..., :2], h[..., 2])
+
+
+def _dehomogenise(xy: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """xy [..., 2] / z [...], :data:`OFF_IMAGE` where z <= 0 (no inf or NaN in the graph)."""
+    front = z > 1e-9
+    q = xy / torch.where(front, z, torch.ones_like(z))[..., None]
+    return torch.where(front[..., None], q, torch.full_like(q, OFF_IMAGE))
 
 
 def project(X: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
-    """Camera-frame points [..., 3] -> pixels [..., 2]."""
-    z = X[..., 2]
-    return torch.stack([K[0, 0] * X[..., 0] / z + K[0, 2], K[1, 1] * X[..., 1] / z + K[1, 2]], dim=-1)
+    """Camera-frame points [..., 3] -> pixels [..., 2] (:data:`OFF_IMAGE` for points at or behind the camera)."""
+    uv = torch.stack([K[0, 0] * X[..., 0] + K[0, 2] * X[..., 2], K[1, 1] * X[..., 1] + K[1, 2] * X[..., 2]], dim=-1)
+    return _dehomogenise(uv, X[..., 2])
 
 
 def sample_bilinear(img: torch.Tensor, pts: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -258,5 +270,5 @@ def multiview_losses(
     flat = a.std(dim=1) <= min_patch_std
     kept = (inside.all(dim=1) & ~flat & (1 - corr < NCC_OUTLIER)).detach()
     n_ncc = int(kept.sum())
-    photo = (w[sample] * (1 - corr) * kept).sum() / max(n_ncc, 1)
+    photo = torch.where(kept, w[sample] * (1 - corr), torch.zeros_like(corr)).sum() / max(n_ncc, 1)
     return geo, photo, {"geo_pixels": n_geo, "ncc_patches": n_ncc, "weights": w}
