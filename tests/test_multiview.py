@@ -276,3 +276,34 @@ def test_the_photometric_consistency_moves_a_surface_the_reference_photo_cannot_
         opt.step()
     assert c["ncc_patches"] > 500
     assert abs(float(torch.exp(log_s)) - 1.0) < 0.02, float(torch.exp(log_s))
+
+
+def test_a_neighbour_facing_away_gives_zero_losses_and_finite_gradients():
+    """Every surface point is behind the neighbour: nothing is valid, and the
+    graph holds no inf or NaN (0 x inf in a masked-out entry would poison
+    the gradient)."""
+    K1, V1, _, _ = two_cameras()
+    V2 = look_at_viewmat((0.3, -0.2, -4.0), (0.3, -0.2, -8.0))  # at camera 1's centre, looking away
+    depth, normal = analytic_plane(*PLANE, K1, V1)
+    depth = depth.clone().requires_grad_(True)
+    ref = ViewGeometry(depth, normal, torch.ones(48, 64, dtype=D), K1, V1)
+    nb = ViewGeometry(depth.detach(), normal, torch.ones(48, 64, dtype=D), K1, V2)
+    grey_img = torch.rand(48, 64, 1, dtype=D, generator=torch.Generator().manual_seed(1))
+    geo, photo, c = multiview_losses(ref, nb, grey_img, grey_img, torch.arange(48 * 64), min_patch_std=0.0)
+    (geo + photo).backward()
+    assert c["geo_pixels"] == 0 and float(geo) == 0 and float(photo) == 0
+    assert torch.isfinite(depth.grad).all()
+
+
+def test_points_on_or_behind_the_camera_project_off_the_image_with_finite_gradients():
+    """A point behind the neighbour (z < 0) would otherwise project to its
+    mirror image, possibly inside the image; one at z = 0 to inf."""
+    K = intrinsics(64, 48, 55.0)
+    X = torch.tensor([[0.1, 0.2, 0.0], [0.1, -0.1, -2.0], [0.1, 0.2, 2.0]], dtype=D, requires_grad=True)
+    uv = project(X, K)
+    assert (uv[:2] == -1.0e6).all() and torch.allclose(uv[2], K[:2, :2] @ X[2, :2].detach() / 2 + K[:2, 2])
+    uv.sum().backward()
+    assert torch.isfinite(X.grad).all() and (X.grad[:2] == 0).all()
+    flip = torch.diag(torch.tensor([1.0, 1.0, -1.0], dtype=D))[None]  # z -> -z: every point lands behind
+    q = apply_homography(flip, torch.tensor([[[3.0, 4.0]]], dtype=D))
+    assert (q == -1.0e6).all()
