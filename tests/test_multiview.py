@@ -307,3 +307,24 @@ def test_points_on_or_behind_the_camera_project_off_the_image_with_finite_gradie
     flip = torch.diag(torch.tensor([1.0, 1.0, -1.0], dtype=D))[None]  # z -> -z: every point lands behind
     q = apply_homography(flip, torch.tensor([[[3.0, 4.0]]], dtype=D))
     assert (q == -1.0e6).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_the_losses_on_cuda_match_the_cpu():
+    """The terms are PyTorch ops: the same figures on a GPU (float64: to 1e-9)."""
+    means, quats, scales, opac, cols, K, V1, V2 = small_pair("2dgs")
+    with torch.no_grad():
+        a, ga = render_geometry("2dgs", means, quats, scales, opac, cols, K, V1)
+        b, gb = render_geometry("2dgs", means, quats, scales, opac, cols, K, V2)
+    grey1, grey2 = a.rgb.mean(-1, keepdim=True), b.rgb.mean(-1, keepdim=True)
+    results = []
+    for dev in ("cpu", "cuda"):
+        depth = ga.depth.to(dev).requires_grad_(True)
+        ref = ViewGeometry(depth, ga.normal.to(dev), ga.alpha.to(dev), K.to(dev), V1.to(dev))
+        nb = ViewGeometry(gb.depth.to(dev), gb.normal.to(dev), gb.alpha.to(dev), K.to(dev), V2.to(dev))
+        order = torch.arange(17 * 13, device=dev)
+        geo, photo, _ = multiview_losses(ref, nb, grey1.to(dev), grey2.to(dev), order, patch_size=3, pixel_noise=2.0)
+        (geo + photo).backward()
+        results.append((geo.item(), photo.item(), depth.grad.cpu()))
+    assert abs(results[0][0] - results[1][0]) < 1e-9 and abs(results[0][1] - results[1][1]) < 1e-9
+    assert torch.allclose(results[0][2], results[1][2], atol=1e-9)

@@ -88,3 +88,11 @@ def tiny_config_multiview() -> dict:
 def test_several_processes_are_refused_in_one_line(tiny_scene):  # noqa: F811
     with pytest.raises(ConfigError, match="loss.multiview.enabled"):
         check_distributed(tiny_config(tiny_scene, 10, MV_ON))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("primitive", ["2dgs", "3dgs"])
+def test_a_step_on_cuda_logs_the_terms(tiny_scene, tmp_path, primitive):  # noqa: F811
+    t = Trainer(tiny_config(tiny_scene, 10, MV_ON + ["device=cuda", f"model.primitive={primitive}"]), tmp_path / "run")
+    terms = t.train_step(1)
+    assert terms["mv_geo"] >= 0 and 0 < terms["mv_ncc"] < 1
