@@ -96,3 +96,11 @@ def test_a_step_on_cuda_logs_the_terms(tiny_scene, tmp_path, primitive):  # noqa
     t = Trainer(tiny_config(tiny_scene, 10, MV_ON + ["device=cuda", f"model.primitive={primitive}"]), tmp_path / "run")
     terms = t.train_step(1)
     assert terms["mv_geo"] >= 0 and 0 < terms["mv_ncc"] < 1
+
+
+def test_the_terms_run_from_start_on_every_nth_step():
+    cfg = dict(tiny_config_multiview(), start=10, every=3)
+    frames = [types.SimpleNamespace(viewmat=torch.eye(4), stem="a")]
+    mv = MultiViewTerms(cfg, frames, 1.0, 0, announce=False)
+    assert [s for s in range(1, 20) if mv.active(s)] == [10, 13, 16, 19]
+    assert not MultiViewTerms(dict(cfg, enabled=False), frames, 1.0, 0, announce=False).active(10)

@@ -3,7 +3,7 @@
 Set up once per run: each train camera's neighbours from the poses
 (:func:`splat.neighbour_views.neighbour_views`, distances in units of the
 scene radius), with one warning line naming the cameras that have none.
-Each step from ``loss.multiview.start`` on, every batch camera with
+Each ``loss.multiview.every``-th step from ``loss.multiview.start`` on, every batch camera with
 neighbours gets one of them as its *partner*, drawn by a generator keyed by
 (seed, step, slot): the same on a resumed run.  The partner is rendered with
 the camera (:mod:`splat.training.batch_rendering`), and the camera's loss
@@ -65,17 +65,19 @@ class MultiViewTerms:
     def active(self, step: int) -> bool:
         """Whether ``step`` (1-based) has the multi-view terms."""
         c = self.cfg
-        return bool(c["enabled"]) and step >= c["start"] and (c["geo_lambda"] > 0 or c["ncc_lambda"] > 0)
+        on = bool(c["enabled"]) and step >= c["start"] and (step - c["start"]) % c["every"] == 0
+        return on and (c["geo_lambda"] > 0 or c["ncc_lambda"] > 0)
 
-    def _rng(self, step: int, slot: int) -> np.random.Generator:
-        return np.random.default_rng([self.seed, MULTIVIEW_STREAM, int(step), int(slot)])
+    def _rng(self, step: int, slot: int, draw: int) -> np.random.Generator:
+        """The generator of ``draw`` (0: the partner, 1: the pixels) of batch ``slot`` at ``step``."""
+        return np.random.default_rng([self.seed, MULTIVIEW_STREAM, int(step), int(slot), int(draw)])
 
     def partners(self, step: int, views: Sequence[int]) -> List[Optional[int]]:
         """Per batch slot, the train index of its partner this step (None: no neighbour)."""
         out: List[Optional[int]] = []
         for slot, i in enumerate(views):
             nb = self.neighbours[i]
-            out.append(int(nb[self._rng(step, slot).integers(len(nb))]) if nb else None)
+            out.append(int(nb[self._rng(step, slot, 0).integers(len(nb))]) if nb else None)
         return out
 
     def canonical_grey(self, index: int, appearance, device) -> torch.Tensor:
@@ -100,7 +102,7 @@ class MultiViewTerms:
             partner_out.depth, partner_out.normal, partner_out.alpha, g.K.to(device), g.viewmat.to(device)
         )
         H, W = out.depth.shape
-        order = torch.from_numpy(self._rng(step, slot).permutation(H * W)).to(device)
+        order = torch.from_numpy(self._rng(step, slot, 1).permutation(H * W)).to(device)
         geo, ncc, _ = multiview_losses(
             ref,
             nb,
