@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -122,7 +123,7 @@ def main() -> None:
             benchmark="multiview_quality",
             command=" ".join(["python", *sys.argv]),
             commit=commit(str(ROOT)),
-            machine=machine(),
+            machine=machine(omp_num_threads=os.environ.get("OMP_NUM_THREADS")),
             scene=args.scene,
             commands=commands,
             runs=rows,

@@ -142,7 +142,7 @@ def apply_homography(Hm: torch.Tensor, pts: torch.Tensor) -> torch.Tensor:
     third coordinate; a point mapped behind the destination camera, third
     coordinate <= 0, lands at :data:`OFF_IMAGE`, outside any image, with no
     gradient)."""
-    h = torch.cat([pts, torch.ones_like(pts[..., :1])], dim=-1) @ Hm.transpose(1, 2)  # [P, Q, 3]
+    h = pts @ Hm[:, :, :2].transpose(1, 2) + Hm[:, None, :, 2]  # [P, Q, 3] = H (u, v, 1)
     return _dehomogenise(h[..., :2], h[..., 2])
 
 
