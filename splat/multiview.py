@@ -37,7 +37,7 @@ same patch's pixels mapped by H_rn into n's grey photo (bilinear)::
     L_ncc = Σ_kept w (1 - NCC) / #kept
 
 kept: valid for the geometric term, the reference patch not flat (its
-standard deviation above ``min_patch_std``), and 1 - NCC < 0.9 (PGSR's
+(population) standard deviation above ``min_patch_std``), and 1 - NCC < 0.9 (PGSR's
 occlusion mask: a patch unlike its match is more likely occluded than
 misplaced).  PGSR uses 1 - NCC² (sign-blind); we use 1 - NCC, so that an
 inverted match is not rewarded.  Only the homography (so depth and normal)
@@ -267,7 +267,7 @@ def multiview_losses(
     q = apply_homography(Hm, pix[sample][:, None, :] + offs[None].to(pix.dtype))  # [S, Q, 2]
     b, inside = sample_bilinear(grey_nb, q)
     corr = ncc(a.to(b.dtype), b[..., 0])
-    flat = a.std(dim=1) <= min_patch_std
+    flat = a.std(dim=1, correction=0) <= min_patch_std
     kept = (inside.all(dim=1) & ~flat & (1 - corr < NCC_OUTLIER)).detach()
     n_ncc = int(kept.sum())
     photo = torch.where(kept, w[sample] * (1 - corr), torch.zeros_like(corr)).sum() / max(n_ncc, 1)
