@@ -267,7 +267,7 @@ def multiview_losses(
     q = apply_homography(Hm, pix[sample][:, None, :] + offs[None].to(pix.dtype))  # [S, Q, 2]
     b, inside = sample_bilinear(grey_nb, q)
     corr = ncc(a.to(b.dtype), b[..., 0])
-    flat = a.std(dim=1, correction=0) <= min_patch_std
+    flat = (a - a.mean(dim=1, keepdim=True)).square().mean(dim=1).sqrt() <= min_patch_std
     kept = (inside.all(dim=1) & ~flat & (1 - corr < NCC_OUTLIER)).detach()
     n_ncc = int(kept.sum())
     photo = torch.where(kept, w[sample] * (1 - corr), torch.zeros_like(corr)).sum() / max(n_ncc, 1)
