@@ -137,6 +137,25 @@ class TrainConfig:
 
 
 @dataclass
+class MultiViewConfig:
+    """Multi-view photometric and geometric consistency (PGSR; splat/multiview.py, docs/training.md)."""
+
+    enabled: bool = _f(False, "render a neighbour view each step and add the multi-view terms (one process only)")
+    start: int = _f(1000, "step where the multi-view terms start (PGSR: 7k of 30k steps)", ge=0)
+    every: int = _f(1, "from start, the terms (and the neighbour's render) on every n-th step (PGSR: 1)", ge=1)
+    geo_lambda: float = _f(0.03, "weight of the forward-backward reprojection error (pixels)", ge=0.0)
+    ncc_lambda: float = _f(0.15, "weight of 1 - NCC of grey patches warped by the rendered plane", ge=0.0)
+    max_angle: float = _f(30.0, "neighbours: viewing directions at most this many degrees apart", gt=0.0, le=180.0)
+    min_distance: float = _f(0.01, "neighbours: camera centres more than this x the scene radius apart", ge=0.0)
+    max_distance: float = _f(1.5, "neighbours: camera centres less than this x the scene radius apart", gt=0.0)
+    max_neighbours: int = _f(8, "neighbours kept per camera (nearest first); one is drawn per step", ge=1)
+    patch_size: int = _f(7, "side of the NCC patches in pixels (odd)", ge=3)
+    num_pixels: int = _f(4096, "pixels per step whose patches the NCC compares (PGSR: 102,400 of ~2 Mpx, ~5 %)", ge=1)
+    pixel_noise: float = _f(1.0, "pixels whose forward-backward error is at least this are left out", gt=0.0)
+    min_patch_std: float = _f(0.01, "reference patches whose grey standard deviation is at most this are flat", ge=0.0)
+
+
+@dataclass
 class LossConfig:
     ssim_lambda: float = _f(0.2, "weight of D-SSIM against L1", ge=0.0, le=1.0)
     dist_lambda: float = _f(1000.0, "2DGS depth distortion weight (on m(z), see docs/conventions.md)", ge=0.0)
@@ -146,6 +165,7 @@ class LossConfig:
     depth_for_normal: Literal["expected", "median"] = _f(
         "expected", "rendered depth whose screen-space derivatives give the normal consistency's target normals"
     )
+    multiview: MultiViewConfig = _section(MultiViewConfig)
 
 
 @dataclass
@@ -426,6 +446,14 @@ def check_config(cfg: Dict) -> Dict:
         raise ConfigError(
             "strategy.name=mcmc needs strategy.max_gaussians > 0, the number of primitives it grows to "
             "(e.g. strategy.max_gaussians=100000)"
+        )
+    mv = out["loss"]["multiview"]
+    if mv["patch_size"] % 2 == 0:
+        raise ConfigError(f"loss.multiview.patch_size: must be odd, got {mv['patch_size']!r}")
+    if not mv["min_distance"] < mv["max_distance"]:
+        raise ConfigError(
+            "loss.multiview.min_distance must be < loss.multiview.max_distance, "
+            f"got {mv['min_distance']!r} and {mv['max_distance']!r}"
         )
     r = out["render"]
     if not r["near"] < r["far"]:

@@ -15,12 +15,16 @@ Two implementations, one interface (:meth:`backward` for a step,
   order on any number of processes.  Memory: the batch's renders at once.
 
 Both hand the strategy hooks one :class:`splat.strategy.Visibility` per
-camera, in batch order.
+camera, in batch order.  With ``loss.multiview`` a camera may have a
+*partner* (a neighbour view, :mod:`splat.training.multiview_step`): it is
+rendered with the camera, its render is handed to the camera's loss and
+gradients flow through both; a partner is no camera of the batch (no
+photometric loss, no densification statistics of its own).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import torch
 
@@ -32,9 +36,12 @@ from ..model_render import render_frame
 from ..strategy import Visibility, visibility
 from .capability import renders_sharded
 
-#: ``loss_of(slot, out)``: the loss (a scalar tensor) of the batch's camera
-#: ``slot`` rendered as ``out``.
-LossOf = Callable[[int, object], torch.Tensor]
+#: ``loss_of(slot, out, partner_out)``: the loss (a scalar tensor) of the
+#: batch's camera ``slot`` rendered as ``out``; ``partner_out``: the render of
+#: its partner camera, or None.
+LossOf = Callable[[int, object, object], torch.Tensor]
+#: Per batch slot, the camera rendered with it for its loss, or None.
+Partners = Optional[Sequence[Optional[Camera]]]
 #: ``before_backward(seen)``: called with each camera's visibility before
 #: the backward that reaches it (the strategy's ``step_pre_backward``).
 BeforeBackward = Callable[[Visibility], None]
@@ -74,14 +81,18 @@ class PerCameraRendering:
         sh_degree: int,
         loss_of: LossOf,
         before_backward: BeforeBackward,
+        partners: Partners = None,
     ) -> tuple[list[Visibility], float]:
-        """Renders each camera, backward of its loss / B before the next one
-        renders.  Returns (the cameras' visibilities, bytes exchanged: 0)."""
+        """Renders each camera (and its partner), backward of its loss / B
+        before the next one renders.  Returns (the cameras' visibilities,
+        bytes exchanged: 0)."""
         batch = len(cameras)
         seen = []
         for b, camera in enumerate(cameras):
             out = self.render(model, camera, sh_degree)
-            loss = loss_of(b, out)
+            partner = partners[b] if partners is not None else None
+            partner_out = self.render(model, partner, sh_degree) if partner is not None else None
+            loss = loss_of(b, out, partner_out)
             seen.append(visibility(out))
             before_backward(seen[-1])
             (loss / batch).backward()
@@ -105,16 +116,28 @@ class ShardedRendering:
         sh_degree: int,
         loss_of: LossOf,
         before_backward: BeforeBackward,
+        partners: Partners = None,
     ) -> tuple[list[Visibility], float]:
-        """Renders the batch, one backward of the mean of this rank's cameras'
-        losses (joined to the exchange by its anchor, so every rank runs the
-        exchange's backward).  Returns (every camera's visibility of this
-        rank's surfels, bytes this rank sent both ways)."""
+        """Renders the batch (and the partners, after it, in one call), one
+        backward of the mean of this rank's cameras' losses (joined to the
+        exchange by its anchor, so every rank runs the exchange's backward).
+        Returns (every camera's visibility of this rank's surfels, bytes this
+        rank sent both ways).  Partners need one process: camera i renders
+        on rank i mod N, so a partner would render on another rank than its
+        camera (checked at start, :func:`splat.training.capability.check_distributed`)."""
         batch = len(cameras)
-        r = render_model(model, cameras, self.group, sh_degree, self.render_cfg["near"], self.render_cfg["far"])
+        extra = [(b, p) for b, p in enumerate(partners or ()) if p is not None]
+        if extra and self.group.distributed:
+            raise RuntimeError("multi-view partners render on one process only")  # check_distributed refuses it
+        everything = list(cameras) + [p for _, p in extra]
+        r = render_model(model, everything, self.group, sh_degree, self.render_cfg["near"], self.render_cfg["far"])
+        partner_slot = {b: batch + k for k, (b, _) in enumerate(extra)}
         loss_sum = r.anchor
         for b, out in r.outputs.items():
-            loss_sum = loss_sum + loss_of(b, out) / batch
+            if b >= batch:
+                continue
+            partner_out = r.outputs[partner_slot[b]] if b in partner_slot else None
+            loss_sum = loss_sum + loss_of(b, out, partner_out) / batch
         seen = [Visibility(r.means2d[b], r.radii[b], c.width, c.height) for b, c in enumerate(cameras)]
         for camera in seen:
             before_backward(camera)

@@ -9,9 +9,11 @@ and carries the gradients back.  A step (1-based ``step``) over
 1. the means' learning rate of ``step``; the batch's views
    (:func:`splat.training.views.batch_views`) and backgrounds;
 2. render, loss of each camera (:func:`camera_loss` against the target over
-   its background, through the view's appearance correction), the
-   strategy's ``step_pre_backward`` per camera, backward of the mean over
-   the batch;
+   its background, through the view's appearance correction; with
+   ``loss.multiview`` a neighbour view is rendered with each camera and the
+   multi-view terms join its loss, :mod:`splat.training.multiview_step`),
+   the strategy's ``step_pre_backward`` per camera, backward of the mean
+   over the batch;
 3. the gradient of the strategy's own loss term (``strategy.loss``, e.g.
    MCMC's regularisers) added, the appearance corrections' gradients summed
    over the ranks (every rank holds them whole), the optimiser steps, the strategy's
@@ -35,11 +37,12 @@ from ..distributed.sharded_model import sum_replicated_gradients
 from ..losses import LOSS_TERMS, psnr, total_loss
 from ..optimizers import means_lr
 from .batch_rendering import camera_of
+from .multiview_step import MULTIVIEW_TERMS, MultiViewTerms
 from .targets import camera_background, corrected, gt_image
 from .views import batch_views
 
 #: The logging terms a step reports (each present when some camera has it).
-TERMS = ("loss", "psnr") + LOSS_TERMS
+TERMS = ("loss", "psnr") + LOSS_TERMS + MULTIVIEW_TERMS
 
 
 def sh_degree_at(step: int, sh_increase_every: int, max_degree: int) -> int:
@@ -100,6 +103,12 @@ class BatchStep:
     ):
         self.cfg, self.scene, self.background = cfg, scene, background
         self.scene_radius, self.device, self.rendering, self.group = scene_radius, device, rendering, group
+        mv = cfg["loss"]["multiview"]
+        self.multiview = (
+            MultiViewTerms(mv, scene.train, scene_radius, cfg["seed"], announce=group.is_main)
+            if mv["enabled"]
+            else None
+        )
 
     def set_means_lr(self, optimizers: Dict, step: int) -> None:
         lr = self.cfg["train"]["lr"]
@@ -120,13 +129,25 @@ class BatchStep:
             for b, i in enumerate(views)
         ]
         cameras = [camera_of(frames[i], bg, self.device) for i, bg in zip(views, backgrounds)]
+        mv = self.multiview if self.multiview is not None and self.multiview.active(step) else None
+        partners = mv.partners(step, views) if mv is not None else [None] * batch
+        partner_cameras = [
+            None if p is None else camera_of(frames[p], bg, self.device) for p, bg in zip(partners, backgrounds)
+        ]
         sums, present = dict.fromkeys(TERMS, 0.0), dict.fromkeys(TERMS, 0)
 
-        def loss_of(b: int, out) -> torch.Tensor:
+        def loss_of(b: int, out, partner_out=None) -> torch.Tensor:
             frame = frames[views[b]]
+            geometry = out
             out = corrected(appearance, out, views[b], frame, backgrounds[b])
             gt = gt_image(frame, backgrounds[b], self.background).to(self.device)
             loss, terms = camera_loss(out, gt, frame, step, cfg["loss"], self.device)
+            if partner_out is not None:
+                mv_loss, mv_terms = mv.loss(
+                    geometry, partner_out, views[b], partners[b], appearance, step, b, self.device
+                )
+                loss = loss + mv_loss
+                terms.update(mv_terms)
             terms.update(loss=float(loss.detach()), psnr=psnr(out.rgb, gt))
             for k, v in terms.items():
                 sums[k] += v
@@ -139,6 +160,7 @@ class BatchStep:
             sh_degree_at(step, cfg["train"]["sh_increase_every"], model.sh_degree),
             loss_of,
             lambda camera: strategy.step_pre_backward(model, optimizers, camera, step),
+            partner_cameras if mv is not None else None,
         )
         extra = strategy.loss(model)
         if extra is not None:

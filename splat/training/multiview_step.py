@@ -1,0 +1,118 @@
+"""The multi-view consistency terms of a training step (``loss.multiview``).
+
+Set up once per run: each train camera's neighbours from the poses
+(:func:`splat.neighbour_views.neighbour_views`, distances in units of the
+scene radius), with one warning line naming the cameras that have none.
+Each ``loss.multiview.every``-th step from ``loss.multiview.start`` on, every batch camera with
+neighbours gets one of them as its *partner*, drawn by a generator keyed by
+(seed, step, slot): the same on a resumed run.  The partner is rendered with
+the camera (:mod:`splat.training.batch_rendering`), and the camera's loss
+gains ``geo_lambda L_geo + ncc_lambda L_ncc`` (:func:`splat.multiview.multiview_losses`).
+
+Photos under one appearance: with ``train.appearance=affine`` a photo i
+is ``A_i c + b_i`` of the scene's colour c, so both photos are taken back to
+c, ``(photo - b_i) A_i^-1`` (the corrections as they are this step, without
+gradient), before the grey patches are compared: an exposure or white
+balance difference between the two photos does not read as geometry.
+(NCC alone is blind to a gain and offset of the grey level, not to a
+white-balance change, which changes the grey image non-uniformly.)
+
+One process only: the trainer refuses ``loss.multiview.enabled`` on
+several (:func:`splat.training.capability.check_distributed`).  Every rank
+loads every training image (:func:`splat.data.load_scene_from_config`), so
+the photos are already where they would be needed; what is missing is
+rendering a partner on the rank that renders its camera (docs/training.md).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from ..multiview import ViewGeometry, grey, multiview_losses
+from ..neighbour_views import lonely_cameras_message, neighbour_views
+
+#: The logging terms the multi-view step adds.
+MULTIVIEW_TERMS = ("mv_geo", "mv_ncc")
+#: Stream of the keyed generators (partner and pixel draws), apart from other seeded draws.
+MULTIVIEW_STREAM = 41
+
+
+class MultiViewTerms:
+    """The multi-view terms of a run (module doc): ``mv_cfg`` is ``loss.multiview``."""
+
+    def __init__(self, mv_cfg: Dict, frames: Sequence, scene_radius: float, seed: int, announce: bool = True):
+        self.cfg, self.frames, self.seed = mv_cfg, frames, int(seed)
+        viewmats = torch.stack([f.viewmat for f in frames])  # [N, 4, 4]
+        self.neighbours: List[List[int]] = neighbour_views(
+            viewmats,
+            mv_cfg["max_angle"],
+            mv_cfg["min_distance"] * scene_radius,
+            mv_cfg["max_distance"] * scene_radius,
+            mv_cfg["max_neighbours"],
+        )
+        limits = (
+            f"within {mv_cfg['max_angle']:g} deg and {mv_cfg['min_distance']:g}-{mv_cfg['max_distance']:g} "
+            "x the scene radius"
+        )
+        message = lonely_cameras_message([f.stem for f in frames], self.neighbours, limits)
+        if message is not None and announce:
+            print(message, file=sys.stderr)
+
+    def active(self, step: int) -> bool:
+        """Whether ``step`` (1-based) has the multi-view terms."""
+        c = self.cfg
+        on = bool(c["enabled"]) and step >= c["start"] and (step - c["start"]) % c["every"] == 0
+        return on and (c["geo_lambda"] > 0 or c["ncc_lambda"] > 0)
+
+    def _rng(self, step: int, slot: int, draw: int) -> np.random.Generator:
+        """The generator of ``draw`` (0: the partner, 1: the pixels) of batch ``slot`` at ``step``."""
+        return np.random.default_rng([self.seed, MULTIVIEW_STREAM, int(step), int(slot), int(draw)])
+
+    def partners(self, step: int, views: Sequence[int]) -> List[Optional[int]]:
+        """Per batch slot, the train index of its partner this step (None: no neighbour)."""
+        out: List[Optional[int]] = []
+        for slot, i in enumerate(views):
+            nb = self.neighbours[i]
+            out.append(int(nb[self._rng(step, slot, 0).integers(len(nb))]) if nb else None)
+        return out
+
+    def canonical_grey(self, index: int, appearance, device) -> torch.Tensor:
+        """Train photo ``index`` [H, W, 1] in grey, under no appearance correction (module doc)."""
+        img = self.frames[index].image.to(device)  # [H, W, 3]
+        if appearance is not None:
+            with torch.no_grad():
+                A = appearance.matrices()[index]  # [3, 3]
+                b = appearance.offset.detach()[index]  # [3]
+                img = (img - b) @ torch.linalg.inv(A).T
+        return grey(img)
+
+    def loss(
+        self, out, partner_out, index: int, partner: int, appearance, step: int, slot: int, device
+    ) -> tuple[torch.Tensor, Dict[str, float]]:
+        """(geo_lambda L_geo + ncc_lambda L_ncc, logging terms) of train view
+        ``index`` rendered as ``out`` with neighbour ``partner`` rendered as ``partner_out``."""
+        c = self.cfg
+        f, g = self.frames[index], self.frames[partner]
+        ref = ViewGeometry(out.depth, out.normal, out.alpha, f.K.to(device), f.viewmat.to(device))
+        nb = ViewGeometry(
+            partner_out.depth, partner_out.normal, partner_out.alpha, g.K.to(device), g.viewmat.to(device)
+        )
+        H, W = out.depth.shape
+        order = torch.from_numpy(self._rng(step, slot, 1).permutation(H * W)).to(device)
+        geo, ncc, _ = multiview_losses(
+            ref,
+            nb,
+            self.canonical_grey(index, appearance, device),
+            self.canonical_grey(partner, appearance, device),
+            order,
+            num_pixels=c["num_pixels"],
+            patch_size=c["patch_size"],
+            pixel_noise=c["pixel_noise"],
+            min_patch_std=c["min_patch_std"],
+        )
+        loss = c["geo_lambda"] * geo + c["ncc_lambda"] * ncc
+        return loss, {"mv_geo": float(geo.detach()), "mv_ncc": float(ncc.detach())}

@@ -1,0 +1,106 @@
+"""``loss.multiview`` in training steps (issue 41): the terms are logged and
+reach the parameters on both rendering paths, lonely cameras are named once,
+photos are compared under no appearance correction, and several processes
+are refused with a one-line error.  The tiny scene of tests/test_train.py."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from test_batch import _grads_of_one_step
+from test_train import tiny_config, tiny_scene  # noqa: F401 (fixture)
+
+from splat.appearance import AffineAppearance
+from splat.errors import ConfigError
+from splat.multiview import grey
+from splat.trainer import Trainer
+from splat.training.capability import check_distributed
+from splat.training.multiview_step import MultiViewTerms
+
+#: The multi-view terms from step 1, neighbours within 90 deg so that every tiny-scene camera has some.
+MV_ON = ["loss.multiview.enabled=true", "loss.multiview.start=0", "loss.multiview.max_angle=90"]
+
+
+@pytest.mark.parametrize(
+    "primitive, backend", [("2dgs", "auto"), ("2dgs", "torch"), ("3dgs", "auto")]
+)  # surfels sharded (one process) / camera by camera; 3D Gaussians camera by camera
+def test_a_step_logs_the_terms_and_they_reach_the_parameters(tiny_scene, tmp_path, primitive, backend):  # noqa: F811
+    extra = [f"model.primitive={primitive}", f"render.backend={backend}", "loss.dist_from=0", "loss.normal_from=0"]
+    on = Trainer(tiny_config(tiny_scene, 10, extra + MV_ON), tmp_path / "on")
+    assert all(on.batch_step.multiview.neighbours)
+    terms = on.train_step(1)
+    assert terms["mv_geo"] >= 0 and 0 < terms["mv_ncc"] < 1
+    off = Trainer(tiny_config(tiny_scene, 10, extra), tmp_path / "off")
+    g_on, g_off = _grads_of_one_step(on, 2), _grads_of_one_step(off, 2)
+    assert all(torch.isfinite(g).all() for g in g_on.values())
+    # Same model and views: the multi-view terms change the means' gradient.
+    assert not torch.allclose(g_on["means"], g_off["means"])
+
+
+def test_both_rendering_paths_give_the_same_multiview_gradient(tiny_scene, tmp_path):  # noqa: F811
+    """Surfels, one process: sharded rendering (partners rendered after the
+    batch in one call) against camera by camera (render.backend=torch, the
+    PyTorch reference rasterizer).  Float32 renders by two implementations:
+    the gradients agree to 1e-3 of their largest entry (a partner swapped
+    or left out moves them by far more)."""
+    grads = {}
+    for backend in ("auto", "torch"):
+        t = Trainer(tiny_config(tiny_scene, 10, [f"render.backend={backend}"] + MV_ON), tmp_path / backend)
+        grads[backend] = _grads_of_one_step(t, 1)
+    for name, g in grads["auto"].items():
+        scale = float(g.abs().max())
+        assert torch.allclose(grads["torch"][name], g, rtol=0, atol=1e-3 * scale), name
+
+
+def test_cameras_without_neighbours_are_named_in_one_line(tiny_scene, tmp_path, capsys):  # noqa: F811
+    Trainer(tiny_config(tiny_scene, 10, MV_ON + ["loss.multiview.max_angle=0.001"]), tmp_path / "run")
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("loss.multiview")]
+    assert len(lines) == 1 and "no neighbour" in lines[0]
+
+
+def test_photos_are_compared_without_their_appearance_correction():
+    g = torch.Generator().manual_seed(0)
+    scene = torch.rand(6, 5, 3, generator=g)
+    A = torch.tensor([[1.3, 0.1, 0.0], [0.0, 0.8, 0.05], [0.02, 0.0, 1.1]])
+    b = torch.tensor([0.05, -0.02, 0.03])
+    frames = [
+        types.SimpleNamespace(image=scene @ A.T + b, viewmat=torch.eye(4), stem="a"),
+        types.SimpleNamespace(image=scene, viewmat=torch.eye(4), stem="b"),
+    ]
+    appearance = AffineAppearance(2)
+    with torch.no_grad():
+        appearance.matrix[0] = A.reshape(9)
+        appearance.offset[0] = b
+    mv = MultiViewTerms(tiny_config_multiview(), frames, 1.0, 0, announce=False)
+    assert torch.allclose(mv.canonical_grey(0, appearance, "cpu"), grey(scene), atol=1e-6)
+    assert torch.allclose(mv.canonical_grey(1, appearance, "cpu"), grey(scene), atol=1e-6)
+    assert not torch.allclose(mv.canonical_grey(0, None, "cpu"), grey(scene), atol=1e-2)
+
+
+def tiny_config_multiview() -> dict:
+    from splat.config import DEFAULT_CONFIG
+
+    return dict(DEFAULT_CONFIG["loss"]["multiview"], enabled=True)
+
+
+def test_several_processes_are_refused_in_one_line(tiny_scene):  # noqa: F811
+    with pytest.raises(ConfigError, match="loss.multiview.enabled"):
+        check_distributed(tiny_config(tiny_scene, 10, MV_ON))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("primitive", ["2dgs", "3dgs"])
+def test_a_step_on_cuda_logs_the_terms(tiny_scene, tmp_path, primitive):  # noqa: F811
+    t = Trainer(tiny_config(tiny_scene, 10, MV_ON + ["device=cuda", f"model.primitive={primitive}"]), tmp_path / "run")
+    terms = t.train_step(1)
+    assert terms["mv_geo"] >= 0 and 0 < terms["mv_ncc"] < 1
+
+
+def test_the_terms_run_from_start_on_every_nth_step():
+    cfg = dict(tiny_config_multiview(), start=10, every=3)
+    frames = [types.SimpleNamespace(viewmat=torch.eye(4), stem="a")]
+    mv = MultiViewTerms(cfg, frames, 1.0, 0, announce=False)
+    assert [s for s in range(1, 20) if mv.active(s)] == [10, 13, 16, 19]
+    assert not MultiViewTerms(dict(cfg, enabled=False), frames, 1.0, 0, announce=False).active(10)
