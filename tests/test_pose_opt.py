@@ -29,6 +29,7 @@ import torch
 from test_train import make_tiny_scene, teacher_model, tiny_config
 
 import splat
+from splat._backend import has_cuda_kernels
 from splat.distributed.group import Group
 from splat.distributed.sharded_render import Camera, render_sharded
 from splat.errors import SplatInputError
@@ -55,17 +56,27 @@ XI = torch.tensor([0.02, -0.015, 0.01, 0.01, -0.02, 0.015], dtype=torch.float64)
 def _weights(out, seed=1):
     g = torch.Generator().manual_seed(seed)
     names = ("rgb", "alpha", "depth", "normal", "distortion")
-    return {k: torch.rand(getattr(out, k).shape, generator=g, dtype=torch.float64) - 0.3 for k in names}
+    return {
+        k: (torch.rand(getattr(out, k).shape, generator=g, dtype=torch.float64) - 0.3).to(getattr(out, k).device)
+        for k in names
+    }
 
 
 def _loss(out, w):
     return sum((getattr(out, k) * v).sum() for k, v in w.items())
 
 
+needs_gpu = pytest.mark.skipif(
+    not (torch.cuda.is_available() and has_cuda_kernels()), reason="needs a GPU and splat built with CUDA kernels"
+)
+ON = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=needs_gpu)]
+
+
+@pytest.mark.parametrize("device", ON)
 @pytest.mark.parametrize("xi", [torch.zeros(6, dtype=torch.float64), XI], ids=["zero", "nonzero"])
-def test_surfel_render_gradient_wrt_the_correction(xi):
-    s = random_scene(10, 14, 12, seed=3)
-    V = s["viewmat"]
+def test_surfel_render_gradient_wrt_the_correction(xi, device):
+    s = {k: v.to(device) if torch.is_tensor(v) else v for k, v in random_scene(10, 14, 12, seed=3).items()}
+    V, xi = s["viewmat"], xi.to(device)
 
     def render(x):
         return splat.rasterize(
@@ -78,7 +89,7 @@ def test_surfel_render_gradient_wrt_the_correction(xi):
             s["K"],
             s["width"],
             s["height"],
-            backend="cpu",
+            backend=device,
         )
 
     w = _weights(render(xi))
@@ -269,17 +280,18 @@ def _train(cfg, out, resume=False, stop_at=None):
     return trainer
 
 
-def test_training_holds_the_gauge(scene, tmp_path, monkeypatch):
+@pytest.mark.parametrize("device", ON)
+def test_training_holds_the_gauge(scene, tmp_path, monkeypatch, device):
     """After training with pose_opt the corrections have no component along
     the gauge; without fix_gauge they drift along it (the test can fail)."""
-    cfg = tiny_config(scene, 30, ["train.pose_opt=true"])
+    cfg = tiny_config(scene, 30, ["train.pose_opt=true", f"device={device}"])
     t = _train(cfg, tmp_path / "held")
-    Q, x = t.pose.gauge, t.pose.delta.detach().double().reshape(-1, 1)
+    Q, x = t.pose.gauge.cpu(), t.pose.delta.detach().cpu().double().reshape(-1, 1)
     assert float(x.abs().max()) > 1e-3  # the corrections moved
     assert float((Q.T @ x).abs().max()) < 1e-7
     monkeypatch.setattr(PoseCorrection, "fix_gauge", lambda self: None)
     t = _train(cfg, tmp_path / "free")
-    x = t.pose.delta.detach().double().reshape(-1, 1)
+    x = t.pose.delta.detach().cpu().double().reshape(-1, 1)
     assert float((Q.T @ x).abs().max()) > 1e-4
 
 
