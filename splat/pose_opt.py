@@ -123,10 +123,10 @@ def gauge_basis(centres: torch.Tensor, radius: float) -> torch.Tensor:
         cols.append(torch.cat([torch.zeros(n, 3, dtype=torch.float64), eye[k].expand(n, 3) / radius], 1))
     cols.append(torch.cat([torch.zeros(n, 3, dtype=torch.float64), c / radius], 1))  # scale about the origin
     B = torch.stack([col.reshape(-1) for col in cols], 1)  # [6N, 7]
-    Q, Rr = torch.linalg.qr(B)
-    # Fewer than 3 cameras (or collinear ones) span fewer gauge directions: keep those that exist.
-    keep = Rr.diagonal().abs() > 1e-9 * Rr.diagonal().abs().max()
-    return Q[:, keep]
+    U, S, _ = torch.linalg.svd(B, full_matrices=False)
+    # Fewer than 3 cameras (or collinear ones) span fewer gauge directions: keep those that
+    # exist (one camera: all six of its own, which leaves nothing to optimise, rightly).
+    return U[:, S > 1e-9 * S.max()]
 
 
 class PoseCorrection(nn.Module):

@@ -35,6 +35,8 @@ def load_corrections(ckpt: Dict, appearance, pose) -> None:
     """Restores the corrections from checkpoint ``ckpt`` (their optimisers are
     restored with the others)."""
     for name, module in (("appearance", appearance), ("pose", pose)):
+        if module is not None and ckpt.get(name) is None:
+            raise RunStateError(f"{ckpt['path']}: holds no {name} corrections, which this config trains")
         if module is not None:
             module.load_state_dict(ckpt[name])
 
