@@ -154,10 +154,17 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0, help="keys the perturbation")
     p.add_argument("--deg", type=float, default=1.0)
     p.add_argument("--shift", type=float, default=0.01)
-    p.add_argument("--runs", nargs="+", default=["exact", "perturbed", "pose_opt"])
+    p.add_argument(
+        "--runs",
+        default="exact,perturbed,pose_opt",
+        type=lambda v: v.split(","),
+        help="comma-separated, of exact, perturbed, pose_opt (one word: a list here would swallow the overrides)",
+    )
     p.add_argument("--out", default=None)
     p.add_argument("overrides", nargs="*", help="config overrides for every run")
     args = p.parse_args()
+    if not args.runs or set(args.runs) - {"exact", "perturbed", "pose_opt"}:
+        p.error(f"--runs: {','.join(args.runs)} is not a comma-separated list of exact, perturbed, pose_opt")
     from splat.data import load_scene_from_config
 
     data = Path(args.shared) / "scenes" / args.scene
