@@ -4,7 +4,7 @@ pruning them, on one process or several.
 Layout (:func:`checkpoint_state`): the step, the per-primitive table
 (:meth:`splat.state.PrimitiveState.state_dict`: ``params``, ``ids``,
 ``next_id``, ``row_stats``), every optimiser's state dict (the Adam moments
-inside), the strategy's other state, the appearance corrections, the global
+inside), the strategy's other state, the appearance and pose corrections, the global
 RNGs' state, the training time, the config and the run id.
 
 One process writes one file, ``OUT/checkpoints/ckpt_<step>_<run>.pt``
@@ -87,6 +87,7 @@ def checkpoint_state(
     optimizers: Dict[str, torch.optim.Optimizer],
     strategy,
     appearance: Optional[torch.nn.Module],
+    pose: Optional[torch.nn.Module],
     train_seconds: float,
     cfg: Dict,
     run_id: str,
@@ -100,6 +101,7 @@ def checkpoint_state(
         "optimizers": {k: o.state_dict() for k, o in optimizers.items()},
         "strategy": strategy.state_dict(),
         "appearance": None if appearance is None else {k: v.detach().cpu() for k, v in appearance.state_dict().items()},
+        "pose": None if pose is None else {k: v.detach().cpu() for k, v in pose.state_dict().items()},
         "rng": rng_state(),
         "train_seconds": train_seconds,
         "config": cfg,

@@ -133,6 +133,20 @@ class TrainConfig:
         "applied to the render before the loss (splat/appearance.py)",
     )
     appearance_lr: float = _f(5e-3, "(sparse) Adam learning rate of the appearance corrections", ge=0.0)
+    pose_opt: bool = _f(
+        False,
+        "learn a rigid correction of every train camera's pose (test cameras keep theirs); "
+        "the optimised poses go to OUT/poses.json (splat/pose_opt.py, docs/training.md)",
+    )
+    pose_opt_lr: float = _f(
+        5e-3,
+        "(sparse) Adam learning rate of the pose corrections (radians; translation in scene radii), "
+        "decaying exponentially to 1 % at the last step",
+        ge=0.0,
+    )
+    pose_opt_reg: float = _f(
+        0.0, "weight of |correction|^2 added to a camera's loss: a prior pulling it toward its given pose", ge=0.0
+    )
     lr: LrConfig = _section(LrConfig)
 
 
@@ -448,6 +462,9 @@ def check_config(cfg: Dict) -> Dict:
             "(e.g. strategy.max_gaussians=100000)"
         )
     mv = out["loss"]["multiview"]
+    if mv["enabled"] and out["train"]["pose_opt"]:
+        # The multi-view homographies use the given poses; with corrected ones they would disagree.
+        raise ConfigError("loss.multiview.enabled with train.pose_opt: not supported together yet (turn one off)")
     if mv["patch_size"] % 2 == 0:
         raise ConfigError(f"loss.multiview.patch_size: must be odd, got {mv['patch_size']!r}")
     if not mv["min_distance"] < mv["max_distance"]:

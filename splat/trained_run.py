@@ -91,10 +91,11 @@ def load_run(model_dir, data: Optional[str] = None, overrides=(), log: Optional[
     or, for an unfinished run, from the newest complete checkpoint
     (:func:`newest_model`); one line ``model: step S ...`` on ``log`` says
     which (default: stderr).  ``data`` replaces the data folder recorded in ``config.yaml``.
-    A model with no surfels is a SplatInputError naming its file.
+    A model with no surfels is a SplatInputError naming its file.  The train
+    cameras have the run's optimised poses when it has them
+    (:func:`run_scene`).
     """
     from .config import load_config
-    from .data import load_scene_from_config
 
     model_dir = Path(model_dir)
     cfg_path = model_dir / "config.yaml"
@@ -112,5 +113,18 @@ def load_run(model_dir, data: Optional[str] = None, overrides=(), log: Optional[
         # and a mesh empty, which is no use and easy to mistake for a result.
         raise SplatInputError(f"{source}: the model has no surfels: nothing to render")
     print(f"model: {found.describe()}", file=log or sys.stderr)  # sys.stderr now, not at import
+    return model, cfg, run_scene(model_dir, cfg)
+
+
+def run_scene(model_dir, cfg: dict):
+    """The data of the run in ``model_dir`` as ``cfg["data"]`` names it, its
+    train cameras posed as the run optimised them (``OUT/poses.json``,
+    ``train.pose_opt``) when it has that file; test cameras as given."""
+    from .data import load_scene_from_config
+    from .pose_opt import POSES_FILE, read_poses
+
     scene = load_scene_from_config(cfg["data"])
-    return model, cfg, scene
+    poses = Path(model_dir) / POSES_FILE
+    if poses.is_file():
+        read_poses(poses, scene.train, cfg["data"]["path"])
+    return scene

@@ -52,7 +52,6 @@ from typing import Callable, Dict, Sequence
 
 import torch
 
-from .appearance import make_appearance, make_optimizer
 from .checkpoints import checkpoint_state, load_latest_checkpoint, save_checkpoint, seed_everything, set_rng_state
 from .config import check_config
 from .devices import peak_memory_mb, resolve_device  # noqa: F401 (re-exported)
@@ -82,6 +81,7 @@ from .state import PrimitiveState
 from .strategy import make_strategy
 from .training.batch_rendering import camera_of, make_batch_rendering
 from .training.capability import check_distributed
+from .training.corrections import load_corrections, make_corrections, save_poses
 from .training.initial_model import initial_shard
 from .training.step import BatchStep, sh_degree_at
 from .training.triage import explain
@@ -168,7 +168,7 @@ class Trainer:
         self._start(resume, overwrite)
         self.rendering = make_batch_rendering(self.model.primitive, cfg["render"], self.device, self.group)
         self.batch_step = BatchStep(
-            cfg, self.scene, self.background, self.scene_radius, self.device, self.rendering, self.group
+            cfg, self.scene, self.background, self.scene_radius, self.device, self.rendering, self.group, self.pose
         )
 
     def _claim(self, resume: bool, overwrite: bool) -> None:
@@ -199,17 +199,14 @@ class Trainer:
             self.model = initial_shard(cfg, self.scene, self.background, self.group)
         self.model.to(self.device)
         self.optimizers = make_optimizers(self.model, cfg["train"]["lr"], self.scene_radius)
-        # train.appearance=affine: per-train-image colour correction, own Adam (splat/appearance.py)
-        self.appearance = make_appearance(cfg["train"], len(self.scene.train), self.device)
-        if self.appearance is not None:
-            self.optimizers["appearance"] = make_optimizer(self.appearance, cfg["train"]["appearance_lr"])
+        # train.appearance / train.pose_opt: per-train-image corrections, own Adams
+        self.appearance, self.pose = make_corrections(cfg, self.scene, self.scene_radius, self.device, self.optimizers)
         self.strategy = make_strategy(cfg["strategy"], self.scene_radius, seed=cfg["seed"], group=self.group)
         # The one table of per-primitive state (parameters, moments, ids, statistics).
         self.state = PrimitiveState(self.model, self.optimizers)
         self.strategy.bind(self.state)
         if ckpt is not None:
-            if self.appearance is not None:
-                self.appearance.load_state_dict(ckpt["appearance"])
+            load_corrections(ckpt, self.appearance, self.pose)
             for name, opt in self.optimizers.items():
                 opt.load_state_dict(ckpt["optimizers"][name])
             self.state.load_state_dict(ckpt)
@@ -332,6 +329,7 @@ class Trainer:
         whole = self.whole_model()
         if main:
             save_ply(whole, self.out_dir / "point_cloud.ply")
+            save_poses(self.out_dir, self.pose, self.scene, cfg["data"]["path"])
         metrics = self.evaluate()
         if main:
             atomic_write_bytes(self.out_dir / "metrics.json", (json.dumps(metrics, indent=2) + "\n").encode())
@@ -357,6 +355,7 @@ class Trainer:
             self.optimizers,
             self.strategy,
             self.appearance,
+            self.pose,
             self.train_seconds,
             self.cfg,
             self.run_id,

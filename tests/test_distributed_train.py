@@ -150,6 +150,30 @@ def test_appearance_corrections_on_several_processes(scene, tmp_path):
     assert_same_model(two[0], one)
 
 
+def test_pose_corrections_on_several_processes(scene, tmp_path):
+    """train.pose_opt: every rank's surfels add to each camera's pose
+    gradient; summed over the ranks, every rank holds the same corrections
+    (bitwise: the shards of the last checkpoint), and they are those of one
+    process up to float32 summation order -- one process sums the surfels'
+    contributions in one pass, two add two partial sums -- hence the
+    tolerances: 1e-5 of the poses' scale (measured 4e-8, with corrections
+    of up to 0.013) and 1e-4 of each parameter's (measured at most 6.5e-6,
+    shN); no densification here, which would amplify a rounding difference
+    into other surfels (see the module doc)."""
+    import json
+
+    cfg = config(scene, 40, ["train.pose_opt=true", "strategy.refine_start=1000", "checkpoint.every=40"])
+    one = run(1, cfg, tmp_path / "one")[0]
+    two = run(2, cfg, tmp_path / "two")
+    shards = sorted((tmp_path / "two" / "checkpoints").glob("*.shards/rank*-of-2.pt"))
+    deltas = [torch.load(p, weights_only=False)["pose"]["delta"] for p in shards]
+    assert len(deltas) == 2 and torch.equal(deltas[0], deltas[1])
+    poses = [json.loads((tmp_path / n / "poses.json").read_text()) for n in ("one", "two")]
+    a, b = (torch.tensor([p[k] for k in sorted(p)]) for p in poses)
+    assert poses[0].keys() == poses[1].keys() and float((a - b).abs().max()) <= 1e-5 * float(a.abs().max())
+    assert_same_model(two[0], one, rtol=1e-4)
+
+
 def test_resume_same_world_size_is_bitwise_and_other_sizes_reshard(scene, one_process, tmp_path):
     """Stopped at step 150 (checkpoint at 100), then resumed: 2 -> 2, 2 -> 1
     and 1 -> 2 processes all finish with the uninterrupted run's model."""

@@ -90,6 +90,12 @@ def test_several_processes_are_refused_in_one_line(tiny_scene):  # noqa: F811
         check_distributed(tiny_config(tiny_scene, 10, MV_ON))
 
 
+def test_pose_optimisation_is_refused_in_one_line(tiny_scene):  # noqa: F811
+    """The terms' homographies use the given poses, pose_opt would move them."""
+    with pytest.raises(ConfigError, match="loss.multiview.enabled with train.pose_opt"):
+        tiny_config(tiny_scene, 10, MV_ON + ["train.pose_opt=true"])
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("primitive", ["2dgs", "3dgs"])
 def test_a_step_on_cuda_logs_the_terms(tiny_scene, tmp_path, primitive):  # noqa: F811

@@ -15,10 +15,17 @@ and carries the gradients back.  A step (1-based ``step``) over
    the strategy's ``step_pre_backward`` per camera, backward of the mean
    over the batch;
 3. the gradient of the strategy's own loss term (``strategy.loss``, e.g.
-   MCMC's regularisers) added, the appearance corrections' gradients summed
-   over the ranks (every rank holds them whole), the optimiser steps, the strategy's
+   MCMC's regularisers) added, the appearance and pose corrections'
+   gradients summed over the ranks (every rank holds them whole), the
+   optimiser steps, the pose corrections' gauge fixed
+   (:meth:`splat.pose_opt.PoseCorrection.fix_gauge`), the strategy's
    ``step_post_backward`` (one :class:`splat.strategy.Visibility` when
    B = 1, else the list of the B cameras').
+
+With ``train.pose_opt`` each camera renders from its corrected pose, with
+autograd to its correction (the rasterizer's exact viewmat gradients;
+camera by camera, or through every rank's projection of its surfels), and
+its loss gains ``train.pose_opt_reg`` |correction|^2.
 
 The trainer then checks ids and rebalances; :meth:`StepSums.reduce` sums the
 logging terms over every rank's cameras.
@@ -50,8 +57,9 @@ def sh_degree_at(step: int, sh_increase_every: int, max_degree: int) -> int:
     return min(step // max(sh_increase_every, 1), max_degree)
 
 
-def camera_loss(out, gt: torch.Tensor, frame, step: int, loss_cfg: Dict, device):
-    """(loss, logging terms) of one camera's render ``out`` against ``gt`` [H, W, 3].
+def camera_loss(out, gt: torch.Tensor, frame, step: int, loss_cfg: Dict, device, viewmat=None):
+    """(loss, logging terms) of one camera's render ``out`` against ``gt`` [H, W, 3];
+    ``viewmat``: the pose it was rendered from (default: the frame's).
 
     With ``frame.loss_mask`` (``data.masks=ignore``) render and target are
     both multiplied by it, so masked-out pixels add nothing to the
@@ -61,7 +69,8 @@ def camera_loss(out, gt: torch.Tensor, frame, step: int, loss_cfg: Dict, device)
         m = frame.loss_mask.to(device)[..., None]  # [H, W, 1]
         out = dataclasses.replace(out, rgb=out.rgb * m)
         gt = gt * m
-    return total_loss(out, gt, frame.K.to(device), frame.viewmat.to(device), step, loss_cfg)
+    viewmat = frame.viewmat if viewmat is None else viewmat
+    return total_loss(out, gt, frame.K.to(device), viewmat.to(device), step, loss_cfg)
 
 
 def apply_gradients(optimizers: Dict) -> None:
@@ -96,12 +105,21 @@ class StepSums:
 class BatchStep:
     """Steps of one run: ``cfg`` (the whole config), ``scene`` (its training
     views), ``background`` [3] (``data.background``), ``rendering`` (a
-    :mod:`splat.training.batch_rendering` implementation), ``group``."""
+    :mod:`splat.training.batch_rendering` implementation), ``group``, ``pose``
+    (a :class:`splat.pose_opt.PoseCorrection`, or None)."""
 
     def __init__(
-        self, cfg: Dict, scene, background: torch.Tensor, scene_radius: float, device, rendering, group: Group
+        self,
+        cfg: Dict,
+        scene,
+        background: torch.Tensor,
+        scene_radius: float,
+        device,
+        rendering,
+        group: Group,
+        pose=None,
     ):
-        self.cfg, self.scene, self.background = cfg, scene, background
+        self.cfg, self.scene, self.background, self.pose = cfg, scene, background, pose
         self.scene_radius, self.device, self.rendering, self.group = scene_radius, device, rendering, group
         mv = cfg["loss"]["multiview"]
         self.multiview = (
@@ -111,11 +129,15 @@ class BatchStep:
         )
 
     def set_means_lr(self, optimizers: Dict, step: int) -> None:
-        lr = self.cfg["train"]["lr"]
+        """The means' learning rate of ``step``; with ``train.pose_opt`` the pose
+        corrections' too, decaying to 1 % over the run as gsplat's does (a
+        constant rate leaves the poses jittering by about the rate)."""
+        train = self.cfg["train"]
+        lr, iterations = train["lr"], train["iterations"]
         for g in optimizers["means"].param_groups:
-            g["lr"] = (
-                means_lr(step, self.cfg["train"]["iterations"], lr["means"], lr["means_final"]) * self.scene_radius
-            )
+            g["lr"] = means_lr(step, iterations, lr["means"], lr["means_final"]) * self.scene_radius
+        for g in optimizers["pose"].param_groups if "pose" in optimizers else ():
+            g["lr"] = means_lr(step, iterations, train["pose_opt_lr"], 0.01 * train["pose_opt_lr"])
 
     def __call__(self, model, optimizers: Dict, strategy, appearance, step: int) -> StepSums:
         """Steps 1-3 of the module doc; returns this rank's :class:`StepSums`."""
@@ -129,6 +151,9 @@ class BatchStep:
             for b, i in enumerate(views)
         ]
         cameras = [camera_of(frames[i], bg, self.device) for i, bg in zip(views, backgrounds)]
+        pose = self.pose
+        for camera, i in zip(cameras, views if pose is not None else ()):
+            camera.viewmat = pose.viewmat(i, camera.viewmat)  # one lookup per camera: a graph each
         mv = self.multiview if self.multiview is not None and self.multiview.active(step) else None
         partners = mv.partners(step, views) if mv is not None else [None] * batch
         partner_cameras = [
@@ -141,7 +166,7 @@ class BatchStep:
             geometry = out
             out = corrected(appearance, out, views[b], frame, backgrounds[b])
             gt = gt_image(frame, backgrounds[b], self.background).to(self.device)
-            loss, terms = camera_loss(out, gt, frame, step, cfg["loss"], self.device)
+            loss, terms = camera_loss(out, gt, frame, step, cfg["loss"], self.device, cameras[b].viewmat)
             if partner_out is not None:
                 mv_loss, mv_terms = mv.loss(
                     geometry, partner_out, views[b], partners[b], appearance, step, b, self.device
@@ -149,6 +174,8 @@ class BatchStep:
                 loss = loss + mv_loss
                 terms.update(mv_terms)
             terms.update(loss=float(loss.detach()), psnr=psnr(out.rgb, gt))
+            if pose is not None and cfg["train"]["pose_opt_reg"] > 0:  # on the camera's rank: counted once
+                loss = loss + cfg["train"]["pose_opt_reg"] * pose.penalty(views[b])
             for k, v in terms.items():
                 sums[k] += v
                 present[k] += 1
@@ -167,7 +194,12 @@ class BatchStep:
             extra.backward()
         if appearance is not None:
             sum_replicated_gradients(appearance, self.group, sparse=True)  # SparseAdam's row gradients
+        if pose is not None:
+            # Every rank's surfels add to a camera's pose gradient: the sum, the same on every rank.
+            sum_replicated_gradients(pose, self.group, sparse=True)
         self.apply_gradients(optimizers)
+        if pose is not None:
+            pose.fix_gauge()
         strategy.step_post_backward(model, optimizers, seen[0] if batch == 1 else seen, step)
         return StepSums(sums, present, batch, exchanged)
 

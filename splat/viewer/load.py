@@ -61,14 +61,16 @@ def load_model_file(path: Path, log: Optional[TextIO] = None) -> Tuple[GaussianM
 
 
 def start_from_data(
-    cfg: dict, target: Sequence[float] | np.ndarray, log: TextIO = sys.stderr
+    cfg: dict, target: Sequence[float] | np.ndarray, log: TextIO = sys.stderr, run: Optional[Path] = None
 ) -> Optional[Tuple[StartView, float]]:
     """(start, scene radius) at the first test camera (else the first train
-    camera) of the config's data, or None if the data do not load."""
+    camera, with the optimised pose of the run folder ``run`` if it has one)
+    of the config's data, or None if the data do not load."""
     from ..data import load_scene_from_config
+    from ..trained_run import run_scene
 
     try:
-        scene = load_scene_from_config(cfg["data"])
+        scene = run_scene(run, cfg) if run is not None else load_scene_from_config(cfg["data"])
     except (SplatInputError, OSError, ValueError) as e:
         print(f"warning: cannot load the data of the run ({e}); starting from a camera looking at the model", file=log)
         return None
@@ -111,7 +113,7 @@ def load_for_viewer(
             cfg["data"]["path"] = str(Path(root) / d)
         inp.near, inp.far = float(cfg["render"]["near"]), float(cfg["render"]["far"])
         inp.background = tuple(float(c) for c in cfg["data"]["background"])
-        found = start_from_data(cfg, center, log)
+        found = start_from_data(cfg, center, log, cfg_path.parent if cfg_path.is_file() else None)
         if found is not None:
             inp.start, inp.scene_radius = found
     return inp

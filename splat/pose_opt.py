@@ -1,0 +1,224 @@
+"""Camera-pose optimisation (``train.pose_opt``): a learned rigid correction
+of every train camera, its gauge, and the optimised poses on disk.
+
+**Parametrisation.** Train camera i gets ξ_i = (ω_i, u_i) ∈ R^6, zero at the
+start.  With R_i its camera -> world rotation and c_i its centre (as the data
+give them), the corrected camera is::
+
+    R_i' = exp([ω_i]x) R_i        turned by the rotation vector ω_i (radians, world axes) about its centre
+    c_i' = c_i + r u_i            moved by u_i scene radii r (world axes)
+    viewmat_i' = [R_i'^T | -R_i'^T c_i']
+
+The exponential map of so(3) (``torch.linalg.matrix_exp`` of the 3x3 skew
+matrix: exact, and smooth through zero, where the corrections start) with a
+separate translation is six numbers per camera, none redundant: a step of
+Adam moves each number by about the learning rate, so rotation (radians)
+and translation (scene radii) share one learning rate with comparable
+meaning.  (gsplat's ``CameraOptModule`` uses 9 numbers: a translation and
+the 6-D continuous rotation of Zhou et al.; that is smooth everywhere but
+has three redundant directions, which matters for large rotations, not for
+the fraction of a degree SfM poses are off by.)  Rotating about the camera
+centre rather than the world origin keeps the two blocks decoupled: a
+rotation does not move the centre.
+
+**The gauge.** Moving every camera and the scene by one similarity g
+(rotation, translation, and scale, for which only the clipping planes and
+the depth-distortion weight are not invariant) changes no photometric loss,
+so the train loss cannot tell where the scene sits; the test cameras,
+which are not optimised, can.  To first order such a motion changes every
+correction by (ω_i, u_i) = (θ, (θ x c_i + t + s c_i) / r) for one (θ, t, s)
+-- a 7-dimensional subspace of R^{6N}.  After every optimiser step
+:meth:`PoseCorrection.fix_gauge` projects the corrections onto its
+orthogonal complement (``ξ <- ξ - Q Q^T ξ``, Q an orthonormal basis,
+float64): the optimised cameras keep the data's mean position, orientation
+and spread, so the scene stays in the frame the test cameras were given in.
+Holding one camera fixed would fix the gauge too, but would make that
+camera's error everyone's.
+
+**The regulariser.** ``train.pose_opt_reg`` λ adds λ |ξ_i|^2 to camera i's
+loss when it is drawn (a Gaussian prior centred on the given pose), an
+explicit penalty rather than Adam's weight decay: the corrections use
+``SparseAdam`` (as :mod:`splat.appearance` does, for the same reason: a
+camera is drawn once per epoch), which has none, and a penalty in the loss
+means the same thing for any optimiser.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .errors import SplatInputError
+
+__all__ = [
+    "PoseCorrection",
+    "make_pose_correction",
+    "skew",
+    "corrected_viewmat",
+    "gauge_basis",
+    "camera_to_world",
+    "pose_key",
+    "poses_json",
+    "read_poses",
+    "POSES_FILE",
+]
+
+#: The optimised train poses in a run folder.
+POSES_FILE = "poses.json"
+
+
+def skew(w: torch.Tensor) -> torch.Tensor:
+    """[..., 3] -> [..., 3, 3] with ``skew(w) @ x = w x x``."""
+    z = torch.zeros_like(w[..., 0])
+    return torch.stack(
+        [
+            torch.stack([z, -w[..., 2], w[..., 1]], -1),
+            torch.stack([w[..., 2], z, -w[..., 0]], -1),
+            torch.stack([-w[..., 1], w[..., 0], z], -1),
+        ],
+        -2,
+    )
+
+
+def corrected_viewmat(viewmat: torch.Tensor, xi: torch.Tensor, radius: float) -> torch.Tensor:
+    """World -> camera [4, 4] of ``viewmat`` [4, 4] corrected by ``xi`` [6]
+    (ω, u: module doc), differentiable in ``xi``."""
+    xi = xi.to(viewmat.dtype)
+    R_wc = viewmat[:3, :3]  # [3, 3] world -> camera
+    centre = -(R_wc.T @ viewmat[:3, 3])  # [3]
+    R_cw = torch.linalg.matrix_exp(skew(xi[:3])) @ R_wc.T  # [3, 3] corrected camera -> world
+    c = centre + radius * xi[3:]  # [3]
+    R = R_cw.T
+    top = torch.cat([R, -(R @ c)[:, None]], 1)  # [3, 4]
+    return torch.cat([top, viewmat[3:]], 0)
+
+
+def camera_to_world(viewmat: torch.Tensor) -> torch.Tensor:
+    """[..., 4, 4] world -> camera to camera -> world: the rigid inverse (so
+    also camera -> world to world -> camera)."""
+    R = viewmat[..., :3, :3].transpose(-1, -2)
+    out = torch.zeros_like(viewmat)
+    out[..., :3, :3] = R
+    out[..., :3, 3] = -(R @ viewmat[..., :3, 3:])[..., 0]
+    out[..., 3, 3] = 1
+    return out
+
+
+def gauge_basis(centres: torch.Tensor, radius: float) -> torch.Tensor:
+    """[6N, 7] orthonormal (float64) basis of the corrections that a joint
+    similarity motion of every camera with centres ``centres`` [N, 3] makes
+    (module doc): rotation θ (3), translation t (3), scale s (1)."""
+    c = centres.double()
+    n = c.shape[0]
+    cols = []
+    eye = torch.eye(3, dtype=torch.float64)
+    for k in range(3):  # rotation about the world axis k: ω = e_k, u = e_k x c / r
+        cols.append(torch.cat([eye[k].expand(n, 3), torch.linalg.cross(eye[k].expand(n, 3), c) / radius], 1))
+    for k in range(3):  # translation: u = e_k / r
+        cols.append(torch.cat([torch.zeros(n, 3, dtype=torch.float64), eye[k].expand(n, 3) / radius], 1))
+    cols.append(torch.cat([torch.zeros(n, 3, dtype=torch.float64), c / radius], 1))  # scale about the origin
+    B = torch.stack([col.reshape(-1) for col in cols], 1)  # [6N, 7]
+    U, S, _ = torch.linalg.svd(B, full_matrices=False)
+    # Fewer than 3 cameras (or collinear ones) span fewer gauge directions: keep those that
+    # exist (one camera: all six of its own, which leaves nothing to optimise, rightly).
+    return U[:, S > 1e-9 * S.max()]
+
+
+class PoseCorrection(nn.Module):
+    """Per-train-camera corrections ``delta`` [N, 6] (ω_i, u_i; module doc),
+    looked up with sparse gradients for ``SparseAdam``.
+
+    ``viewmats`` [N, 4, 4]: the train cameras as given (their centres define
+    the gauge); ``radius``: the scene radius r (the unit of u)."""
+
+    def __init__(self, viewmats: torch.Tensor, radius: float):
+        super().__init__()
+        self.radius = float(radius)
+        self.delta = nn.Parameter(torch.zeros(viewmats.shape[0], 6))
+        centres = camera_to_world(viewmats.double())[:, :3, 3]  # [N, 3]
+        self.register_buffer("gauge", gauge_basis(centres, self.radius), persistent=False)  # [6N, k]
+
+    def row(self, index: int) -> torch.Tensor:
+        """ξ_index [6] with a sparse gradient."""
+        i = torch.tensor([int(index)], device=self.delta.device)
+        return F.embedding(i, self.delta, sparse=True)[0]
+
+    def viewmat(self, index: int, viewmat: torch.Tensor) -> torch.Tensor:
+        """Train camera ``index``'s corrected world -> camera [4, 4] (``viewmat`` as given)."""
+        return corrected_viewmat(viewmat, self.row(index), self.radius)
+
+    def penalty(self, index: int) -> torch.Tensor:
+        """|ξ_index|^2 (the regulariser's term of camera ``index``)."""
+        return self.row(index).square().sum()
+
+    @torch.no_grad()
+    def fix_gauge(self) -> None:
+        """Projects the corrections off the gauge directions (module doc)."""
+        x = self.delta.double().reshape(-1, 1)  # [6N, 1]
+        Q = self.gauge.to(x.device)
+        self.delta.copy_((x - Q @ (Q.T @ x)).reshape(self.delta.shape).to(self.delta.dtype))
+
+    @torch.no_grad()
+    def viewmats(self, viewmats: torch.Tensor) -> torch.Tensor:
+        """Every corrected world -> camera [N, 4, 4] of ``viewmats`` [N, 4, 4] (detached)."""
+        return torch.stack([corrected_viewmat(v, d, self.radius) for v, d in zip(viewmats, self.delta.detach().cpu())])
+
+
+def make_pose_correction(train_cfg: Dict, frames: Sequence, radius: float, device=None) -> Optional[PoseCorrection]:
+    """The corrections ``train.pose_opt`` asks for, of the train ``frames`` (None when off)."""
+    if not train_cfg["pose_opt"]:
+        return None
+    return PoseCorrection(torch.stack([f.viewmat.double() for f in frames]), radius).to(device)
+
+
+def pose_key(frame, data_root) -> str:
+    """The name ``poses.json`` gives ``frame``: its image path relative to the
+    data folder (``images/train_003.png``), or as loaded if it lies elsewhere."""
+    path = Path(frame.image_path)
+    try:
+        return path.resolve().relative_to(Path(data_root).resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def poses_json(frames: Sequence, viewmats: torch.Tensor, data_root) -> bytes:
+    """The bytes of ``poses.json``: {:func:`pose_key`: 4x4 camera -> world,
+    OpenCV axes, in the data's world frame} of ``frames`` posed by ``viewmats``
+    [N, 4, 4] (world -> camera).  The caller writes them (atomically)."""
+    c2w = camera_to_world(viewmats.double().cpu())
+    body = {pose_key(f, data_root): [[float(x) for x in row] for row in m.tolist()] for f, m in zip(frames, c2w)}
+    return (json.dumps(body, indent=1) + "\n").encode()
+
+
+def _rigid(m: torch.Tensor) -> bool:
+    """``m`` is a finite 4x4 rotation-and-translation matrix."""
+    if m.shape != (4, 4) or not bool(torch.isfinite(m).all()):
+        return False
+    R, eye = m[:3, :3], torch.eye(3, dtype=m.dtype)
+    bottom = torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=m.dtype)
+    return torch.allclose(R @ R.T, eye, atol=1e-5) and float(torch.det(R)) > 0 and torch.allclose(m[3], bottom)
+
+
+def read_poses(path: Path, frames: Sequence, data_root) -> None:
+    """Replaces the ``viewmat`` of each of ``frames`` by its pose in the
+    ``poses.json`` at ``path`` (a :class:`splat.errors.SplatInputError`
+    naming the file when it is unreadable, lacks a frame or holds no rigid
+    4x4 matrix)."""
+    try:
+        body = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise SplatInputError(f"{path}: cannot read the optimised poses ({e})") from None
+    for f in frames:
+        key = pose_key(f, data_root)
+        try:
+            m = torch.tensor(body[key], dtype=torch.float64)
+        except (KeyError, TypeError, ValueError):
+            raise SplatInputError(f"{path}: no 4x4 pose for train image {key!r}") from None
+        if not _rigid(m):
+            raise SplatInputError(f"{path}: the pose of {key!r} is not a rigid 4x4 camera-to-world matrix")
+        f.viewmat = camera_to_world(m).to(f.viewmat.dtype)
