@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 _HERE = Path(__file__).resolve().parent
-_API_VERSION = 1
+_API_VERSION = 2
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _INT = ctypes.c_int
@@ -32,7 +32,6 @@ _ERR = ctypes.c_char_p
 _SIZE = ctypes.c_size_t
 _PP = ctypes.POINTER(ctypes.c_void_p)
 _I64P = ctypes.POINTER(ctypes.c_int64)
-_F64P = ctypes.POINTER(ctypes.c_double)
 _CALL_TAIL = [_ERR, _SIZE]
 
 # name: argument types before (err, err_len); every function returns int.
@@ -42,12 +41,12 @@ _SIGNATURES = {
     "splat_forward_gaussians_cpu": [_INT, _PP, _I64, _I64, _I64, _F64, _F64, _INT, _PP],
     "splat_backward_gaussians_cpu": [_INT, _PP, _I64, _I64, _I64, _F64, _F64, _PP, _PP, _I64P, _INT, _PP],
     "splat_project_forward_cpu": [_INT, _PP, _I64, _I64, _I64, _P, _P, _I64, _I64, _F64, _F64, _F64, _F64, _INT]
-    + [_PP, _I64P],
+    + [_PP],
     "splat_project_backward_cpu": [_INT, _PP, _I64, _I64, _I64, _P, _P, _I64, _I64, _F64, _F64, _PP, _I64P, _P]
     + [_INT, _PP],
-    "splat_ssim_forward_cpu": [_INT, _P, _P, _P, _I64, _I64, _I64, _I64, _F64, _F64, _INT, _INT, _F64P, _PP],
+    "splat_ssim_forward_cpu": [_INT, _P, _P, _P, _I64, _I64, _I64, _I64, _F64, _F64, _INT, _INT, _PP],
     "splat_ssim_backward_cpu": [_INT, _P, _P, _P, _I64, _I64, _I64, _I64, _F64, _F64, _P, _F64, _INT, _PP],
-    "splat_normal_loss_forward_cpu": [_INT, _P, _P, _P, _P, _P, _I64, _I64, _INT, _F64P],
+    "splat_normal_loss_forward_cpu": [_INT, _P, _P, _P, _P, _P, _I64, _I64, _INT, _PP],
     "splat_normal_loss_backward_cpu": [_INT, _P, _P, _P, _P, _P, _I64, _I64, _F64, _INT, _PP],
     "splat_exp_float32": [_P, _I64, _P, _P],
     "splat_set_cpu_kernel_mode": [_INT],
@@ -86,17 +85,19 @@ def _dtype_code(t, name):
 
 
 def _check_input(t, name, n, cols, dtype):
-    """bindings' check_input: contiguous, of dtype, n rows, [n, cols] when cols > 0."""
+    """bindings' check_input: a contiguous CPU tensor of dtype with n rows, [n, cols] when cols > 0."""
+    shape = t.shape
+    if t.dtype == dtype and t.is_cpu and t.is_contiguous() and (shape == (n, cols) if cols else shape[:1] == (n,)):
+        return  # the fast path: one expression, no message built
+    if not t.is_cpu:
+        raise RuntimeError(f"{name} must be a CPU tensor, got one on {t.device}")
     if not t.is_contiguous():
         raise RuntimeError(f"{name} must be contiguous")
     if t.dtype != dtype:
         raise RuntimeError(f"{name} has dtype {t.dtype}, expected {dtype}")
-    if t.dim() == 0 or t.shape[0] != n:
-        raise RuntimeError(f"{name} has {t.shape[0] if t.dim() else 0} rows, expected {n}")
-    if cols > 0 and (t.dim() != 2 or t.shape[1] != cols):
-        raise RuntimeError(f"{name} must be [N, {cols}]")
-    if t.device.type != "cpu":
-        raise RuntimeError(f"{name} must be a CPU tensor, got one on {t.device}")
+    if shape[:1] != (n,):
+        raise RuntimeError(f"{name} has {shape[0] if t.dim() else 0} rows, expected {n}")
+    raise RuntimeError(f"{name} must be [N, {cols}]")
 
 
 def _check_rows(t, name, n, cols, dtype):
@@ -110,7 +111,7 @@ def _check_rows(t, name, n, cols, dtype):
 
 
 def _pointers(tensors):
-    return (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
+    return (ctypes.c_void_p * len(tensors))(*map(torch.Tensor.data_ptr, tensors))
 
 
 _UP_NAMES = ("v_color_sum", "v_transmittance", "v_depth_sum", "v_normal_sum", "v_distortion", "v_median_depth")
@@ -279,13 +280,13 @@ class CpuKernels:
     def project_forward_cpu(self, means, quats, scales, opacities, coeffs, sh_degree, viewmat, K, *rest):
         width, height, near, far, limit_finite, limit_drawn = rest
         code, n, num_coeffs, ins, cam = self._project_inputs(means, quats, scales, opacities, coeffs, sh_degree, viewmat, K)
-        outs, bad, err = (ctypes.c_void_p * 7)(), ctypes.c_int64(0), _err_buffer()
+        outs, err = (ctypes.c_void_p * 8)(), _err_buffer()
         if self._lib.splat_project_forward_cpu(
             code, ins, n, num_coeffs, sh_degree, cam[0].data_ptr(), cam[1].data_ptr(), width, height, near, far,
-            limit_finite, limit_drawn, _threads(), outs, ctypes.byref(bad), err, 512,
+            limit_finite, limit_drawn, _threads(), outs, err, 512,
         ):  # fmt: skip
             _fail(err)
-        return _adopt(outs, 7) + [torch.tensor(bad.value)]
+        return _adopt(outs, 8)
 
     def project_backward_cpu(self, means, quats, scales, opacities, coeffs, sh_degree, viewmat, K, *rest):
         width, height, near, far, v_Tuvw, v_center, v_normal, v_color = rest
@@ -326,13 +327,13 @@ class CpuKernels:
 
     def ssim_forward_cpu(self, x, y, window, c1, c2, with_grad):
         code = self._ssim_check(x, y, window)
-        mean, maps, err = ctypes.c_double(0.0), (ctypes.c_void_p * 1)(), _err_buffer()
+        outs, err = (ctypes.c_void_p * 2)(), _err_buffer()
         if self._lib.splat_ssim_forward_cpu(
             code, x.data_ptr(), y.data_ptr(), window.data_ptr(), window.shape[0], *x.shape, c1, c2,
-            int(bool(with_grad)), _threads(), ctypes.byref(mean), maps, err, 512,
+            int(bool(with_grad)), _threads(), outs, err, 512,
         ):  # fmt: skip
             _fail(err)
-        return [torch.tensor(mean.value, dtype=x.dtype), _adopt(maps, 1)[0]]
+        return _adopt(outs, 2)
 
     def ssim_backward_cpu(self, x, y, window, c1, c2, maps, scale):
         code = self._ssim_check(x, y, window)
@@ -366,13 +367,13 @@ class CpuKernels:
 
     def normal_loss_forward_cpu(self, depth, normal, alpha, K, viewmat):
         code, H, W, cam = self._normal_loss_check(depth, normal, alpha, K, viewmat)
-        loss, err = ctypes.c_double(0.0), _err_buffer()
+        loss, err = (ctypes.c_void_p * 1)(), _err_buffer()
         if self._lib.splat_normal_loss_forward_cpu(
             code, depth.data_ptr(), normal.data_ptr(), alpha.data_ptr(), cam[0].data_ptr(), cam[1].data_ptr(), H, W,
-            _threads(), ctypes.byref(loss), err, 512,
+            _threads(), loss, err, 512,
         ):  # fmt: skip
             _fail(err)
-        return torch.tensor(loss.value, dtype=depth.dtype)
+        return _adopt(loss, 1)[0]
 
     def normal_loss_backward_cpu(self, depth, normal, alpha, K, viewmat, scale):
         code, H, W, cam = self._normal_loss_check(depth, normal, alpha, K, viewmat)

@@ -84,6 +84,14 @@ SplatDLManagedTensor* int32_tensor(std::initializer_list<int64_t> sizes) {
   return scratch_tensor(sizes, 0, 32);
 }
 
+// A 0-d tensor holding value (as torch::tensor(value, options) made it).
+template <typename T>
+SplatDLManagedTensor* scalar_tensor(T value, uint8_t code) {
+  SplatDLManagedTensor* t = scratch_tensor({}, code, sizeof(T) * 8);
+  *static_cast<T*>(t->dl_tensor.data) = value;
+  return t;
+}
+
 // The outputs of one call: freed together unless handed over.
 struct Outputs {
   std::vector<SplatDLManagedTensor*> list;
@@ -403,8 +411,7 @@ int splat_project_forward_cpu(int dtype, const void* const* inputs, int64_t n, i
                               int64_t sh_degree, const void* viewmat, const void* K, int64_t width,
                               int64_t height, double near_plane, double far_plane,
                               double limit_finite, double limit_drawn, int num_threads,
-                              SplatDLManagedTensor** outs, int64_t* bad, char* err,
-                              size_t err_len) {
+                              SplatDLManagedTensor** outs, char* err, size_t err_len) {
   return guarded(err, err_len, num_threads, [&] {
     check_image_size(n, width, height, "surfels");
     dispatch(dtype, [&](auto zero) {
@@ -424,7 +431,7 @@ int splat_project_forward_cpu(int dtype, const void* const* inputs, int64_t n, i
       splat::ProjectOutputs<T> out{o.data<T>(0), o.data<T>(1),       o.data<T>(2),
                                    o.data<T>(3), o.data<T>(4),       o.data<int32_t>(5),
                                    o.data<int32_t>(6)};
-      *bad = splat::project_forward_cpu<T>(in, out);
+      o.add(scalar_tensor<int64_t>(splat::project_forward_cpu<T>(in, out), 0));
       o.hand_over(outs);
     });
   });
@@ -469,8 +476,8 @@ int splat_project_backward_cpu(int dtype, const void* const* inputs, int64_t n, 
 
 int splat_ssim_forward_cpu(int dtype, const void* x, const void* y, const void* window,
                            int64_t window_size, int64_t height, int64_t width, int64_t channels,
-                           double c1, double c2, int with_grad, int num_threads, double* mean,
-                           SplatDLManagedTensor** maps, char* err, size_t err_len) {
+                           double c1, double c2, int with_grad, int num_threads,
+                           SplatDLManagedTensor** outs, char* err, size_t err_len) {
   return guarded(err, err_len, num_threads, [&] {
     dispatch(dtype, [&](auto zero) {
       using T = decltype(zero);
@@ -479,10 +486,11 @@ int splat_ssim_forward_cpu(int dtype, const void* x, const void* y, const void* 
         o.add(real_tensor<T>({3, height, width, channels}));
       else
         o.add(real_tensor<T>({0}));
-      *mean = splat::ssim_forward_cpu(
+      const double mean = splat::ssim_forward_cpu(
           ssim_args<T>(x, y, window, window_size, height, width, channels, c1, c2),
           with_grad ? o.data<T>(0) : nullptr);
-      o.hand_over(maps);
+      o.list.insert(o.list.begin(), scalar_tensor<T>(static_cast<T>(mean), 2));
+      o.hand_over(outs);
     });
   });
 }
@@ -506,13 +514,16 @@ int splat_ssim_backward_cpu(int dtype, const void* x, const void* y, const void*
 
 int splat_normal_loss_forward_cpu(int dtype, const void* depth, const void* normal,
                                   const void* alpha, const double* K, const double* viewmat,
-                                  int64_t height, int64_t width, int num_threads, double* loss,
-                                  char* err, size_t err_len) {
+                                  int64_t height, int64_t width, int num_threads,
+                                  SplatDLManagedTensor** loss, char* err, size_t err_len) {
   return guarded(err, err_len, num_threads, [&] {
     dispatch(dtype, [&](auto zero) {
       using T = decltype(zero);
-      *loss = splat::normal_loss_forward_cpu<T>(
-          normal_loss_args<T>(depth, normal, alpha, K, viewmat, height, width));
+      Outputs o;
+      o.add(scalar_tensor<T>(static_cast<T>(splat::normal_loss_forward_cpu<T>(
+                                 normal_loss_args<T>(depth, normal, alpha, K, viewmat, height, width))),
+                             2));
+      o.hand_over(loss);
     });
   });
 }

@@ -60,7 +60,7 @@ typedef struct SplatDLManagedTensor {
 } SplatDLManagedTensor;
 
 /* ABI version: bump on any signature change (Python checks it at load). */
-#define SPLAT_API_VERSION 1
+#define SPLAT_API_VERSION 2
 SPLAT_API int splat_api_version(void);
 /* kGradSize, kGaussParams, kGaussGradSize, kTileSize, kTotalsSize, kLanes. */
 SPLAT_API void splat_constants(int64_t* out6);
@@ -101,15 +101,15 @@ SPLAT_API int splat_backward_gaussians_cpu(int dtype, const void* const* inputs,
 
 /* The fused projection.  inputs: means [N,3], quats [N,4], scales [N,2],
  * opacities [N], coeffs [N,K,3] or NULL; viewmat[16], K[9] of dtype.
- * outs[7]: Tuvw, center, normal, color ([N,3], or [0,3] without coeffs),
- * depth, pixel_rect int32, radii int32.  *bad: the surfels out of limits. */
+ * outs[8]: Tuvw, center, normal, color ([N,3], or [0,3] without coeffs),
+ * depth, pixel_rect int32, radii int32, and a 0-d int64 tensor: the number of
+ * surfels out of the magnitude limits. */
 SPLAT_API int splat_project_forward_cpu(int dtype, const void* const* inputs, int64_t n,
                                         int64_t num_coeffs, int64_t sh_degree,
                                         const void* viewmat, const void* K, int64_t width,
                                         int64_t height, double near_plane, double far_plane,
                                         double limit_finite, double limit_drawn, int num_threads,
-                                        SplatDLManagedTensor** outs, int64_t* bad, char* err,
-                                        size_t err_len);
+                                        SplatDLManagedTensor** outs, char* err, size_t err_len);
 /* grads_in: v_Tuvw, v_center, v_normal, v_color (NULL without coeffs) with
  * row strides row_strides[4].  v_coeffs: caller-allocated [N,K,3] (or NULL).
  * outs[4]: v_means, v_quats, v_scales, v_means2d. */
@@ -121,13 +121,14 @@ SPLAT_API int splat_project_backward_cpu(int dtype, const void* const* inputs, i
                                          void* v_coeffs, int num_threads,
                                          SplatDLManagedTensor** outs, char* err, size_t err_len);
 
-/* SSIM of [H,W,C] images x, y with window [window_size].  *mean: the mean
- * SSIM; maps (when with_grad): [3,H,W,C] gradient maps.  Backward: out dx. */
+/* SSIM of [H,W,C] images x, y with window [window_size].  outs[2]: the mean
+ * SSIM (0-d, of dtype) and the [3,H,W,C] gradient maps (when with_grad, else
+ * [0]).  Backward: out dx. */
 SPLAT_API int splat_ssim_forward_cpu(int dtype, const void* x, const void* y, const void* window,
                                      int64_t window_size, int64_t height, int64_t width,
                                      int64_t channels, double c1, double c2, int with_grad,
-                                     int num_threads, double* mean, SplatDLManagedTensor** maps,
-                                     char* err, size_t err_len);
+                                     int num_threads, SplatDLManagedTensor** outs, char* err,
+                                     size_t err_len);
 SPLAT_API int splat_ssim_backward_cpu(int dtype, const void* x, const void* y, const void* window,
                                       int64_t window_size, int64_t height, int64_t width,
                                       int64_t channels, double c1, double c2, const void* maps,
@@ -135,12 +136,13 @@ SPLAT_API int splat_ssim_backward_cpu(int dtype, const void* x, const void* y, c
                                       char* err, size_t err_len);
 
 /* Depth-normal loss.  depth [H,W], normal [H,W,3], alpha [H,W]; K[9] and
- * viewmat[16] in float64.  Backward: outs[2] v_depth, v_normal. */
+ * viewmat[16] in float64.  loss: a 0-d tensor of dtype.  Backward: outs[2]
+ * v_depth, v_normal. */
 SPLAT_API int splat_normal_loss_forward_cpu(int dtype, const void* depth, const void* normal,
                                             const void* alpha, const double* K,
                                             const double* viewmat, int64_t height, int64_t width,
-                                            int num_threads, double* loss, char* err,
-                                            size_t err_len);
+                                            int num_threads, SplatDLManagedTensor** loss,
+                                            char* err, size_t err_len);
 SPLAT_API int splat_normal_loss_backward_cpu(int dtype, const void* depth, const void* normal,
                                              const void* alpha, const double* K,
                                              const double* viewmat, int64_t height, int64_t width,
