@@ -1,4 +1,4 @@
-"""The kernels' C libraries (splat/kernels/capi/splat_api.h), loaded with
+"""The kernels' C libraries (splat/kernels/splat_api.h), loaded with
 ctypes: no torch C++ ABI and no Python extension module, so one build serves
 every torch and CPython.
 
@@ -169,10 +169,32 @@ def _threads():
     return torch.get_num_threads()
 
 
-class CpuKernels:
-    """The CPU library's operations, with splat._C's former signatures."""
+@cache
+def _cuda_extension():
+    """The CUDA kernels (the torch extension splat._C, built only with nvcc and
+    a CUDA torch), or None.  Imported only once a CUDA op is asked for with a
+    GPU present, so a CPU-only torch never touches it."""
+    if torch.version.cuda is None or not torch.cuda.is_available():
+        return None
+    try:
+        from splat import _C  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _C if getattr(_C, "with_cuda", False) else None
 
-    with_cuda = False
+
+class CpuKernels:
+    """The CPU library's operations, with splat._C's former signatures; the
+    *_cuda operations come from the CUDA extension when there is one."""
+
+    @property
+    def with_cuda(self) -> bool:
+        return _cuda_extension() is not None
+
+    def __getattr__(self, name):
+        if name.endswith("_cuda") and _cuda_extension() is not None:
+            return getattr(_cuda_extension(), name)
+        raise AttributeError(f"splat's kernels have no operation {name!r} here (no CUDA kernels)")
 
     def __init__(self, path: Path):
         lib = ctypes.CDLL(str(path))

@@ -1,4 +1,4 @@
-"""Builds the kernels' C libraries (splat/kernels/capi/splat_api.h) with the
+"""Builds the kernels' C libraries (splat/kernels/splat_api.h) with the
 system compiler: no torch, no Python headers.  Used by setup.py (read with
 runpy, without importing splat) and as the just-in-time fallback of
 splat/_native.py when the package holds no built library.
@@ -31,7 +31,7 @@ def library_name(kind: str) -> str:
 
 def cpu_sources() -> list[Path]:
     """Every source of the CPU library: the C ABI and the kernels."""
-    return [KERNELS / "capi" / "cpu_api.cpp"] + sorted((KERNELS / "cpu").glob("*.cpp"))
+    return [KERNELS / "capi_cpu.cpp"] + sorted((KERNELS / "cpu").glob("*.cpp"))
 
 
 def _flags() -> tuple[list[str], list[str]]:

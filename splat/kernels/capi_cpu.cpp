@@ -15,14 +15,14 @@
 #include <string>
 #include <vector>
 
-#include "../core.h"
-#include "../cpu/gaussians_cpu.h"
-#include "../cpu/normal_loss_cpu.h"
-#include "../cpu/project_cpu.h"
-#include "../cpu/rasterize_cpu.h"
-#include "../cpu/scratch.h"
-#include "../cpu/simd.h"
-#include "../cpu/ssim_cpu.h"
+#include "core.h"
+#include "cpu/gaussians_cpu.h"
+#include "cpu/normal_loss_cpu.h"
+#include "cpu/project_cpu.h"
+#include "cpu/rasterize_cpu.h"
+#include "cpu/scratch.h"
+#include "cpu/simd.h"
+#include "cpu/ssim_cpu.h"
 
 namespace {
 
