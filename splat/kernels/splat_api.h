@@ -82,8 +82,8 @@ SPLAT_API int splat_backward_cpu(int dtype, const void* const* inputs, int64_t n
                                  int64_t height, double near_plane, double far_plane,
                                  const void* const* state, const void* const* up,
                                  const int64_t* up_strides, const void* packed,
-                                 int64_t packed_bytes, int num_threads,
-                                 SplatDLManagedTensor** out, char* err, size_t err_len);
+                                 int64_t packed_bytes, int num_threads, SplatDLManagedTensor** out,
+                                 char* err, size_t err_len);
 
 /* 3D Gaussians.  inputs: params [N,kGaussParams], color [N,3], depth [N],
  * pixel_rect int32 [N,4].  outs[11]: as splat_forward_cpu less the packed
@@ -105,18 +105,18 @@ SPLAT_API int splat_backward_gaussians_cpu(int dtype, const void* const* inputs,
  * depth, pixel_rect int32, radii int32, and a 0-d int64 tensor: the number of
  * surfels out of the magnitude limits. */
 SPLAT_API int splat_project_forward_cpu(int dtype, const void* const* inputs, int64_t n,
-                                        int64_t num_coeffs, int64_t sh_degree,
-                                        const void* viewmat, const void* K, int64_t width,
-                                        int64_t height, double near_plane, double far_plane,
-                                        double limit_finite, double limit_drawn, int num_threads,
+                                        int64_t num_coeffs, int64_t sh_degree, const void* viewmat,
+                                        const void* K, int64_t width, int64_t height,
+                                        double near_plane, double far_plane, double limit_finite,
+                                        double limit_drawn, int num_threads,
                                         SplatDLManagedTensor** outs, char* err, size_t err_len);
 /* grads_in: v_Tuvw, v_center, v_normal, v_color (NULL without coeffs) with
  * row strides row_strides[4].  v_coeffs: caller-allocated [N,K,3] (or NULL).
  * outs[4]: v_means, v_quats, v_scales, v_means2d. */
 SPLAT_API int splat_project_backward_cpu(int dtype, const void* const* inputs, int64_t n,
-                                         int64_t num_coeffs, int64_t sh_degree,
-                                         const void* viewmat, const void* K, int64_t width,
-                                         int64_t height, double near_plane, double far_plane,
+                                         int64_t num_coeffs, int64_t sh_degree, const void* viewmat,
+                                         const void* K, int64_t width, int64_t height,
+                                         double near_plane, double far_plane,
                                          const void* const* grads_in, const int64_t* row_strides,
                                          void* v_coeffs, int num_threads,
                                          SplatDLManagedTensor** outs, char* err, size_t err_len);
@@ -141,8 +141,8 @@ SPLAT_API int splat_ssim_backward_cpu(int dtype, const void* x, const void* y, c
 SPLAT_API int splat_normal_loss_forward_cpu(int dtype, const void* depth, const void* normal,
                                             const void* alpha, const double* K,
                                             const double* viewmat, int64_t height, int64_t width,
-                                            int num_threads, SplatDLManagedTensor** loss,
-                                            char* err, size_t err_len);
+                                            int num_threads, SplatDLManagedTensor** loss, char* err,
+                                            size_t err_len);
 SPLAT_API int splat_normal_loss_backward_cpu(int dtype, const void* depth, const void* normal,
                                              const void* alpha, const double* K,
                                              const double* viewmat, int64_t height, int64_t width,
