@@ -73,7 +73,11 @@ def one_pair(python: str, torch_spec: str, wheel: Path, work: Path) -> dict:
     shutil.copytree(ROOT / "tests", work / "tests")
     env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(Path.home())}
     tests = subprocess.run(
-        [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", *CONTRACT_TESTS], cwd=work, env=env, capture_output=True, text=True
+        [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", *CONTRACT_TESTS],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     probe = run([py, "-c", PROBE], cwd=work, env=env).stdout
     result = json.loads(probe.split("PROBE", 1)[1])
