@@ -80,16 +80,16 @@ def main() -> int:
     roots = [Path(r).resolve() for r in args.roots]
     rows = []
     for n, w, h, reps in CASES:
-        samples = {str(r): {"2dgs": ([], []), "3dgs": ([], [])} for r in roots}
+        samples = {label: {"2dgs": ([], []), "3dgs": ([], [])} for label in ("old", "new")}
         for _ in range(args.alternations):
-            for root in roots:
+            for label, root in zip(("old", "new"), roots):
                 res = child(root, n, w, h, reps, args.threads)
                 for prim, (f, b) in res.items():
-                    samples[str(root)][prim][0].append(f)
-                    samples[str(root)][prim][1].append(b)
+                    samples[label][prim][0].append(f)
+                    samples[label][prim][1].append(b)
         for prim in ("2dgs", "3dgs"):
             med = {r: [statistics.median(samples[r][prim][k]) for k in (0, 1)] for r in samples}
-            old, new = med[str(roots[0])], med[str(roots[1])]
+            old, new = med["old"], med["new"]
             rows.append(
                 {
                     "surfels": n, "width": w, "height": h, "primitive": prim,
@@ -102,7 +102,8 @@ def main() -> int:
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "samples"}), flush=True)
     result = {
         "what": "forward/backward ms per call (median over alternating child processes), old splat._C vs C ABI",
-        "command": "python bench/wheel_overhead.py --roots OLD NEW " + " ".join(sys.argv[3:]),
+        "command": f"python bench/wheel_overhead.py --roots OLD NEW --alternations {args.alternations} "
+        f"--threads {args.threads}" + (" --train-step --data SHARED/scenes/dtu_scan24" if args.train_step else ""),
         "threads": args.threads,
         "load_average": os.getloadavg(),
         "rows": rows,
@@ -113,7 +114,7 @@ def main() -> int:
             cmd += ["--data", args.data]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
         result["train_step"] = json.loads(out[out.index("{") :])
-        result["train_step_command"] = " ".join(["python bench/train_step.py", *cmd[2:]])
+        result["train_step_command"] = f"python bench/train_step.py --roots OLD NEW --threads {args.threads} --data DTU"
     text = json.dumps(result, indent=1)
     if args.out:
         Path(args.out).write_text(text + "\n")
