@@ -25,8 +25,11 @@ from setuptools import Extension, find_packages, setup
 
 try:
     from setuptools.command.bdist_wheel import bdist_wheel
-except ImportError:  # setuptools < 70.1: the wheel package's
-    from wheel.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70.1: the wheel package's, if any
+    try:
+        from wheel.bdist_wheel import bdist_wheel
+    except ImportError:  # no wheel to tag: an editable or develop install
+        bdist_wheel = None
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -116,7 +119,7 @@ def _build_ext():
     return _BuildExt
 
 
-class _PlatformWheel(bdist_wheel):
+class _PlatformWheel(bdist_wheel or object):
     """A py3-none-<platform> wheel: it holds C libraries loaded with ctypes but
     no Python extension module, so it fits every CPython 3 and every torch."""
 
@@ -180,5 +183,5 @@ setup(
         "docs": _requirements(os.path.join("docs", "requirements.txt")),
     },
     ext_modules=_extensions(),
-    cmdclass={"build_ext": _build_ext(), "bdist_wheel": _PlatformWheel},
+    cmdclass={"build_ext": _build_ext(), **({"bdist_wheel": _PlatformWheel} if bdist_wheel else {})},
 )

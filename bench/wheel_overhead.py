@@ -25,7 +25,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-CASES = [(100, 16, 16, 200), (10_000, 128, 128, 20), (100_000, 512, 512, 3)]
+CASES = [(100, 16, 16, 40), (10_000, 128, 128, 10), (100_000, 512, 512, 2)]
 
 CHILD = """
 import json, statistics, sys, time

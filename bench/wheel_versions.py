@@ -30,7 +30,7 @@ CONTRACT_TESTS = ["tests/test_cpu_kernels.py", "tests/test_projection.py", "test
 PROBE = r"""
 import hashlib, json, sys, time
 t = time.perf_counter()
-import torch, splat
+import torch, splat, splat.losses
 from splat._native import kernels
 kernels()
 import_s = time.perf_counter() - t
@@ -103,14 +103,14 @@ def main() -> int:
         python, spec = pair.split(":", 1)
         with tempfile.TemporaryDirectory() as work:
             try:
-                rows.append({"pair": pair, **one_pair(python, spec, wheel, Path(work))})
+                rows.append({"pair": f"{Path(python).name}:{spec}", **one_pair(python, spec, wheel, Path(work))})
             except subprocess.CalledProcessError as error:
-                rows.append({"pair": pair, "error": (error.stderr or "")[-800:]})
+                rows.append({"pair": f"{Path(python).name}:{spec}", "error": (error.stderr or "")[-800:]})
         print(json.dumps(rows[-1]), flush=True)
     hashes = {r["sha256"] for r in rows if "sha256" in r}
     result = {
         "what": "one wheel under several (CPython, torch) pairs: contract tests and a SHA-256 of every output",
-        "command": "python bench/wheel_versions.py " + " ".join(sys.argv[1:]),
+        "command": "python bench/wheel_versions.py --wheel WHEEL --pairs " + " ".join(r["pair"] for r in rows),
         "wheel": wheel.name,
         "rows": rows,
         "bitwise_equal_across_pairs": len(hashes) == 1,
