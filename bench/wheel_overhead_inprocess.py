@@ -7,8 +7,9 @@ order flips every repetition), so machine load hits both alike.  Prints JSON
         --out bench/results/wheel_overhead_inprocess.json
 
 Ops: the projection, the surfel rasterizer forward and backward (with its
-packed records) and the 3D Gaussian rasterizer forward and backward, at 10k
-surfels / 128 x 128 and 100k / 512 x 512 (bench/rasterize.py's scenes).
+packed records) and the 3D Gaussian rasterizer forward and backward, at 100
+surfels / 16 x 16 (almost all per-call overhead), 10k / 128 x 128 and 100k /
+512 x 512 (bench/rasterize.py's scenes).
 Reports the median and the minimum per op; ratio = new / old.
 """
 
@@ -67,7 +68,8 @@ def main() -> int:
     args = ap.parse_args()
     builds = {"old": load_old(args.old_extension), "new": kernels()}
     rows = []
-    for n, size, reps in ((10_000, 128, args.reps), (100_000, 512, max(4, args.reps // 5))):
+    cases = ((100, 16, 10 * args.reps), (10_000, 128, args.reps), (100_000, 512, max(4, args.reps // 5)))
+    for n, size, reps in cases:
         calls = {name: op_calls(ext, n, size) for name, ext in builds.items()}
         for op in calls["old"]:
             times = {"old": [], "new": []}
