@@ -37,11 +37,5 @@ for rep in range(reps + 1):
 for name in t:
     print(
         name,
-        "render fwd ms median %.3f min %.3f | bwd median %.3f min %.3f"
-        % (
-            1e3 * statistics.median(t[name][0]),
-            1e3 * min(t[name][0]),
-            1e3 * statistics.median(t[name][1]),
-            1e3 * min(t[name][1]),
-        ),
+        f"render fwd ms median {1e3 * statistics.median(t[name][0]):.3f} min {1e3 * min(t[name][0]):.3f} | bwd median {1e3 * statistics.median(t[name][1]):.3f} min {1e3 * min(t[name][1]):.3f}",
     )
