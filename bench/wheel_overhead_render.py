@@ -35,7 +35,6 @@ for rep in range(reps + 1):
             t[name][0].append(t1 - t0)
             t[name][1].append(t2 - t1)
 for name in t:
-    print(
-        name,
-        f"render fwd ms median {1e3 * statistics.median(t[name][0]):.3f} min {1e3 * min(t[name][0]):.3f} | bwd median {1e3 * statistics.median(t[name][1]):.3f} min {1e3 * min(t[name][1]):.3f}",
-    )
+    fwd, bwd = (1e3 * statistics.median(x) for x in t[name]), (1e3 * min(x) for x in t[name])
+    (fwd_med, bwd_med), (fwd_min, bwd_min) = fwd, bwd
+    print(f"{name} render fwd ms median {fwd_med:.3f} min {fwd_min:.3f} | bwd median {bwd_med:.3f} min {bwd_min:.3f}")
