@@ -47,6 +47,8 @@ done
 
 mkdir "$work/run"
 cp -r "$root/tests" "$work/run/tests"
+# the tests read configs/*.yaml beside tests/ (until the configs ship inside the package)
+cp -r "$root/configs" "$work/run/configs"
 cp "$root/train.py" "$work/run/"
 cd "$work/run"
 export PATH="$venv:$work/path" CC=/bin/false CXX=/bin/false
