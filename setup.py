@@ -1,8 +1,12 @@
-"""Builds splat and its compiled kernels, splat._C.
+"""Builds splat and its compiled kernels.
 
-The C++ CPU backend is always built.  The CUDA backend is added when the
-installed torch is a CUDA build and nvcc is found (or SPLAT_BUILD_CUDA=1 forces
-it, SPLAT_BUILD_CUDA=0 disables it).
+The CPU kernels are always built, into splat/libsplat_cpu.so: a plain C
+library (splat/kernels/splat_api.h) compiled with the system C++
+compiler ($CXX, default g++) and loaded with ctypes, so it needs neither torch
+nor Python headers and one build serves every torch and CPython
+(splat/_native_build.py has the commands).  The CUDA backend (still a torch
+extension, splat._C) is added when the installed torch is a CUDA build and
+nvcc is found (or SPLAT_BUILD_CUDA=1 forces it, SPLAT_BUILD_CUDA=0 disables it).
 
 Install with torch already present and without build isolation, so that pip
 does not fetch a different torch into a temporary build environment:
@@ -15,8 +19,18 @@ import glob
 import os
 import runpy
 import shutil
+from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
+
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70.1: the wheel package's, if any
+    try:
+        from wheel.bdist_wheel import bdist_wheel
+    except ImportError:  # no wheel to tag: an editable or develop install
+        bdist_wheel = None
+from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERNELS = os.path.join("splat", "kernels")
@@ -26,58 +40,52 @@ def _want_cuda() -> bool:
     forced = os.environ.get("SPLAT_BUILD_CUDA")
     if forced is not None:
         return forced == "1"
-    import torch
+    try:
+        import torch
+    except ImportError:  # the CPU library needs no torch to build
+        return False
     from torch.utils.cpp_extension import CUDA_HOME
 
     return torch.version.cuda is not None and (CUDA_HOME is not None or shutil.which("nvcc"))
 
 
-def _extensions():
-    from torch.utils.cpp_extension import CppExtension, CUDAExtension
+# The CPU library, as an extension whose build is ours (_BuildExt): setuptools
+# then puts it in place for editable installs and into wheels like any
+# extension, but its file is splat/libsplat_cpu.so, no Python module.
+_CPU_LIBRARY = Extension("splat.libsplat_cpu", sources=[])
 
-    # Every CPU source (splat/_backend.py's JIT build globs the same).
+
+def _extensions():
+    if not _want_cuda():
+        return [_CPU_LIBRARY]
+    from torch.utils.cpp_extension import CUDAExtension
+
+    # The CUDA kernels, with the torch bindings (bindings.cpp and the CPU
+    # sources it registers).  The flags (and why) live in
+    # splat/_compile_flags.py; read without importing splat.
     sources = [os.path.join(KERNELS, "bindings.cpp")] + sorted(glob.glob(os.path.join(KERNELS, "cpu", "*.cpp")))
-    # The flags (and why) live in splat/_compile_flags.py, shared with the JIT
-    # build; read without importing splat, which needs the built extension.
     flags = runpy.run_path(os.path.join(HERE, "splat", "_compile_flags.py"))
     cxx, link = flags["CXX_FLAGS"], flags["LINK_FLAGS"]
     include_dirs = [os.path.join(HERE, KERNELS)]
-    if _want_cuda():
-        sources += sorted(glob.glob(os.path.join(KERNELS, "cuda", "*.cu")))
-        sources += sorted(glob.glob(os.path.join(KERNELS, "cuda", "*.cpp")))
-        # No FMA contraction and IEEE division/sqrt: the CUDA kernels then round
-        # like the CPU build of the same core.h (see scripts/compile_cuda_check.sh).
-        nvcc = [
-            "-O3",
-            "-std=c++17",
-            "-DSPLAT_WITH_CUDA",
-            "--fmad=false",
-            "-ftz=false",
-            "-prec-div=true",
-            "-prec-sqrt=true",
-        ]
-        return [
-            CUDAExtension(
-                "splat._C",
-                sources,
-                include_dirs=include_dirs,
-                extra_compile_args={"cxx": cxx + ["-DSPLAT_WITH_CUDA"], "nvcc": nvcc},
-                extra_link_args=link,
-            )
-        ]
+    sources += sorted(glob.glob(os.path.join(KERNELS, "cuda", "*.cu")))
+    sources += sorted(glob.glob(os.path.join(KERNELS, "cuda", "*.cpp")))
+    # No FMA contraction and IEEE division/sqrt: the CUDA kernels then round
+    # like the CPU build of the same core.h (see scripts/compile_cuda_check.sh).
+    nvcc = ["-O3", "-std=c++17", "-DSPLAT_WITH_CUDA", "--fmad=false", "-ftz=false", "-prec-div=true", "-prec-sqrt=true"]
     return [
-        CppExtension(
+        _CPU_LIBRARY,
+        CUDAExtension(
             "splat._C",
             sources,
             include_dirs=include_dirs,
-            extra_compile_args={"cxx": cxx},
+            extra_compile_args={"cxx": cxx + ["-DSPLAT_WITH_CUDA"], "nvcc": nvcc},
             extra_link_args=link,
-        )
+        ),
     ]
 
 
-def _docs_requirements():
-    path = os.path.join(HERE, "docs", "requirements.txt")
+def _requirements(relative):
+    path = os.path.join(HERE, relative)
     if not os.path.isfile(path):
         return []
     with open(path) as f:
@@ -85,9 +93,42 @@ def _docs_requirements():
 
 
 def _build_ext():
-    from torch.utils.cpp_extension import BuildExtension
+    """build_ext that builds the CPU library with splat/_native_build.py (and
+    any torch extension as torch builds it)."""
+    native = runpy.run_path(os.path.join(HERE, "splat", "_native_build.py"))
+    base = build_ext
+    if _want_cuda():
+        from torch.utils.cpp_extension import BuildExtension
 
-    return BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)
+        base = BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)
+
+    class _BuildExt(base):
+        def get_ext_filename(self, fullname):
+            # asked with the full name and with its last part (get_ext_fullpath)
+            if fullname in (_CPU_LIBRARY.name, _CPU_LIBRARY.name.split(".")[-1]):
+                return os.path.join(*fullname.split(".")[:-1], native["library_name"]("cpu"))
+            return super().get_ext_filename(fullname)
+
+        def build_extension(self, ext):
+            if ext.name != _CPU_LIBRARY.name:
+                return super().build_extension(ext)
+            out = os.path.abspath(self.get_ext_fullpath(ext.name))
+            objects = os.path.join(os.path.abspath(self.build_temp), "splat_cpu")
+            native["build_cpu_library"](Path(out), Path(objects), self.parallel or None)
+
+    return _BuildExt
+
+
+class _PlatformWheel(bdist_wheel or object):
+    """A py3-none-<platform> wheel: it holds C libraries loaded with ctypes but
+    no Python extension module, so it fits every CPython 3 and every torch."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.root_is_pure = False
+
+    def get_tag(self):
+        return "py3", "none", super().get_tag()[2]
 
 
 # open3d's CPU-only wheel where it exists (Linux x86_64): splat renders on its
@@ -130,15 +171,20 @@ setup(
             "gsplat==1.5.0",
             "ruff==0.17.6",
             "clang-format==23.1.5",
+            # .github/workflows/wheels.yml's syntax (tests/test_wheels_workflow.py)
+            "check-jsonschema==0.39.0",
             *_MESH,
         ],
+        # scripts/build_wheels.sh (the list lives in scripts/wheel-requirements.txt,
+        # which CI installs without rebuilding splat).
+        "wheel": _requirements(os.path.join("scripts", "wheel-requirements.txt")),
         "mesh": _MESH,
         "sfm": ["pycolmap"],
         "viewer": ["viser"],
         # The documentation site (mkdocs build --strict); the list lives in
         # docs/requirements.txt so that CI installs it without rebuilding splat.
-        "docs": _docs_requirements(),
+        "docs": _requirements(os.path.join("docs", "requirements.txt")),
     },
     ext_modules=_extensions(),
-    cmdclass={"build_ext": _build_ext()},
+    cmdclass={"build_ext": _build_ext(), **({"bdist_wheel": _PlatformWheel} if bdist_wheel else {})},
 )
