@@ -15,6 +15,7 @@ memory) arrive as DLPack tensors and are adopted without a copy.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
 import threading
 from functools import cache
@@ -177,10 +178,10 @@ def _cuda_extension():
     if torch.version.cuda is None or not torch.cuda.is_available():
         return None
     try:
-        from splat import _C  # type: ignore[attr-defined]
+        cuda_module = importlib.import_module("splat._C")  # by name: the package imports this module
     except ImportError:
         return None
-    return _C if getattr(_C, "with_cuda", False) else None
+    return cuda_module if getattr(cuda_module, "with_cuda", False) else None
 
 
 class CpuKernels:
