@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence, Tuple
+from typing import Any, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -157,7 +157,7 @@ def start_view_looking_at(
 # ``cam`` is a viser camera handle (CameraHandle): position, look_at, up_direction, wxyz, fov.
 
 
-def fly(cam, direction: str, step: float) -> None:
+def fly(cam: Any, direction: str, step: float) -> None:
     """Move the camera (and its orbit centre) ``step`` along its own axes:
     ``direction`` one of Forward, Back, Left, Right, Up, Down."""
     R = quat_to_matrix(cam.wxyz)  # camera -> world: columns right, down, forward
@@ -172,7 +172,7 @@ def fly(cam, direction: str, step: float) -> None:
     cam.position = cam.position + step * axis
 
 
-def turn(cam, direction: str) -> None:
+def turn(cam: Any, direction: str) -> None:
     """Rotate the view 10 degrees about the camera centre: ``direction`` one of
     Yaw L, Yaw R (about the up direction), Pitch U, Pitch D."""
     R = quat_to_matrix(cam.wxyz)
@@ -187,7 +187,7 @@ def turn(cam, direction: str) -> None:
     cam.look_at = cam.position + rotated
 
 
-def reset_view(cam, start: StartView) -> None:
+def reset_view(cam: Any, start: StartView) -> None:
     """Put the camera back where browsers start."""
     cam.up_direction = tuple(start.up)
     cam.position = tuple(start.position)

@@ -7,6 +7,7 @@ import asyncio
 import inspect
 import logging
 import socket
+from typing import Any
 
 from ..errors import SplatInputError
 
@@ -63,7 +64,7 @@ def url_of(host: str, port: int) -> str:
     return f"http://{shown}:{port}"
 
 
-def end_connections(server, grace: float) -> None:
+def end_connections(server: Any, grace: float) -> None:
     """End ``server``'s (a viser server) connections that are not websockets now, and every
     connection still open ``grace`` seconds from now.
 
