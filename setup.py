@@ -8,6 +8,12 @@ nor Python headers and one build serves every torch and CPython
 extension, splat._C) is added when the installed torch is a CUDA build and
 nvcc is found (or SPLAT_BUILD_CUDA=1 forces it, SPLAT_BUILD_CUDA=0 disables it).
 
+The CUDA kernels are built exact by default: no fused multiply-add
+(--fmad=false), no flush of denormals to zero and IEEE division and square
+root, so that they round like the CPU library.  SPLAT_CUDA_EXACT=0 drops
+those four flags (nvcc's fast defaults); the GPU campaign's fastmath stage
+measures what that gains and how far such a build strays from the CPU.
+
 Install with torch already present and without build isolation, so that pip
 does not fetch a different torch into a temporary build environment:
 
@@ -34,6 +40,8 @@ from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERNELS = os.path.join("splat", "kernels")
+# nvcc's flags for kernels that round like the CPU library (SPLAT_CUDA_EXACT).
+CUDA_EXACT_FLAGS = ["--fmad=false", "-ftz=false", "-prec-div=true", "-prec-sqrt=true"]
 
 
 def _want_cuda() -> bool:
@@ -71,7 +79,10 @@ def _extensions():
     sources += sorted(glob.glob(os.path.join(KERNELS, "cuda", "*.cpp")))
     # No FMA contraction and IEEE division/sqrt: the CUDA kernels then round
     # like the CPU build of the same core.h (see scripts/compile_cuda_check.sh).
-    nvcc = ["-O3", "-std=c++17", "-DSPLAT_WITH_CUDA", "--fmad=false", "-ftz=false", "-prec-div=true", "-prec-sqrt=true"]
+    # SPLAT_CUDA_EXACT=0 leaves nvcc's fast defaults (the docstring above).
+    nvcc = ["-O3", "-std=c++17", "-DSPLAT_WITH_CUDA"]
+    if os.environ.get("SPLAT_CUDA_EXACT", "1") != "0":
+        nvcc += CUDA_EXACT_FLAGS
     return [
         _CPU_LIBRARY,
         CUDAExtension(

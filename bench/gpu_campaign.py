@@ -2,9 +2,9 @@
 Run it through scripts/gpu_campaign.sh (which also stages the wheels, the
 peers and the scenes); docs/testing.md says how a session with a GPU runs it.
 
-    python bench/gpu_campaign.py --out DIR --call 1        # setup parity (the peers' build starts aside)
-    python bench/gpu_campaign.py --out DIR --call 2        # setup sanitize peers speed
-    python bench/gpu_campaign.py --out DIR --call 3        # setup profile train
+    python bench/gpu_campaign.py --out DIR --call 1        # setup parity sanitize (the builds below start aside)
+    python bench/gpu_campaign.py --out DIR --call 2        # setup peers speed fastmath
+    python bench/gpu_campaign.py --out DIR --call 3        # setup train profile
     python bench/gpu_campaign.py --out DIR --stages speed  # any stages, in the order given
     python bench/gpu_campaign.py --out DIR --dry-run --stages all   # every stage on the CPU, tiny sizes
 
@@ -13,29 +13,42 @@ number, -callN, so that the three calls' files never share a name):
   setup     install the carried wheels (.gpu_campaign/wheels, peers) into
             .gpu_campaign/site, build splat with its CUDA kernels for the
             device's architecture, record the machine, the tools and the
-            kernels' registers (cuobjdump)
+            kernels' registers (cuobjdump); start the peers' build and the
+            fast build (fastmath) in the background
   parity    tests/test_cuda.py, then the whole test suite, on the GPU machine
   sanitize  compute-sanitizer memcheck and racecheck over tests/test_cuda.py
             and a rasterizer workload (forward + backward of several scenes)
   peers     build gsplat (its JIT build) and diff-surfel-rasterization
   speed     bench/rasterize_peers.py: splat, gsplat packed / dense,
             diff-surfel at 1080p, 0.5M / 1M / 3M surfels
+  fastmath  the --fmad=false question: splat's CUDA extension built again
+            with nvcc's fast flags (SPLAT_CUDA_EXACT=0) into
+            .gpu_campaign/build_fast; splat.rasterize and rasterize_3dgs at
+            1M primitives, 1080p, forward and backward, exact build against
+            fast build (one process each), and each build's float32 error
+            against the CPU kernels on a small scene, with a tolerance
   train     train.py with configs/default.yaml on still_life and dtu_scan24
             (.gpu_campaign/scenes, else ../shared/scenes), and dtu_scan24 at
             400x300 (the CPU run's size) when time is left
   profile   torch profiler (time per kernel) and Nsight Compute (what bounds
             each of splat's kernels) at 1M surfels, 1080p
 
-Every call has a time budget (--budget-s, 480 s: the device runs one command
-for at most 600 s, and a session has 30 device minutes for three calls, the
-machine's start and the gaps between calls); each step gets what is left,
-and a step that runs out is recorded as timed out rather than losing the
-call's other results.
+The calls follow the issue's priorities, so that a short budget still
+settles the first ones: call 1 parity and the sanitizers, call 2 the speed
+against the peers and the --fmad question, call 3 training and the profile.
+Every call has its own time budget (--budget-s, default CALL_BUDGET_S: 310,
+220 and 220 s): a session has 15 device minutes in all, the machine's start
+(one to two minutes) and the gaps between calls included, and the three
+budgets plus START_S fit DEVICE_BUDGET_S.  Each step gets what is left
+(later stages keep STAGE_RESERVE_S), and a step that runs out is recorded as
+timed out rather than losing the call's other results.
 
 --dry-run runs every step on the CPU with tiny sizes, so that the campaign
 cannot rot while no GPU is lent (tests/test_gpu_campaign.py): no build, the
 peers and the sanitizers skipped with the reason, the test suite reduced to
-tests/test_cuda.py, training data/sample_scene for a few steps.
+tests/test_cuda.py, training data/sample_scene for a few steps, fastmath
+timing the CPU kernels twice at a tiny size against the plain-PyTorch
+reference.
 """
 
 from __future__ import annotations
@@ -66,15 +79,31 @@ CAMPAIGN = ROOT / ".gpu_campaign"  # ignored by git; prepared by scripts/gpu_cam
 WHEELS, PEERS, SCENES = CAMPAIGN / "wheels", CAMPAIGN / "peers", CAMPAIGN / "scenes"
 BUILD, SITE = CAMPAIGN / "build", CAMPAIGN / "site"
 DSR_BUILD = BUILD / "diff-surfel-rasterization"
-STAGES = ("setup", "parity", "sanitize", "peers", "speed", "train", "profile")
-# Grouped so that each call ends inside 10 minutes on a cold machine: the
-# peers' build (minutes) runs in the background from call 1 and call 2's
-# setup on, beside the tests and the sanitizers, which leave cores free.
-CALLS = {1: ("setup", "parity"), 2: ("setup", "sanitize", "peers", "speed"), 3: ("setup", "profile", "train")}
+# splat's CUDA extension built with nvcc's fast flags (SPLAT_CUDA_EXACT=0): build_fast/splat/_C*.so.
+FAST_BUILD = CAMPAIGN / "build_fast"
+STAGES = ("setup", "parity", "sanitize", "peers", "speed", "fastmath", "train", "profile")
+# In the issue's order of priority (parity and sanitizers; speed against the
+# peers; the --fmad question; training; profile).  The peers' build and the
+# fast build (minutes) run in the background from call 1's setup on, beside
+# the tests and the sanitizers, which leave cores free; call 2 finds them done.
+CALLS = {
+    1: ("setup", "parity", "sanitize"),
+    2: ("setup", "peers", "speed", "fastmath"),
+    3: ("setup", "train", "profile"),
+}
+# Each call's default --budget-s.  A session has DEVICE_BUDGET_S of device
+# time in all; START_S covers the machine's start (one to two minutes), the
+# transfers and the gaps between three back-to-back calls.
+CALL_BUDGET_S = {1: 310.0, 2: 220.0, 3: 220.0}
+DEVICE_BUDGET_S, START_S = 900.0, 150.0
 RESERVE_S = 25  # kept back from the budget for the logs archive and the summary
 # Seconds kept for a stage while earlier stages of the same call run, so that
-# a slow sanitizer cannot eat the side-by-side measurement's time.
-STAGE_RESERVE_S = {"speed": 150, "profile": 120}
+# a slow test suite cannot eat the sanitizers' time, nor the speed stage the
+# fastmath stage's, nor training the profile's.
+STAGE_RESERVE_S = {"sanitize": 120, "speed": 90, "fastmath": 80, "profile": 60}
+# fastmath: the rasterizers it times and checks, and the outputs in their loss.
+FASTMATH_RASTERIZERS = ("surfels", "3dgs")
+FASTMATH_OUTPUTS = ("rgb", "alpha", "depth", "median_depth", "normal", "distortion")
 # splat's kernels (splat/kernels/cuda/*.cu), for Nsight Compute's filter.
 KERNELS = r"regex:(depth_keys|count_tiles|duplicate|tile_offsets|forward|backward)_kernel"
 SCENE_RUNS = (  # (name, scene folder, overrides): the default config as it is, and the CPU run's dtu size
@@ -199,6 +228,9 @@ class Campaign:
                 r["install"] = self.pip_install(wheels, SITE)
             if self.gpu and (self.call in (1, 2) or {"peers", "speed"} & set(self.stages)):
                 r["peers_background"] = self.start_peers_build()  # beside splat's build: 16 cores
+            if self.gpu and (self.call in (1, 2) or "fastmath" in self.stages):
+                fast_done = bool(read_json(BUILD / "fast_status.json").get("ok"))
+                r["fast_background"] = self.start_build("fast", fast_done, max(1, (os.cpu_count() or 4) // 4))
             r["build"] = self.run(build_command(), "setup_build.log", 420, env=self.env(SPLAT_BUILD_CUDA="1"))
             if r["tools"]["cuobjdump"]:
                 r["kernel_resources"] = kernel_resources(r["tools"]["cuobjdump"])
@@ -330,22 +362,27 @@ class Campaign:
         return r
 
     def start_peers_build(self) -> dict:
-        """Call 1 starts the peers' build in its own session: it goes on after
-        the call returns, and call 2 finds it done if the machine is still warm."""
         if not list(PEERS.glob("*")):
             return {"started": False, "reason": "nothing staged in .gpu_campaign/peers"}
         status = read_json(BUILD / "peers_status.json")
-        if all(status.get(k, {}).get("ok") for k in ("gsplat", "diff_surfel")):
+        done = all(status.get(k, {}).get("ok") for k in ("gsplat", "diff_surfel"))
+        # Half the cores: the tests and sanitizers running beside it keep theirs.
+        return self.start_build("peers", done, max(1, (os.cpu_count() or 2) // 2))
+
+    def start_build(self, name: str, done: bool, jobs: int) -> dict:
+        """Starts `gpu_campaign.py --build-NAME` (peers or fast) in its own
+        session, at a lower priority with `jobs` compile jobs: it goes on after
+        call 1 returns, and call 2 finds it done if the machine is still warm."""
+        if done:
             return {"started": False, "reason": "built already (a warm machine)"}
-        pid_file = BUILD / "peers_build.pid"
+        pid_file = BUILD / f"{name}_build.pid"
         if pid_file.is_file() and alive(int(pid_file.read_text())):
             return {"started": False, "reason": "a build started by an earlier call is still running"}
         BUILD.mkdir(parents=True, exist_ok=True)
-        # Half the cores and a lower priority: the tests and sanitizers running beside it keep theirs.
-        env = self.env(MAX_JOBS=str(max(1, (os.cpu_count() or 2) // 2)))
-        with open(BUILD / "peers_build.log", "w") as log:  # the child keeps its own copy of the descriptor
+        env = self.env(MAX_JOBS=str(jobs))
+        with open(BUILD / f"{name}_build.log", "w") as log:  # the child keeps its own copy of the descriptor
             proc = subprocess.Popen(
-                ["nice", "-n", "10", sys.executable, str(Path(__file__)), "--build-peers"],
+                ["nice", "-n", "10", sys.executable, str(Path(__file__)), f"--build-{name}"],
                 cwd=ROOT,
                 env=env,
                 stdout=log,
@@ -353,7 +390,24 @@ class Campaign:
                 start_new_session=True,
             )
         pid_file.write_text(str(proc.pid))
-        return {"started": True, "pid": proc.pid, "log": str(BUILD / "peers_build.log")}
+        return {"started": True, "pid": proc.pid, "log": str(BUILD / f"{name}_build.log")}
+
+    def wait_build(self, name: str, r: dict) -> bool:
+        """Waits (within this stage's time) for an earlier call's background
+        build NAME; notes it in `r`.  True if it is still running."""
+        pid_file = BUILD / f"{name}_build.pid"
+        if not pid_file.is_file():
+            return False
+        pid = int(pid_file.read_text())
+        while alive(pid) and self.remaining() > 0:
+            time.sleep(2)
+        running = alive(pid)
+        r["background_build"] = (
+            "still running at the time limit (it goes on: run this call again)" if running else "finished"
+        )
+        if (BUILD / f"{name}_build.log").is_file():
+            shutil.copy(BUILD / f"{name}_build.log", self.logs / f"{name}_build_background.log")
+        return running
 
     def peers(self) -> dict:
         r = {"dry_run": self.dry_run, "staged": sorted(p.name for p in PEERS.glob("*"))}
@@ -365,19 +419,7 @@ class Campaign:
                 ("dry run: the peers are CUDA extensions, built on the device" if self.dry_run else "no CUDA device"),
             )
             return r
-        pid_file = BUILD / "peers_build.pid"
-        if pid_file.is_file():  # call 1's background build on this (still warm) machine
-            pid = int(pid_file.read_text())
-            while alive(pid) and self.remaining() > 0:
-                time.sleep(2)
-            running = alive(pid)
-            r["background_build"] = (
-                "still running at the time limit (it goes on: run this call again)" if running else "finished"
-            )
-            if (BUILD / "peers_build.log").is_file():
-                shutil.copy(BUILD / "peers_build.log", self.logs / "peers_build_background.log")
-        else:
-            running = False
+        running = self.wait_build("peers", r)  # call 1's background build on this (still warm) machine
         status = read_json(BUILD / "peers_status.json")
         # A second build beside a running one would fight over its folders.
         if not running and not (status.get("gsplat", {}).get("ok") and status.get("diff_surfel", {}).get("ok")):
@@ -453,6 +495,55 @@ class Campaign:
             status="failed" if reason else "ok",
             **({"reason": reason} if reason else {}),
         )
+
+    def fastmath(self) -> dict:
+        """The --fmad=false question: the exact build (setup's, in place)
+        against the fast build (SPLAT_CUDA_EXACT=0, .gpu_campaign/build_fast),
+        each timed and checked in its own process (fastmath_workload)."""
+        r = {
+            "dry_run": self.dry_run,
+            "fast_build_command": shlex.join(fast_build_command()),
+            "fast_build_env": {"SPLAT_BUILD_CUDA": "1", "SPLAT_CUDA_EXACT": "0", "TORCH_CUDA_ARCH_LIST": "the GPU's"},
+        }
+        if self.dry_run or not self.gpu:
+            r["build"] = {
+                "skipped": "dry run: the fast build needs nvcc and the GPU; both sides run the CPU kernels"
+                if self.dry_run
+                else "no CUDA device"
+            }
+            fast_dir = self.work / "build_fast"  # not built: the child still takes the path it would load from
+        else:
+            running = self.wait_build("fast", r)
+            status = read_json(BUILD / "fast_status.json")
+            if not running and not status.get("ok"):
+                cmd = [sys.executable, str(Path(__file__)), "--build-fast"]
+                r["foreground_build"] = self.run(cmd, "fastmath_build.log", self.remaining() - 40)
+                status = read_json(BUILD / "fast_status.json")
+            r["build"] = status
+            if not status.get("ok"):
+                return dict(r, status="failed", reason="the fast build failed or is unfinished (logs/fast*build*.log)")
+            fast_dir = FAST_BUILD
+        builds = {}
+        for i, (name, ext_dir) in enumerate((("exact", None), ("fast", fast_dir))):
+            out = self.work / f"fastmath_{name}.json"
+            out.unlink(missing_ok=True)  # a warm machine's earlier call left one
+            cmd = [sys.executable, str(Path(__file__)), "--workload", "fastmath", "--workload-out", out]
+            cmd += (["--extension-dir", ext_dir] if ext_dir else []) + (["--dry-run"] if self.dry_run else [])
+            res = self.run(cmd, f"fastmath_{name}.log", self.remaining() / (2 - i))
+            builds[name] = dict(res, **read_json(out))
+        r["builds"] = builds
+        if not all(b["rc"] == 0 and "speed" in b for b in builds.values()):
+            return dict(r, status="failed", reason="a build's measurement failed (logs/fastmath_*.log)")
+        exact, fast = builds["exact"], builds["fast"]
+        r["exact_over_fast"] = {  # > 1: the fast build is faster
+            rast: {
+                k: round(exact["speed"][rast][k] / fast["speed"][rast][k], 3)
+                for k in ("forward_ms", "backward_ms", "total_ms")
+            }
+            for rast in FASTMATH_RASTERIZERS
+        }
+        r["suggested_float32_rtol"] = {name: b["suggested_float32_rtol"] for name, b in builds.items()}
+        return dict(r, status="ok")
 
     def train(self) -> dict:
         r = {"dry_run": self.dry_run, "scenes_folder": str(self.scenes), "runs": {}}
@@ -633,7 +724,8 @@ def child_env(work: Path, gpu: bool, dry_run: bool, **extra) -> dict:
         MPLBACKEND="Agg",
     )
     if gpu:
-        env["MAX_JOBS"] = str(os.cpu_count() or 4)
+        # A background build's share of the cores (start_build) is kept.
+        env["MAX_JOBS"] = os.environ.get("MAX_JOBS") or str(os.cpu_count() or 4)
         env["TORCH_CUDA_ARCH_LIST"] = arch_list()
         env["SPLAT_NO_JIT"] = "1"  # a failed CUDA build must fail the tests, not fall back to a CPU-only JIT
     env.update(extra)
@@ -668,6 +760,19 @@ def arch_list() -> str:
 def build_command() -> list:
     # In place: splat._C lands next to the sources, found through PYTHONPATH; build/ is kept on a warm machine.
     return [sys.executable, "setup.py", "build_ext", "--inplace"]
+
+
+def fast_build_command() -> list:
+    # Beside the exact build, never over it: its own build and temporary folders.
+    return [
+        sys.executable,
+        "setup.py",
+        "build_ext",
+        "--build-lib",
+        str(FAST_BUILD),
+        "--build-temp",
+        str(BUILD / "fast_temp"),
+    ]
 
 
 def kernel_resources(cuobjdump: str) -> list:
@@ -879,6 +984,25 @@ def build_peers() -> int:
     return 0 if all(s.get("ok") for s in status.values()) else 1
 
 
+def build_fast() -> int:
+    """splat's CUDA extension with nvcc's fast flags into .gpu_campaign/build_fast;
+    writes build/fast_status.json.  Exit 0 if it built."""
+    BUILD.mkdir(parents=True, exist_ok=True)
+    env = child_env(BUILD / "work", gpu=True, dry_run=False, SPLAT_BUILD_CUDA="1", SPLAT_CUDA_EXACT="0")
+    start = time.monotonic()
+    p = subprocess.run(fast_build_command(), cwd=ROOT, env=env)
+    so = sorted((FAST_BUILD / "splat").glob("_C*.so"))
+    status = {
+        "ok": p.returncode == 0 and bool(so),
+        "rc": p.returncode,
+        "seconds": round(time.monotonic() - start, 1),
+        "extension": str(so[-1].relative_to(ROOT)) if so else None,
+    }
+    (BUILD / "fast_status.json").write_text(json.dumps(status, indent=2) + "\n")
+    print(json.dumps(status), flush=True)
+    return 0 if status["ok"] else 1
+
+
 # -------------------------------------------------------------- workloads
 def workload(name: str, dry_run: bool, torch_profile: str | None) -> int:
     """What the sanitizers and profilers watch: splat's forward + backward
@@ -974,6 +1098,111 @@ def workload(name: str, dry_run: bool, torch_profile: str | None) -> int:
     return 0
 
 
+def fastmath_renderer(rasterizer: str, scene: dict, device: str, backend: str):
+    """(leaf tensors, forward, loss, rgb) as rasterize_peers.renderer returns,
+    for splat.rasterize ("surfels") or splat.rasterize_3dgs ("3dgs", each
+    surfel given a third scale a tenth of its smaller one), float32; the loss
+    is the plain sum of every output."""
+    import torch
+
+    import splat
+
+    leaf = {k: scene[k].to(device, torch.float32).clone() for k in ("means", "quats", "scales", "opacities", "colors")}
+    if rasterizer == "3dgs":
+        leaf["scales"] = torch.cat([leaf["scales"], 0.1 * leaf["scales"].min(-1, keepdim=True).values], -1)  # [N, 3]
+    for t in leaf.values():
+        t.requires_grad_(True)
+    fn = splat.rasterize if rasterizer == "surfels" else splat.rasterize_3dgs
+    camera = dict(
+        viewmat=scene["viewmat"].to(device, torch.float32),
+        K=scene["K"].to(device, torch.float32),
+        width=scene["width"],
+        height=scene["height"],
+        backend=backend,
+    )
+
+    def forward():
+        return fn(**leaf, **camera)
+
+    def loss(out):
+        return sum(getattr(out, k).sum() for k in FASTMATH_OUTPUTS)
+
+    return leaf, forward, loss, lambda out: out.rgb
+
+
+def parity_errors(rasterizer: str, scene: dict, device: str, backend: str, reference: str) -> dict:
+    """Per output and per gradient: the largest absolute difference between
+    `backend` on `device` and `reference` on the CPU, and that difference
+    over the reference's largest magnitude (rel)."""
+    runs = []
+    for dev, be in ((device, backend), ("cpu", reference)):
+        leaf, forward, loss, _ = fastmath_renderer(rasterizer, scene, dev, be)
+        out = forward()
+        loss(out).backward()
+        tensors = {k: getattr(out, k) for k in FASTMATH_OUTPUTS}
+        tensors.update({f"grad_{k}": t.grad for k, t in leaf.items()})
+        runs.append({k: t.detach().double().cpu() for k, t in tensors.items()})
+    errors = {}
+    for k, ref in runs[1].items():
+        diff = float((runs[0][k] - ref).abs().max()) if ref.numel() else 0.0
+        scale = float(ref.abs().max()) if ref.numel() else 0.0
+        errors[k] = {"max_abs": diff, "max_rel": diff / scale if scale > 0 else diff}
+    return errors
+
+
+def suggested_rtol(errors: dict) -> float | None:
+    """A float32 tolerance relative to each tensor's largest magnitude: four
+    times the largest error seen, up to the next power of ten (None if exact)."""
+    worst = max((e["max_rel"] for per in errors.values() for e in per.values()), default=0.0)
+    return 10.0 ** math.ceil(math.log10(4 * worst)) if worst > 0 else None
+
+
+def fastmath_workload(dry_run: bool, extension_dir: str | None, out: str) -> int:
+    """One build's side of the fastmath stage, in its own process: with
+    --extension-dir DIR, splat._C is imported from DIR/splat (a fast build's
+    folder) ahead of the checkout's.  Times forward and backward of both
+    rasterizers at 1M primitives, 1080p (tiny on the CPU) and checks them
+    against the CPU kernels on a small scene (the plain-PyTorch reference on
+    the CPU); writes the JSON to `out`."""
+    import importlib
+
+    import rasterize_peers
+    import torch
+
+    import splat
+    from splat.testing import surface_scene
+
+    if extension_dir:
+        # splat._C is imported by name (splat/_native.py): the first folder of the package's path wins.
+        splat.__path__.insert(0, str(Path(extension_dir).resolve() / "splat"))
+    device = "cpu" if dry_run or not torch.cuda.is_available() else "cuda"
+    backend, reference = ("cuda", "cpu") if device == "cuda" else ("cpu", "torch")
+    n, width, height, warmup, reps = (1_000_000, 1920, 1080, 3, 10) if device == "cuda" else (400, 48, 32, 1, 2)
+    small = surface_scene(*((20_000, 256, 192) if device == "cuda" else (150, 40, 30)), seed=1)
+    r = dict(device=device, backend=backend, reference=reference, primitives=n, width=width, height=height)
+    scene = surface_scene(n, width, height, dtype=torch.float32, seed=0)
+    r["speed"] = {
+        rast: rasterize_peers.measure_renderer(fastmath_renderer(rast, scene, device, backend), device, warmup, reps)[0]
+        for rast in FASTMATH_RASTERIZERS
+    }
+    r["parity_scene"] = dict(primitives=small["means"].shape[0], width=small["width"], height=small["height"])
+    r["errors"] = {rast: parity_errors(rast, small, device, backend, reference) for rast in FASTMATH_RASTERIZERS}
+    r["suggested_float32_rtol"] = suggested_rtol(r["errors"])
+    loaded = sys.modules.get("splat._C")
+    if device == "cuda" and loaded is None:
+        loaded = importlib.import_module("splat._C")
+    r["extension_loaded"] = getattr(loaded, "__file__", None)
+    if (
+        extension_dir
+        and loaded is not None
+        and not r["extension_loaded"].startswith(str(Path(extension_dir).resolve()))
+    ):
+        raise SystemExit(f"fastmath: loaded {r['extension_loaded']}, not the build in {extension_dir}")
+    Path(out).write_text(json.dumps(r, indent=2) + "\n")
+    print(f"fastmath {extension_dir or 'exact'}: {json.dumps(r['speed'])}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT"), help="results folder (default: $OUT)")
@@ -984,22 +1213,31 @@ def main() -> int:
     ap.add_argument(
         "--budget-s",
         type=float,
-        default=480.0,
-        help="this call's time budget (default 480: three calls and a start fit 30 device minutes)",
+        help="this call's time budget in seconds (default: "
+        + ", ".join(f"call {c} {b:g}" for c, b in CALL_BUDGET_S.items())
+        + f", --stages {max(CALL_BUDGET_S.values()):g}; the three calls and a {START_S:g} s start"
+        f" fit the {DEVICE_BUDGET_S:g} s of device time a session has)",
     )
     ap.add_argument(
         "--scenes",
         type=Path,
         help="folder holding still_life/ and dtu_scan24/ (default: .gpu_campaign/scenes, else ../shared/scenes)",
     )
-    ap.add_argument("--workload", choices=("sanitize", "profile"), help=argparse.SUPPRESS)
+    ap.add_argument("--workload", choices=("sanitize", "profile", "fastmath"), help=argparse.SUPPRESS)
     ap.add_argument("--torch-profile", help=argparse.SUPPRESS)
+    ap.add_argument("--workload-out", help=argparse.SUPPRESS)
+    ap.add_argument("--extension-dir", help=argparse.SUPPRESS)
     ap.add_argument("--build-peers", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--build-fast", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.workload == "fastmath":
+        return fastmath_workload(args.dry_run, args.extension_dir, args.workload_out)
     if args.workload:
         return workload(args.workload, args.dry_run, args.torch_profile)
     if args.build_peers:
         return build_peers()
+    if args.build_fast:
+        return build_fast()
     if not args.out:
         ap.error("--out is required (or set OUT)")
     if args.call is None and not args.stages:
@@ -1008,6 +1246,8 @@ def main() -> int:
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         ap.error(f"--stages: unknown stage {unknown[0]!r} (choose from {', '.join(STAGES)}, or all)")
+    if args.budget_s is None:
+        args.budget_s = CALL_BUDGET_S[args.call] if args.call else max(CALL_BUDGET_S.values())
     if args.budget_s < 60:
         ap.error(f"--budget-s {args.budget_s:g}: at least 60 seconds")
     if args.scenes is not None and not args.scenes.is_dir():

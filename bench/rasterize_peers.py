@@ -184,9 +184,15 @@ def renderer(impl, scene, device):
 def measure(impl, scene, device, warmup, reps):
     """Median forward / backward milliseconds, peak memory and the rendered
     colour (for the agreement check) of one implementation."""
+    return measure_renderer(renderer(impl, scene, device), device, warmup, reps)
+
+
+def measure_renderer(rend, device, warmup, reps):
+    """:func:`measure` for a (leaf, forward, loss, rgb) tuple as :func:`renderer`
+    returns (the GPU campaign's fastmath stage times its own)."""
     import torch
 
-    leaf, forward, loss_of, rgb_of = renderer(impl, scene, device)
+    leaf, forward, loss_of, rgb_of = rend
     cuda = device == "cuda"
 
     def one():

@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_campaign.sh"
-STAGE_FILES = ("setup", "parity", "sanitize", "peers", "speed", "train", "profile")
+STAGE_FILES = ("setup", "parity", "sanitize", "peers", "speed", "fastmath", "train", "profile")
 
 
 def _campaign_module():
@@ -104,6 +104,23 @@ def test_dry_run_stage_contents(dry_run):
     assert run["rc"] == 0 and run["metrics"]["iterations"] == 10 and run["seconds_per_step"] > 0
     assert 5 < run["metrics"]["test.psnr"] < 60 and run["last_logged"]["step"] == 10
 
+    fm = r["fastmath"]
+    assert fm["status"] == "ok" and "dry run" in fm["build"]["skipped"]
+    assert "SPLAT_CUDA_EXACT" in fm["fast_build_env"] and "--build-lib" in fm["fast_build_command"]
+    for name in ("exact", "fast"):  # both sides measured, each in its own process
+        build = fm["builds"][name]
+        assert build["rc"] == 0 and build["extension_loaded"] is None  # no CUDA extension on the CPU
+        assert set(build["speed"]) == set(build["errors"]) == {"surfels", "3dgs"}
+        for rast, errors in build["errors"].items():
+            assert build["speed"][rast]["forward_ms"] > 0 and build["speed"][rast]["backward_ms"] > 0
+            assert {"rgb", "depth", "distortion", "grad_means", "grad_scales"} <= set(errors)
+            # The CPU kernels against the plain-PyTorch reference, float32: a few float32 ulps of each
+            # tensor's largest value (measured up to 4e-4, the distortion's, whose sum cancels).
+            assert all(0 <= e["max_rel"] < 1e-2 for e in errors.values()), (rast, errors)
+        assert 0 < build["suggested_float32_rtol"] <= 1e-2
+    assert set(fm["exact_over_fast"]) == {"surfels", "3dgs"}
+    assert all(v > 0 for ratios in fm["exact_over_fast"].values() for v in ratios.values())
+
     prof = r["profile"]
     assert prof["torch_profiler"]["rc"] == 0 and prof["ncu"]["skipped"]
     kernels = prof["torch_profiler"]["kernels"]
@@ -115,6 +132,18 @@ def test_calls_cover_every_stage_within_the_budget():
     assert sorted({s for stages in m.CALLS.values() for s in stages}) == sorted(m.STAGES)
     assert all(stages[0] == "setup" for stages in m.CALLS.values())  # each call may start on a bare machine
     assert len(m.CALLS) <= 3
+    # The issue's priorities, first settled first: parity and sanitizers, then speed and the fmad question.
+    assert {"parity", "sanitize"} <= set(m.CALLS[1]) and {"speed", "fastmath"} <= set(m.CALLS[2])
+    # Every call's default budget, plus the machine's start and the gaps, fits a session's device time.
+    assert set(m.CALL_BUDGET_S) == set(m.CALLS) and m.START_S >= 120
+    assert sum(m.CALL_BUDGET_S.values()) + m.START_S <= m.DEVICE_BUDGET_S == 900
+    assert all(60 <= b <= 600 - 30 for b in m.CALL_BUDGET_S.values())  # a command runs at most 600 s
+    # The plan that prepare prints and the docs' table name the same budgets (timeout_s: the budget + 40 s).
+    script, docs = SCRIPT.read_text(), (ROOT / "docs" / "testing.md").read_text()
+    for call, budget in m.CALL_BUDGET_S.items():
+        assert f'--call {call}"  timeout_s {int(budget) + 40}  carry' in script, call
+        row = f"| {call} | `bash scripts/gpu_campaign.sh run --call {call}` | {int(budget) + 40} |"
+        assert row in docs and f"{', '.join(m.CALLS[call])} | {int(budget)} s |" in docs, call
 
 
 def test_one_line_errors():
@@ -190,3 +219,30 @@ def test_tool_output_parsers(tmp_path):
     assert (s["passed"], s["failures"], s["errors_other_than_missing_modules"]) == (1, 1, 0)
     assert s["not_collected_missing_modules"][0]["message"] == ["No module named 'viser'"]
     assert m.junit_summary(tmp_path / "absent.xml") == {"junit": "no report written (pytest did not finish)"}
+
+
+@pytest.mark.parametrize("exact", ["1", "0", None])
+def test_cuda_exact_switch(exact):
+    """SPLAT_CUDA_EXACT=0 drops the four exact-rounding nvcc flags (the fastmath
+    stage's fast build); unset or 1 keeps them.  setup.py is run with setup()
+    and torch's CUDAExtension replaced by recorders: nothing is compiled."""
+    env = {k: v for k, v in os.environ.items() if k != "SPLAT_CUDA_EXACT"}
+    env.update(SPLAT_BUILD_CUDA="1", **({"SPLAT_CUDA_EXACT": exact} if exact is not None else {}))
+    probe = (
+        "import json, runpy, setuptools, torch.utils.cpp_extension as ce\n"
+        "got = {}\n"
+        "setuptools.setup = lambda **kw: got.update(kw)\n"
+        "ce.CUDAExtension = lambda name, sources, **kw: (name, kw)\n"
+        "ce.BuildExtension.with_options = classmethod(lambda cls, **kw: cls)\n"
+        "runpy.run_path('setup.py', run_name='__main__')\n"
+        "print(json.dumps([e[1]['extra_compile_args']['nvcc'] for e in got['ext_modules'] if isinstance(e, tuple)]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (nvcc,) = json.loads(proc.stdout.splitlines()[-1])
+    exact_flags = ["--fmad=false", "-ftz=false", "-prec-div=true", "-prec-sqrt=true"]
+    assert "-DSPLAT_WITH_CUDA" in nvcc
+    if exact == "0":
+        assert not set(exact_flags) & set(nvcc)
+    else:
+        assert nvcc[-4:] == exact_flags
