@@ -1,7 +1,7 @@
 """The per-train-image parameters beside the model, each with its own
-``SparseAdam`` and held whole by every rank: the appearance correction
-(``train.appearance``, :mod:`splat.appearance`) and the pose correction
-(``train.pose_opt``, :mod:`splat.pose_opt`); made, restored from a
+optimiser and held whole by every rank: the appearance correction
+(``train.appearance``, :mod:`splat.appearance`, ``SparseAdam``) and the pose
+correction (``train.pose_opt``, :mod:`splat.pose_opt`, :class:`splat.row_adam.RowAdam`); made, restored from a
 checkpoint and written out here once."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch
 from ..appearance import AffineAppearance, make_appearance, make_optimizer as appearance_optimizer
 from ..errors import RunStateError
 from ..pose_opt import POSES_FILE, PoseCorrection, make_pose_correction, poses_json
+from ..row_adam import RowAdam
 from ..run_folder import atomic_write_bytes
 
 
@@ -28,7 +29,7 @@ def make_corrections(
         optimizers["appearance"] = appearance_optimizer(appearance, train["appearance_lr"])
     pose = make_pose_correction(train, scene.train, radius, device)
     if pose is not None:
-        optimizers["pose"] = torch.optim.SparseAdam(list(pose.parameters()), lr=train["pose_opt_lr"])
+        optimizers["pose"] = RowAdam(list(pose.parameters()), lr=train["pose_opt_lr"])
     return appearance, pose
 
 
