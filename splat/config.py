@@ -147,6 +147,12 @@ class TrainConfig:
     pose_opt_reg: float = _f(
         0.0, "weight of |correction|^2 added to a camera's loss: a prior pulling it toward its given pose", ge=0.0
     )
+    pose_opt_from: int = _f(
+        0,
+        "first step that corrects the poses: before it the scene is too blurred for its pose gradient "
+        "to say more than noise; the learning rate decays from here to the last step",
+        ge=0,
+    )
     lr: LrConfig = _section(LrConfig)
 
 
@@ -465,6 +471,12 @@ def check_config(cfg: Dict) -> Dict:
     if mv["enabled"] and out["train"]["pose_opt"]:
         # The multi-view homographies use the given poses; with corrected ones they would disagree.
         raise ConfigError("loss.multiview.enabled with train.pose_opt: not supported together yet (turn one off)")
+    tr = out["train"]
+    if tr["pose_opt"] and tr["pose_opt_from"] >= tr["iterations"]:
+        raise ConfigError(
+            f"train.pose_opt_from: {tr['pose_opt_from']} is not before the last step "
+            f"(train.iterations={tr['iterations']}): the poses would never be corrected"
+        )
     if mv["patch_size"] % 2 == 0:
         raise ConfigError(f"loss.multiview.patch_size: must be odd, got {mv['patch_size']!r}")
     if not mv["min_distance"] < mv["max_distance"]:

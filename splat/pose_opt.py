@@ -37,10 +37,14 @@ camera's error everyone's.
 
 **The regulariser.** ``train.pose_opt_reg`` λ adds λ |ξ_i|^2 to camera i's
 loss when it is drawn (a Gaussian prior centred on the given pose), an
-explicit penalty rather than Adam's weight decay: the corrections use
-``SparseAdam`` (as :mod:`splat.appearance` does, for the same reason: a
-camera is drawn once per epoch), which has none, and a penalty in the loss
-means the same thing for any optimiser.
+explicit penalty rather than Adam's weight decay, so that it acts only
+when the camera is drawn and means the same thing for any optimiser.
+
+**The optimiser.** A camera is drawn about once per epoch, so the
+corrections use :class:`splat.row_adam.RowAdam`: Adam with a step count per
+camera, whose every update moves a correction by about the learning rate
+(``torch.optim.SparseAdam`` counts steps per tensor and moves a camera drawn
+k times by 3-6.5 times the rate, the size of the error being corrected).
 """
 
 from __future__ import annotations
@@ -131,7 +135,7 @@ def gauge_basis(centres: torch.Tensor, radius: float) -> torch.Tensor:
 
 class PoseCorrection(nn.Module):
     """Per-train-camera corrections ``delta`` [N, 6] (ω_i, u_i; module doc),
-    looked up with sparse gradients for ``SparseAdam``.
+    looked up with sparse gradients (only the drawn cameras' rows).
 
     ``viewmats`` [N, 4, 4]: the train cameras as given (their centres define
     the gauge); ``radius``: the scene radius r (the unit of u)."""

@@ -32,7 +32,9 @@ import splat
 from splat._backend import has_cuda_kernels
 from splat.distributed.group import Group
 from splat.distributed.sharded_render import Camera, render_sharded
+from splat.config import ConfigError
 from splat.errors import SplatInputError
+from splat.row_adam import RowAdam
 from splat.model_render import render_frame
 from splat.optimizers import means_lr
 from splat.pose_opt import (
@@ -295,6 +297,18 @@ def test_training_holds_the_gauge(scene, tmp_path, monkeypatch, device):
     assert float((Q.T @ x).abs().max()) > 1e-4
 
 
+def test_corrections_start_at_pose_opt_from(scene, tmp_path):
+    """Before ``train.pose_opt_from`` the corrections stay exactly zero (the
+    step renders the given poses), from it they move; a start at or past the
+    last step is a one-line config error naming the key."""
+    t = _train(tiny_config(scene, 30, ["train.pose_opt=true", "train.pose_opt_from=20"]), tmp_path / "late", stop_at=19)
+    assert torch.equal(t.pose.delta.detach(), torch.zeros_like(t.pose.delta))
+    t = _train(tiny_config(scene, 30, ["train.pose_opt=true", "train.pose_opt_from=20"]), tmp_path / "whole")
+    assert float(t.pose.delta.detach().abs().max()) > 1e-4
+    with pytest.raises(ConfigError, match=r"train.pose_opt_from: 30 is not before the last step"):
+        tiny_config(scene, 30, ["train.pose_opt=true", "train.pose_opt_from=30"])
+
+
 def _reprojection_px(viewmats, truth, points, K):
     """Mean pixel distance between ``points`` [M, 3] seen by ``viewmats`` and by ``truth`` [N, 4, 4]."""
 
@@ -309,7 +323,7 @@ def _reprojection_px(viewmats, truth, points, K):
 def test_known_perturbation_is_recovered():
     """The teacher scene held fixed, six train cameras perturbed by a
     gauge-free 1.5 deg turn and a shift of 3 % of their distance: 20 epochs of
-    the corrections alone (SparseAdam, the training's decaying learning
+    the corrections alone (RowAdam, the training's decaying learning
     rate) bring the scene's reprojection error from 1.41 px to 0.15 px
     (asserted: below 1/5 of the start).  The
     rotation error falls less (1.4 -> 0.8 deg): at 48 pixels a turn and a
@@ -329,7 +343,7 @@ def test_known_perturbation_is_recovered():
     true = (true.reshape(-1, 1) - Q @ (Q.T @ true.reshape(-1, 1))).reshape(6, 6)
     perturbed = torch.stack([corrected_viewmat(v, x, RADIUS) for v, x in zip(V, true)])
     pose = PoseCorrection(perturbed, RADIUS)
-    opt = torch.optim.SparseAdam(list(pose.parameters()), lr=1e-2)
+    opt = RowAdam(list(pose.parameters()), lr=1e-2)
     points = teacher.means.detach().double()
 
     def errors():

@@ -136,8 +136,9 @@ class BatchStep:
         lr, iterations = train["lr"], train["iterations"]
         for g in optimizers["means"].param_groups:
             g["lr"] = means_lr(step, iterations, lr["means"], lr["means_final"]) * self.scene_radius
+        start = train["pose_opt_from"]
         for g in optimizers["pose"].param_groups if "pose" in optimizers else ():
-            g["lr"] = means_lr(step, iterations, train["pose_opt_lr"], 0.01 * train["pose_opt_lr"])
+            g["lr"] = means_lr(step - start, iterations - start, train["pose_opt_lr"], 0.01 * train["pose_opt_lr"])
 
     def __call__(self, model, optimizers: Dict, strategy, appearance, step: int) -> StepSums:
         """Steps 1-3 of the module doc; returns this rank's :class:`StepSums`."""
@@ -151,7 +152,7 @@ class BatchStep:
             for b, i in enumerate(views)
         ]
         cameras = [camera_of(frames[i], bg, self.device) for i, bg in zip(views, backgrounds)]
-        pose = self.pose
+        pose = self.pose if step >= self.cfg["train"]["pose_opt_from"] else None  # None: corrections are zero
         for camera, i in zip(cameras, views if pose is not None else ()):
             camera.viewmat = pose.viewmat(i, camera.viewmat)  # one lookup per camera: a graph each
         mv = self.multiview if self.multiview is not None and self.multiview.active(step) else None
