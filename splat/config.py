@@ -148,7 +148,7 @@ class TrainConfig:
         0.0, "weight of |correction|^2 added to a camera's loss: a prior pulling it toward its given pose", ge=0.0
     )
     pose_opt_from: int = _f(
-        0,
+        800,
         "first step that corrects the poses: before it the scene is too blurred for its pose gradient "
         "to say more than noise; the learning rate decays from here to the last step",
         ge=0,

@@ -165,6 +165,7 @@ TINY_OVERRIDES = [
     "strategy.refine_stop=200",
     "strategy.reset_every=1000",  # an opacity reset needs more steps than we run to recover
     "strategy.max_gaussians=600",
+    "train.pose_opt_from=0",  # the configs' start is past these runs' last step
     "log.progress=false",
 ]
 
