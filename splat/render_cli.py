@@ -120,7 +120,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
             print(f"error: {e}", file=sys.stderr)
             return 2
         try:
-            import_open3d("render.py --mesh")
+            import_open3d("splat render --mesh")
         except MissingOpen3D as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

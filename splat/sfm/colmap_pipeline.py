@@ -360,7 +360,7 @@ def convert(
     skipped = f" ({len(result.skipped)} other files skipped, see above)" if result.skipped else ""
     for line in (
         f"registered {result.num_registered} of {len(names)} images{skipped}; scene written to {out}",
-        f"train it with: python train.py --data {out}",
+        f"train it with: splat train --data {out}",
     ):
         say(line)
     return result
