@@ -30,11 +30,10 @@ from test_train import make_tiny_scene, teacher_model, tiny_config
 
 import splat
 from splat._backend import has_cuda_kernels
+from splat.config import ConfigError
 from splat.distributed.group import Group
 from splat.distributed.sharded_render import Camera, render_sharded
-from splat.config import ConfigError
 from splat.errors import SplatInputError
-from splat.row_adam import RowAdam
 from splat.model_render import render_frame
 from splat.optimizers import means_lr
 from splat.pose_opt import (
@@ -47,6 +46,7 @@ from splat.pose_opt import (
     skew,
 )
 from splat.rasterize_3dgs import rasterize_3dgs
+from splat.row_adam import RowAdam
 from splat.testing import random_gaussians, random_scene
 
 H_STEP, ATOL, RTOL = 1e-6, 1e-6, 1e-5  # see the module doc
