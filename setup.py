@@ -77,6 +77,9 @@ def _extensions():
     include_dirs = [os.path.join(HERE, KERNELS)]
     sources += sorted(glob.glob(os.path.join(KERNELS, "cuda", "*.cu")))
     sources += sorted(glob.glob(os.path.join(KERNELS, "cuda", "*.cpp")))
+    # The C ABI of the CUDA kernels, which bindings_cuda.cpp calls: the one host
+    # call sequence of libsplat_cuda.so and the CUDA emulation tests.
+    sources.append(os.path.join(KERNELS, "capi_cuda.cpp"))
     # No FMA contraction and IEEE division/sqrt: the CUDA kernels then round
     # like the CPU build of the same core.h (see scripts/compile_cuda_check.sh).
     # SPLAT_CUDA_EXACT=0 leaves nvcc's fast defaults (the docstring above).
