@@ -122,16 +122,21 @@ def _version_text(version: int) -> str:
     return f"{version // 1000}.{version % 1000 // 10}"
 
 
-def parse_archs(text: str) -> tuple[list[int], list[int]]:
-    """(SASS, PTX) compute capabilities as 10 * major + minor, from
-    splat_cuda_archs()'s "sm_75 ... compute_120" (arch-specific "a"/"f"
-    variants are left out: they run only on their exact GPU)."""
-    sass, ptx = [], []
+def parse_archs(text: str) -> tuple[list[int], list[int], list[int]]:
+    """(SASS, PTX, arch-specific SASS) compute capabilities as 10 * major +
+    minor, from splat_cuda_archs()'s "sm_75 ... compute_120" ("sm_90a" is
+    arch-specific; a family suffix "f" counts as plain SASS)."""
+    sass, ptx, exact = [], [], []
     for word in text.split():
         kind, _, number = word.partition("_")
-        if number.isdigit():
-            (sass if kind == "sm" else ptx if kind == "compute" else []).append(int(number))
-    return sass, ptx
+        digits = number.rstrip("af")
+        if not digits.isdigit() or kind not in ("sm", "compute"):
+            continue
+        if kind == "compute":
+            ptx.append(int(digits))
+        else:
+            (exact if number.endswith("a") else sass).append(int(digits))
+    return sass, ptx, exact
 
 
 def unsupported_gpu(capability: tuple[int, int], archs: str) -> str | None:
@@ -140,17 +145,19 @@ def unsupported_gpu(capability: tuple[int, int], archs: str) -> str | None:
 
     The rule (CUDA's compatibility rules): SASS built for sm_XY runs on a GPU
     of the same major version X and minor version >= Y (sm_86 on sm_87, sm_100
-    on sm_103, sm_120 on sm_121), never across majors; PTX for compute_XY is
-    compiled by the driver for any GPU of capability >= XY.  No archs recorded
-    (a build that did not say): nothing to check."""
-    sass, ptx = parse_archs(archs)
-    if not sass and not ptx:
+    on sm_103, sm_120 on sm_121), never across majors; arch-specific SASS
+    (sm_90a) only on its own capability; PTX for compute_XY is compiled by the
+    driver for any GPU of capability >= XY.  No archs recorded (a build that
+    did not say): nothing to check."""
+    sass, ptx, exact = parse_archs(archs)
+    if not sass and not ptx and not exact:
         return None
     major, minor = capability
     cc = 10 * major + minor
-    if any(s // 10 == major and s % 10 <= minor for s in sass) or any(p <= cc for p in ptx):
+    if any(s // 10 == major and s % 10 <= minor for s in sass) or cc in exact or any(p <= cc for p in ptx):
         return None
-    built = ", ".join(f"sm_{s}" for s in sass) + "".join(f" (+PTX compute_{p})" for p in ptx)
+    built = ", ".join(w for w in archs.split() if w.startswith("sm_"))
+    built += "".join(f" (+PTX compute_{p})" for p in ptx)
     return f"splat's CUDA kernels were built for {built}; this GPU is sm_{cc} (compute capability {major}.{minor})"
 
 
