@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+_HERE = Path(__file__).resolve().parent
 _API_VERSION = 1
 _ERR_LEN = 512
 
@@ -278,6 +279,13 @@ def _contiguous(tensors):
     return [t.contiguous() if isinstance(t, torch.Tensor) else t for t in tensors]
 
 
+def library_path() -> Path:
+    """Where the package keeps libsplat_cuda.so."""
+    from splat._native_build import library_name
+
+    return _HERE / library_name("cuda")
+
+
 def gpu_present() -> bool:
     """torch is a CUDA build and sees a GPU: the only case the CUDA library is
     looked for (a CPU-only torch never opens it)."""
@@ -294,9 +302,7 @@ def cuda_kernels():
     cannot be loaded."""
     if not gpu_present():
         return None
-    from splat._native import library_path
-
-    path = library_path("cuda")
+    path = library_path()
     if path.is_file():
         try:
             return CudaKernels(path)

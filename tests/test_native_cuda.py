@@ -149,9 +149,8 @@ def test_a_cpu_only_torch_never_opens_the_cuda_library(tmp_path):
         "opened = []\n"
         "real_cdll = ctypes.CDLL\n"
         "ctypes.CDLL = lambda name, *a, **k: (opened.append(str(name)), real_cdll(name, *a, **k))[1]\n"
-        "import splat, splat._native as native\n"
-        "cpu_path = native.library_path('cpu')\n"
-        f"native.library_path = lambda kind: cpu_path if kind == 'cpu' else Path({str(fake)!r})\n"
+        "import splat, splat._native_cuda as native_cuda\n"
+        f"native_cuda.library_path = lambda: Path({str(fake)!r})\n"
         "from splat.testing import random_scene\n"
         "splat.rasterize(**random_scene(50, 16, 16), backend='cpu')\n"
         "from splat._backend import has_cuda_kernels, load_extension\n"
@@ -175,17 +174,15 @@ def fresh_loader(monkeypatch):
 
 
 def test_with_a_gpu_the_library_beside_the_package_is_loaded(fresh_loader, tmp_path):
-    import splat._native as native
-
     fresh_loader.setattr(native_cuda, "gpu_present", lambda: True)
-    fresh_loader.setattr(native, "library_path", lambda kind: build_library())
+    fresh_loader.setattr(native_cuda, "library_path", build_library)
     k = native_cuda.cuda_kernels()
     assert isinstance(k, native_cuda.CudaKernels) and k.__file__ == str(build_library())
 
     native_cuda.cuda_kernels.cache_clear()
     broken = tmp_path / "libsplat_cuda.so"
     broken.write_bytes(b"not a shared library")
-    fresh_loader.setattr(native, "library_path", lambda kind: broken)
+    fresh_loader.setattr(native_cuda, "library_path", lambda: broken)
     with pytest.raises(ImportError, match=r"^splat's CUDA library .*libsplat_cuda\.so cannot be loaded: "):
         native_cuda.cuda_kernels()
 
