@@ -101,8 +101,12 @@ def test_without_ptx_a_newer_gpu_is_refused():
             "splat's CUDA kernels need an NVIDIA driver for CUDA 13.x or newer (they were built with "
             "CUDA 13.0); this driver supports CUDA 12.4",
         ),
-        (13000, 0, "splat's CUDA kernels need an NVIDIA driver for CUDA 13.x or newer (they were built "
-         "with CUDA 13.0); no NVIDIA driver was found"),  # fmt: skip
+        (
+            13000,
+            0,
+            "splat's CUDA kernels need an NVIDIA driver for CUDA 13.x or newer (they were built "
+            "with CUDA 13.0); no NVIDIA driver was found",
+        ),
     ],
 )
 def test_driver_check(runtime, driver, message):

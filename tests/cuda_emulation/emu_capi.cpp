@@ -17,10 +17,14 @@ namespace {
 
 bool order(const char* name, cudaemu::Order* out) {
   const std::string s(name ? name : "");
-  if (s == "fwd") *out = cudaemu::Order::Forward;
-  else if (s == "rev") *out = cudaemu::Order::Reverse;
-  else if (s == "rand") *out = cudaemu::Order::Random;
-  else return false;
+  if (s == "fwd")
+    *out = cudaemu::Order::Forward;
+  else if (s == "rev")
+    *out = cudaemu::Order::Reverse;
+  else if (s == "rand")
+    *out = cudaemu::Order::Random;
+  else
+    return false;
   return true;
 }
 

@@ -33,12 +33,18 @@ namespace {
 
 int32_t dtype_code(torch::ScalarType t) {
   switch (t) {
-    case torch::kFloat32: return SPLAT_DTYPE_FLOAT32;
-    case torch::kFloat64: return SPLAT_DTYPE_FLOAT64;
-    case torch::kInt32: return SPLAT_DTYPE_INT32;
-    case torch::kInt64: return SPLAT_DTYPE_INT64;
-    case torch::kUInt8: return SPLAT_DTYPE_UINT8;
-    default: return SPLAT_DTYPE_OTHER;
+    case torch::kFloat32:
+      return SPLAT_DTYPE_FLOAT32;
+    case torch::kFloat64:
+      return SPLAT_DTYPE_FLOAT64;
+    case torch::kInt32:
+      return SPLAT_DTYPE_INT32;
+    case torch::kInt64:
+      return SPLAT_DTYPE_INT64;
+    case torch::kUInt8:
+      return SPLAT_DTYPE_UINT8;
+    default:
+      return SPLAT_DTYPE_OTHER;
   }
 }
 
@@ -118,9 +124,9 @@ struct BackwardArgs {
 };
 BackwardArgs backward_args(SPLAT_BACKWARD_STATE_PARAMS) {
   BackwardArgs b;
-  b.state = describe_all({&tile_offsets, &point_list, &end, &median_index, &transmittance, &totals},
-                         {"tile_offsets", "point_list", "end", "median_index", "transmittance",
-                          "totals"});
+  b.state = describe_all(
+      {&tile_offsets, &point_list, &end, &median_index, &transmittance, &totals},
+      {"tile_offsets", "point_list", "end", "median_index", "transmittance", "totals"});
   const char* names[6] = {"v_color_sum",  "v_transmittance", "v_depth_sum",
                           "v_normal_sum", "v_distortion",    "v_median_depth"};
   for (const torch::Tensor* t : {&v_color_sum, &v_transmittance, &v_depth_sum, &v_normal_sum,
@@ -133,18 +139,18 @@ BackwardArgs backward_args(SPLAT_BACKWARD_STATE_PARAMS) {
 }  // namespace
 
 std::vector<torch::Tensor> forward_cuda(SPLAT_SURFEL_PARAMS) {
-  const auto in = describe_all({&Tuvw, &center, &normal, &color, &opacity, &depth, &pixel_rect},
-                               {"Tuvw", "center", "normal", "color", "opacity", "depth",
-                                "pixel_rect"});
+  const auto in =
+      describe_all({&Tuvw, &center, &normal, &color, &opacity, &depth, &pixel_rect},
+                   {"Tuvw", "center", "normal", "color", "opacity", "depth", "pixel_rect"});
   return run(Tuvw, [&](void* stream, void* ctx, char* err) {
     return splat_forward_cuda(in.data(), width, height, near, far, stream, allocate, ctx, err, 512);
   });
 }
 
 torch::Tensor backward_cuda(SPLAT_SURFEL_PARAMS, SPLAT_BACKWARD_STATE_PARAMS) {
-  const auto in = describe_all({&Tuvw, &center, &normal, &color, &opacity, &depth, &pixel_rect},
-                               {"Tuvw", "center", "normal", "color", "opacity", "depth",
-                                "pixel_rect"});
+  const auto in =
+      describe_all({&Tuvw, &center, &normal, &color, &opacity, &depth, &pixel_rect},
+                   {"Tuvw", "center", "normal", "color", "opacity", "depth", "pixel_rect"});
   const BackwardArgs b = backward_args(SPLAT_BACKWARD_STATE_NAMES);
   return run(Tuvw, [&](void* stream, void* ctx, char* err) {
     return splat_backward_cuda(in.data(), width, height, near, far, b.state.data(),

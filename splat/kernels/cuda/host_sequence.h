@@ -57,8 +57,8 @@ template <class... Parts>
   throw Error(message.str());
 }
 
-#define SPLAT_CHECK(cond, ...) \
-  do {                         \
+#define SPLAT_CHECK(cond, ...)                              \
+  do {                                                      \
     if (!(cond)) ::splat::host_sequence::fail(__VA_ARGS__); \
   } while (0)
 
@@ -76,11 +76,16 @@ struct DType {
 };
 inline std::ostream& operator<<(std::ostream& o, DType d) {
   switch (d.code) {
-    case SPLAT_DTYPE_FLOAT32: return o << "Float";
-    case SPLAT_DTYPE_FLOAT64: return o << "Double";
-    case SPLAT_DTYPE_INT32: return o << "Int";
-    case SPLAT_DTYPE_INT64: return o << "Long";
-    case SPLAT_DTYPE_UINT8: return o << "Byte";
+    case SPLAT_DTYPE_FLOAT32:
+      return o << "Float";
+    case SPLAT_DTYPE_FLOAT64:
+      return o << "Double";
+    case SPLAT_DTYPE_INT32:
+      return o << "Int";
+    case SPLAT_DTYPE_INT64:
+      return o << "Long";
+    case SPLAT_DTYPE_UINT8:
+      return o << "Byte";
   }
   return o << "an unsupported dtype";
 }
@@ -171,8 +176,8 @@ inline void check_rows(const Arg& t, const char* name, int64_t n, int64_t cols) 
   SPLAT_CHECK(t.ndim >= 1 && t.shape[0] == n, name, " has shape ", Sizes{t}, ", expected ", n,
               " rows");
   if (cols > 0) {
-    SPLAT_CHECK(t.ndim == 2 && t.shape[1] == cols, name, " has shape ", Sizes{t}, ", expected [",
-                n, ", ", cols, "]");
+    SPLAT_CHECK(t.ndim == 2 && t.shape[1] == cols, name, " has shape ", Sizes{t}, ", expected [", n,
+                ", ", cols, "]");
   } else {
     SPLAT_CHECK(numel(t) == n, name, " has shape ", Sizes{t}, ", expected [", n, "]");
   }
@@ -282,8 +287,8 @@ GaussianArrays<T> gaussian_arrays(const Arg* in, int64_t width, int64_t height, 
 // renders `a` (SurfelArrays or GaussianArrays: binning reads only depth and
 // pixel_rect; the render launcher is the primitive's overload).
 template <class Dev, typename T, class Arrays>
-void forward_impl(const Arrays& a, int64_t n, int64_t width, int64_t height,
-                  const Allocator& alloc, cudaStream_t stream) {
+void forward_impl(const Arrays& a, int64_t n, int64_t width, int64_t height, const Allocator& alloc,
+                  cudaStream_t stream) {
   constexpr int32_t F = dtype_of<T>();
   constexpr int32_t I32 = SPLAT_DTYPE_INT32;
   const Buffer color_sum = alloc.get<Dev>(0, F, {height, width, kChannels}, "color_sum");
@@ -329,9 +334,9 @@ void forward_impl(const Arrays& a, int64_t n, int64_t width, int64_t height,
   }
 
   TileBins bins{tile_offsets.as<int64_t>(), point_list.as<int32_t>(), tiles_x, tiles_y};
-  ForwardOutputs<T> out{color_sum.as<T>(),     transmittance.as<T>(), depth_sum.as<T>(),
-                        normal_sum.as<T>(),    distortion.as<T>(),    median_depth.as<T>(),
-                        end.as<int32_t>(),     median_index.as<int32_t>(), totals.as<T>()};
+  ForwardOutputs<T> out{color_sum.as<T>(),  transmittance.as<T>(),      depth_sum.as<T>(),
+                        normal_sum.as<T>(), distortion.as<T>(),         median_depth.as<T>(),
+                        end.as<int32_t>(),  median_index.as<int32_t>(), totals.as<T>()};
   check_cuda(gpu::launch_forward<T>(a, bins, out, stream), "the forward kernel");
 }
 
@@ -344,9 +349,8 @@ struct BackwardInputs {
 // Accumulates the gradient records [N, record_size] of `a` into output slot 0
 // (zeroed first: the kernel adds with atomics).
 template <class Dev, typename T, class Arrays>
-void backward_impl(const Arrays& a, int64_t n, int64_t record_size, int64_t width,
-                   int64_t height, const BackwardInputs& in, const Allocator& alloc,
-                   cudaStream_t stream) {
+void backward_impl(const Arrays& a, int64_t n, int64_t record_size, int64_t width, int64_t height,
+                   const BackwardInputs& in, const Allocator& alloc, cudaStream_t stream) {
   const Buffer v_params = alloc.get<Dev>(0, dtype_of<T>(), {n, record_size}, "the gradients");
   if (v_params.numel)
     check_cuda(cudaMemsetAsync(v_params.data, 0, sizeof(T) * size_t(v_params.numel), stream),
@@ -439,8 +443,8 @@ void forward(const Arg* in, int64_t width, int64_t height, double near, double f
   const int64_t n = check_surfels<Dev>(in, width, height);
   const typename Dev::Guard device_guard(in[0].device_id);
   if (in[0].dtype == SPLAT_DTYPE_FLOAT64)
-    return forward_impl<Dev, double>(surfel_arrays<double>(in, width, height, near, far), n,
-                                     width, height, alloc, stream);
+    return forward_impl<Dev, double>(surfel_arrays<double>(in, width, height, near, far), n, width,
+                                     height, alloc, stream);
   forward_impl<Dev, float>(surfel_arrays<float>(in, width, height, near, far), n, width, height,
                            alloc, stream);
 }
@@ -454,8 +458,8 @@ void backward(const Arg* in, int64_t width, int64_t height, double near, double 
   if (in[0].dtype == SPLAT_DTYPE_FLOAT64)
     return backward_impl<Dev, double>(surfel_arrays<double>(in, width, height, near, far), n,
                                       kGradSize, width, height, b, alloc, stream);
-  backward_impl<Dev, float>(surfel_arrays<float>(in, width, height, near, far), n, kGradSize,
-                            width, height, b, alloc, stream);
+  backward_impl<Dev, float>(surfel_arrays<float>(in, width, height, near, far), n, kGradSize, width,
+                            height, b, alloc, stream);
 }
 
 // 3D Gaussians: params [N, kGaussParams] (core.h), v_gaussians [N, kGaussGradSize].
@@ -481,8 +485,8 @@ void backward_gaussians(const Arg* in, int64_t width, int64_t height, double nea
   if (in[0].dtype == SPLAT_DTYPE_FLOAT64)
     return backward_impl<Dev, double>(gaussian_arrays<double>(in, width, height, near, far), n,
                                       kGaussGradSize, width, height, b, alloc, stream);
-  backward_impl<Dev, float>(gaussian_arrays<float>(in, width, height, near, far), n,
-                            kGaussGradSize, width, height, b, alloc, stream);
+  backward_impl<Dev, float>(gaussian_arrays<float>(in, width, height, near, far), n, kGaussGradSize,
+                            width, height, b, alloc, stream);
 }
 
 }  // namespace host_sequence
