@@ -92,10 +92,16 @@ def build_library(verbose: bool = False) -> Path:
     sanitize = os.environ.get("SPLAT_CUDAEMU_SANITIZE") == "1"
     cxx = os.environ.get("CXX", "g++")
     cflags, ldflags = _flags(sanitize)
-    root = build_root() / ("sanitize" if sanitize else "plain")
-    # The kernels' copy lives in a folder of its own per kernel folder, so the
-    # project's and a mutant's rewrites never overwrite each other.
-    gen = root / ("rewritten-" + hashlib.sha256(str(kdir).encode()).hexdigest()[:12])
+    # One folder per checkout and build kind (plain or sanitized, the project's
+    # kernels or another copy: a mutant's), in which only the current objects
+    # and library are kept; so every mutant copy reuses the objects that do not
+    # depend on the kernels, and two copies must not be built at the same time
+    # (scripts/cuda_mutants.py runs them one after another).
+    project = kdir == (KERNELS / "cuda").resolve()
+    checkout = hashlib.sha256(str(ROOT).encode()).hexdigest()[:10]
+    kind = ("sanitize" if sanitize else "plain") + ("" if project else "-other-kernels")
+    root = build_root() / f"{checkout}-{kind}"
+    gen = root / "rewritten"
     gen.mkdir(parents=True, exist_ok=True)
     objects_dir = root / "objects"
     objects_dir.mkdir(exist_ok=True)
@@ -138,6 +144,9 @@ def build_library(verbose: bool = False) -> Path:
         if done.returncode != 0:
             raise RuntimeError(f"linking the CUDA emulation library failed:\n{done.stderr[-4000:]}")
         os.replace(tmp, lib)
+    for stale in [*objects_dir.glob("*.o"), *root.glob("libsplat_cudaemu-*.so")]:
+        if stale not in objects and stale != lib:
+            stale.unlink(missing_ok=True)
     return lib
 
 
