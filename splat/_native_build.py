@@ -144,8 +144,7 @@ if __name__ == "__main__":
     kind = args.pop(0) if args and args[0] in ("cpu", "cuda") else "cpu"
     target = Path(args[0]) if args else KERNELS.parent / library_name(kind)
     if kind == "cuda":
-        print(
-            build_cuda_library(target, target.parent / "build_native_cuda", os.environ.get("SPLAT_CUDA_ARCHS", "all"))
-        )
+        archs = os.environ.get("SPLAT_CUDA_ARCHS", "all")
+        print(build_cuda_library(target, target.parent / "build_native" / "cuda", archs))
     else:
         print(build_cpu_library(target, target.parent / "build_native"))
