@@ -248,3 +248,51 @@ def test_an_allocation_failure_comes_back_as_torchs_own_error(emulated, monkeypa
     with pytest.raises(torch.OutOfMemoryError, match="simulated"):
         emulated.forward_cuda(*surfel_inputs(), 16, 16, 0.2, 100.0)
     assert len(calls) == 3  # the library stopped at the failed allocation
+
+
+# ---- the real library, where nvcc is found (no GPU needed) ------------------------------
+@pytest.fixture(scope="module")
+def real_library(tmp_path_factory):
+    import shutil
+
+    from splat._native_build import build_cuda_library
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not found")
+    folder = tmp_path_factory.mktemp("cuda_library")
+    return build_cuda_library(folder / "libsplat_cuda.so", folder / "objects", "8.0+PTX")  # one arch: ~30 s
+
+
+def test_the_real_library_links_no_torch_python_or_cuda_runtime(real_library):
+    """Only the driver is needed at run time: the CUDA runtime is linked
+    statically (it opens libcuda.so.1 itself), and the library exports the C
+    ABI alone."""
+    import shutil
+
+    if shutil.which("objdump") is None or shutil.which("nm") is None:
+        pytest.skip("objdump or nm not found")
+    dump = subprocess.run(["objdump", "-p", str(real_library)], capture_output=True, text=True, check=True).stdout
+    needed = [line.split()[-1] for line in dump.splitlines() if line.strip().startswith("NEEDED")]
+    assert needed and not [n for n in needed if any(k in n for k in ("torch", "c10", "python", "cudart", "libcuda"))]
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(real_library)], capture_output=True, text=True)
+    exported = {line.split()[-1] for line in symbols.stdout.splitlines() if line.split()[1:2] == ["T"]}
+    assert exported == {
+        "splat_cuda_api_version",
+        "splat_cuda_archs",
+        "splat_cuda_versions",
+        "splat_forward_cuda",
+        "splat_backward_cuda",
+        "splat_forward_gaussians_cuda",
+        "splat_backward_gaussians_cuda",
+    }
+
+
+def test_the_real_library_records_its_archs_and_validates_without_a_gpu(real_library):
+    k = native_cuda.CudaKernels(real_library)
+    assert k.archs == "sm_80 compute_80"
+    assert native_cuda.unsupported_gpu((7, 5), k.archs) is not None
+    runtime, _driver = k.versions()
+    assert runtime >= 12000
+    # the host sequence's checks come before any CUDA call
+    with pytest.raises(RuntimeError, match=r"^Tuvw must be a CUDA tensor for the CUDA backend, got one on cpu$"):
+        k.forward_cuda(*surfel_inputs(), 16, 16, 0.2, 100.0)
