@@ -26,6 +26,7 @@ Environment (for the mutation and sanitizer scripts):
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import os
 import subprocess
@@ -76,6 +77,36 @@ def _headers_digest(folders: list[Path]) -> str:
     return h.hexdigest()
 
 
+_users: list = []  # this process's shared locks on the folders it loaded from
+
+
+class _locked:
+    """Holds `root`'s build lock (builds take turns); may_prune() says whether
+    no other process uses the folder (then files of other builds may go).  On
+    exit this process is registered as a user for its lifetime (a shared lock),
+    so no other build prunes the library it loads."""
+
+    def __init__(self, root: Path):
+        self.build = open(root / ".build.lock", "w")  # noqa: SIM115 (closed in __exit__)
+        self.use = open(root / ".use.lock", "w")  # noqa: SIM115 (kept open: the process's use)
+
+    def __enter__(self):
+        fcntl.flock(self.build, fcntl.LOCK_EX)
+        return self.may_prune
+
+    def may_prune(self) -> bool:
+        try:
+            fcntl.flock(self.use, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.use, fcntl.LOCK_SH)
+        _users.append(self.use)
+        self.build.close()
+
+
 def _compile(cxx: str, src: Path, obj: Path, cflags: list[str]) -> None:
     tmp = obj.with_suffix(f".{os.getpid()}.tmp")
     done = subprocess.run([cxx, *cflags, "-c", str(src), "-o", str(tmp)], capture_output=True, text=True)
@@ -93,10 +124,10 @@ def build_library(verbose: bool = False) -> Path:
     cxx = os.environ.get("CXX", "g++")
     cflags, ldflags = _flags(sanitize)
     # One folder per checkout and build kind (plain or sanitized, the project's
-    # kernels or another copy: a mutant's), in which only the current objects
-    # and library are kept; so every mutant copy reuses the objects that do not
-    # depend on the kernels, and two copies must not be built at the same time
-    # (scripts/cuda_mutants.py runs them one after another).
+    # kernels or another copy: a mutant's), so every mutant copy reuses the
+    # objects that do not depend on the kernels; builds in one folder take
+    # turns, and files of other builds are pruned only while no other process
+    # uses the folder (_locked).
     project = kdir == (KERNELS / "cuda").resolve()
     checkout = hashlib.sha256(str(ROOT).encode()).hexdigest()[:10]
     kind = ("sanitize" if sanitize else "plain") + ("" if project else "-other-kernels")
@@ -106,48 +137,49 @@ def build_library(verbose: bool = False) -> Path:
     objects_dir = root / "objects"
     objects_dir.mkdir(exist_ok=True)
 
-    sources = [KERNELS / "capi_cuda.cpp", HERE / "emu_capi.cpp", SHIM / "cudaemu_runtime.cpp"]
-    for cu in [kdir / f for f in CU_FILES] + [HERE / "selftest.cu"]:
-        out = gen / (cu.stem + "_cu.cpp")
-        rewrite_file(cu, out)
-        sources.append(out)
-    for header in KERNEL_HEADERS:
-        copy_if_changed(kdir / header, gen / header)
+    with _locked(root) as may_prune:
+        sources = [KERNELS / "capi_cuda.cpp", HERE / "emu_capi.cpp", SHIM / "cudaemu_runtime.cpp"]
+        for cu in [kdir / f for f in CU_FILES] + [HERE / "selftest.cu"]:
+            out = gen / (cu.stem + "_cu.cpp")
+            rewrite_file(cu, out)
+            sources.append(out)
+        for header in KERNEL_HEADERS:
+            copy_if_changed(kdir / header, gen / header)
 
-    project_headers = _headers_digest([KERNELS, SHIM])
-    kernel_headers = _headers_digest([gen])
-    flag_text = "\0".join([cxx, *cflags])
-    objects, todo = [], []
-    for src in sources:
-        key = hashlib.sha256(
-            b"\0".join(
-                [src.name.encode(), src.read_bytes(), project_headers.encode(), flag_text.encode()]
-                + ([kernel_headers.encode()] if src.parent == gen else [])
+        project_headers = _headers_digest([KERNELS, SHIM])
+        kernel_headers = _headers_digest([gen])
+        flag_text = "\0".join([cxx, *cflags])
+        objects, todo = [], []
+        for src in sources:
+            key = hashlib.sha256(
+                b"\0".join(
+                    [src.name.encode(), src.read_bytes(), project_headers.encode(), flag_text.encode()]
+                    + ([kernel_headers.encode()] if src.parent == gen else [])
+                )
+            ).hexdigest()[:20]
+            obj = objects_dir / f"{src.stem}-{key}.o"
+            objects.append(obj)
+            if not obj.exists():
+                todo.append((src, obj))
+        if verbose and todo:
+            print(f"cuda_emulation: compiling {len(todo)} of {len(sources)} sources into {objects_dir}")
+        with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1))) as pool:
+            list(pool.map(lambda pair: _compile(cxx, pair[0], pair[1], cflags), todo))
+
+        link_key = hashlib.sha256("\0".join([o.name for o in objects] + ldflags).encode()).hexdigest()[:20]
+        lib = root / f"libsplat_cudaemu-{link_key}.so"
+        if not lib.exists():
+            tmp = lib.with_suffix(f".{os.getpid()}.tmp")
+            done = subprocess.run(
+                [cxx, "-shared", *[str(o) for o in objects], *ldflags, "-o", str(tmp)], capture_output=True, text=True
             )
-        ).hexdigest()[:20]
-        obj = objects_dir / f"{src.stem}-{key}.o"
-        objects.append(obj)
-        if not obj.exists():
-            todo.append((src, obj))
-    if verbose and todo:
-        print(f"cuda_emulation: compiling {len(todo)} of {len(sources)} sources into {objects_dir}")
-    with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1))) as pool:
-        list(pool.map(lambda pair: _compile(cxx, pair[0], pair[1], cflags), todo))
-
-    link_key = hashlib.sha256("\0".join([o.name for o in objects] + ldflags).encode()).hexdigest()[:20]
-    lib = root / f"libsplat_cudaemu-{link_key}.so"
-    if not lib.exists():
-        tmp = lib.with_suffix(f".{os.getpid()}.tmp")
-        done = subprocess.run(
-            [cxx, "-shared", *[str(o) for o in objects], *ldflags, "-o", str(tmp)], capture_output=True, text=True
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"linking the CUDA emulation library failed:\n{done.stderr[-4000:]}")
-        os.replace(tmp, lib)
-    for stale in [*objects_dir.glob("*.o"), *root.glob("libsplat_cudaemu-*.so")]:
-        if stale not in objects and stale != lib:
-            stale.unlink(missing_ok=True)
-    return lib
+            if done.returncode != 0:
+                raise RuntimeError(f"linking the CUDA emulation library failed:\n{done.stderr[-4000:]}")
+            os.replace(tmp, lib)
+        for stale in [*objects_dir.glob("*.o"), *root.glob("libsplat_cudaemu-*.so")] if may_prune() else []:
+            if stale not in objects and stale != lib:
+                stale.unlink(missing_ok=True)
+        return lib
 
 
 class Emulator:
