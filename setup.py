@@ -4,9 +4,20 @@ The CPU kernels are always built, into splat/libsplat_cpu.so: a plain C
 library (splat/kernels/splat_api.h) compiled with the system C++
 compiler ($CXX, default g++) and loaded with ctypes, so it needs neither torch
 nor Python headers and one build serves every torch and CPython
-(splat/_native_build.py has the commands).  The CUDA backend (still a torch
-extension, splat._C) is added when the installed torch is a CUDA build and
-nvcc is found (or SPLAT_BUILD_CUDA=1 forces it, SPLAT_BUILD_CUDA=0 disables it).
+(splat/_native_build.py has the commands).
+
+The CUDA kernels come in two forms, which run the same C ABI and host call
+sequence (splat/kernels/splat_cuda_api.h, cuda/host_sequence.h):
+  * splat/libsplat_cuda.so, a plain C library built with nvcc (CUDA runtime
+    linked statically, no torch) when SPLAT_CUDA_ARCHS names architectures
+    ("all": the wheel's seven with PTX of the newest; "86", "8.9;12.0+PTX",
+    ...) and nvcc is found; scripts/build_wheels.sh puts it in the wheel;
+  * the torch extension splat._C of a source install on a CUDA torch: added
+    when the installed torch is a CUDA build and nvcc is found (or
+    SPLAT_BUILD_CUDA=1 forces it, SPLAT_BUILD_CUDA=0 disables it); built by
+    torch for the local GPU (TORCH_CUDA_ARCH_LIST), and what the GPU campaign
+    rebuilds with SPLAT_CUDA_EXACT=0.
+splat/_native_cuda.py loads the library when present, else the extension.
 
 The CUDA kernels are built exact by default: no fused multiply-add
 (--fmad=false), no flush of denormals to zero and IEEE division and square
@@ -40,8 +51,10 @@ from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERNELS = os.path.join("splat", "kernels")
+# The C libraries' build (read without importing splat, which needs torch).
+_NATIVE = runpy.run_path(os.path.join(HERE, "splat", "_native_build.py"))
 # nvcc's flags for kernels that round like the CPU library (SPLAT_CUDA_EXACT).
-CUDA_EXACT_FLAGS = ["--fmad=false", "-ftz=false", "-prec-div=true", "-prec-sqrt=true"]
+CUDA_EXACT_FLAGS = list(_NATIVE["CUDA_EXACT_FLAGS"])
 
 
 def _want_cuda() -> bool:
@@ -61,11 +74,28 @@ def _want_cuda() -> bool:
 # then puts it in place for editable installs and into wheels like any
 # extension, but its file is splat/libsplat_cpu.so, no Python module.
 _CPU_LIBRARY = Extension("splat.libsplat_cpu", sources=[])
+# The same for the CUDA library, when SPLAT_CUDA_ARCHS asks for it.
+_CUDA_LIBRARY = Extension("splat.libsplat_cuda", sources=[])
+_LIBRARIES = {_CPU_LIBRARY.name: "cpu", _CUDA_LIBRARY.name: "cuda"}
+
+
+def _cuda_archs() -> str | None:
+    """SPLAT_CUDA_ARCHS when it asks for the CUDA library and nvcc is there."""
+    archs = os.environ.get("SPLAT_CUDA_ARCHS", "").strip()
+    if archs in ("", "0", "none"):
+        return None
+    if shutil.which(os.environ.get("NVCC", "nvcc")) is None:
+        raise SystemExit(f"SPLAT_CUDA_ARCHS={archs} asks for the CUDA library, but nvcc is not on the PATH (or $NVCC)")
+    return archs
+
+
+def _libraries():
+    return [_CPU_LIBRARY] + ([_CUDA_LIBRARY] if _cuda_archs() else [])
 
 
 def _extensions():
     if not _want_cuda():
-        return [_CPU_LIBRARY]
+        return _libraries()
     from torch.utils.cpp_extension import CUDAExtension
 
     # The CUDA kernels, with the torch bindings (bindings.cpp and the CPU
@@ -77,6 +107,9 @@ def _extensions():
     include_dirs = [os.path.join(HERE, KERNELS)]
     sources += sorted(glob.glob(os.path.join(KERNELS, "cuda", "*.cu")))
     sources += sorted(glob.glob(os.path.join(KERNELS, "cuda", "*.cpp")))
+    # The C ABI of the CUDA kernels, which bindings_cuda.cpp calls: the one host
+    # call sequence of libsplat_cuda.so and the CUDA emulation tests.
+    sources.append(os.path.join(KERNELS, "capi_cuda.cpp"))
     # No FMA contraction and IEEE division/sqrt: the CUDA kernels then round
     # like the CPU build of the same core.h (see scripts/compile_cuda_check.sh).
     # SPLAT_CUDA_EXACT=0 leaves nvcc's fast defaults (the docstring above).
@@ -84,7 +117,7 @@ def _extensions():
     if os.environ.get("SPLAT_CUDA_EXACT", "1") != "0":
         nvcc += CUDA_EXACT_FLAGS
     return [
-        _CPU_LIBRARY,
+        *_libraries(),
         CUDAExtension(
             "splat._C",
             sources,
@@ -104,9 +137,9 @@ def _requirements(relative):
 
 
 def _build_ext():
-    """build_ext that builds the CPU library with splat/_native_build.py (and
+    """build_ext that builds the C libraries with splat/_native_build.py (and
     any torch extension as torch builds it)."""
-    native = runpy.run_path(os.path.join(HERE, "splat", "_native_build.py"))
+    native = _NATIVE
     base = build_ext
     if _want_cuda():
         from torch.utils.cpp_extension import BuildExtension
@@ -116,16 +149,21 @@ def _build_ext():
     class _BuildExt(base):
         def get_ext_filename(self, fullname):
             # asked with the full name and with its last part (get_ext_fullpath)
-            if fullname in (_CPU_LIBRARY.name, _CPU_LIBRARY.name.split(".")[-1]):
-                return os.path.join(*fullname.split(".")[:-1], native["library_name"]("cpu"))
+            for name, kind in _LIBRARIES.items():
+                if fullname in (name, name.split(".")[-1]):
+                    return os.path.join(*fullname.split(".")[:-1], native["library_name"](kind))
             return super().get_ext_filename(fullname)
 
         def build_extension(self, ext):
-            if ext.name != _CPU_LIBRARY.name:
+            kind = _LIBRARIES.get(ext.name)
+            if kind is None:
                 return super().build_extension(ext)
-            out = os.path.abspath(self.get_ext_fullpath(ext.name))
-            objects = os.path.join(os.path.abspath(self.build_temp), "splat_cpu")
-            native["build_cpu_library"](Path(out), Path(objects), self.parallel or None)
+            out = Path(os.path.abspath(self.get_ext_fullpath(ext.name)))
+            objects = Path(os.path.abspath(self.build_temp)) / f"splat_{kind}"
+            if kind == "cpu":
+                native["build_cpu_library"](out, objects, self.parallel or None)
+            else:
+                native["build_cuda_library"](out, objects, _cuda_archs(), self.parallel or None)
 
     return _BuildExt
 

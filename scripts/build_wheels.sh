@@ -19,8 +19,12 @@
 # another runtime, the system's libgomp1 is used and splat passes torch's
 # thread count with every call.
 #
-# SPLAT_CUDA_ARCHS is reserved for the CUDA library (not in the wheel yet:
-# the CUDA kernels are still the torch extension of the source build).
+# The CUDA part: when nvcc is found ($NVCC, default nvcc), the wheel also
+# holds splat/libsplat_cuda.so, the CUDA kernels behind a C ABI (no torch,
+# CUDA runtime linked statically), for SPLAT_CUDA_ARCHS (default "all": sm_75,
+# sm_80, sm_86, sm_89, sm_90, sm_100 and sm_120, plus PTX of compute_120).
+# splat loads it only where torch has CUDA and a GPU is present.
+# SPLAT_CUDA_ARCHS=none leaves it out; without nvcc the wheel is CPU-only.
 set -euo pipefail
 out="$(realpath -m "${1:?usage: bash scripts/build_wheels.sh OUT_DIR}")"
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -33,8 +37,14 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/src" "$work/raw" "$out"
 (cd "$root" && git ls-files -z | xargs -0 cp --parents -t "$work/src")
 
+archs="${SPLAT_CUDA_ARCHS:-all}"
+if [ "$archs" != "none" ] && ! command -v "${NVCC:-nvcc}" >/dev/null 2>&1; then
+  echo "build_wheels: nvcc not found: the wheel holds the CPU kernels only"
+  archs=none
+fi
 start=$(date +%s)
-SPLAT_BUILD_CUDA=0 "$python" -m pip wheel -q --no-build-isolation --no-deps -w "$work/raw" "$work/src"
+# SPLAT_BUILD_CUDA=0: never the torch extension (it would tie the wheel to one torch)
+SPLAT_BUILD_CUDA=0 SPLAT_CUDA_ARCHS="$archs" "$python" -m pip wheel -q --no-build-isolation --no-deps -w "$work/raw" "$work/src"
 built=$(date +%s)
 raw="$(ls "$work/raw"/splat-*.whl)"
 "$python" -m auditwheel repair --exclude libgomp.so.1 -w "$out" "$raw" >"$work/repair.log" 2>&1 || {
@@ -43,4 +53,10 @@ raw="$(ls "$work/raw"/splat-*.whl)"
 }
 wheel="$(ls -t "$out"/splat-*manylinux*.whl | head -1)"
 echo "wheel: $wheel"
-echo "size: $(stat -c %s "$wheel") bytes (unrepaired $(stat -c %s "$raw")); build $((built - start)) s"
+echo "size: $(stat -c %s "$wheel") bytes (unrepaired $(stat -c %s "$raw")); build $((built - start)) s; CUDA archs: $archs"
+"$python" - "$wheel" <<'PY'
+import sys, zipfile
+for info in zipfile.ZipFile(sys.argv[1]).infolist():
+    if info.filename.endswith((".so", ".dylib", ".dll")):
+        print(f"  {info.filename}: {info.file_size} bytes, {info.compress_size} compressed")
+PY

@@ -10,7 +10,10 @@
 #   bash scripts/ci_wheel.sh WHEEL [PYTHON]  # test a built wheel; the venv from PYTHON
 #
 # Environment: TORCH_SPEC (default torch==2.13.0), WHEEL_TESTS (the test
-# files, default below), SPLAT_WHEEL_STEPS (training steps, default 300).
+# files, default below), SPLAT_WHEEL_STEPS (training steps, default 300),
+# SPLAT_CUDA_ARCHS (the wheel's CUDA part where nvcc is found, as
+# scripts/build_wheels.sh; its default, all seven architectures, builds in
+# about 2 min on 2 cores).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 work="$(mktemp -d)"
@@ -68,6 +71,16 @@ from splat._native import kernels
 site = Path(sysconfig.get_paths()["purelib"]).resolve()
 assert Path(splat.__file__).resolve().is_relative_to(site), f"splat imported from {splat.__file__}, not {site}"
 print("splat from", splat.__file__, "kernels", kernels().__file__)
+# The CUDA part (if the wheel has it) is never opened by a CPU-only torch.
+import torch
+from splat.testing import random_scene
+
+splat.rasterize(**random_scene(50, 16, 16), backend="cpu")
+cuda_lib = Path(splat.__file__).parent / "libsplat_cuda.so"
+maps = Path("/proc/self/maps").read_text()
+print("CUDA library in the wheel:", cuda_lib.is_file(), "| torch CUDA:", torch.version.cuda)
+if torch.version.cuda is None:
+    assert "libsplat_cuda" not in maps, "a CPU-only torch opened libsplat_cuda.so"
 PY
 python -c "import time; t = time.perf_counter(); import splat; from splat._native import kernels; kernels(); \
 print(f'ci_wheel: import splat + load kernels {time.perf_counter() - t:.2f} s')"

@@ -2,7 +2,10 @@
 # Compile check of the CUDA backend without a GPU and without a CUDA build of
 # torch: every splat/kernels/cuda/*.cu is compiled with `nvcc -c` for
 # sm_80 and sm_90 (the .cu files include no torch header, so this works on any
-# machine with nvcc).  Exits non-zero on the first failure.
+# machine with nvcc), and so is the C ABI of libsplat_cuda.so
+# (splat/kernels/capi_cuda.cpp, host code against the real CUDA runtime
+# header, which the emulation tests replace by the shim).  Exits non-zero on
+# the first failure.
 #
 # When the installed torch ships its C++ headers, the torch glue
 # (cuda/bindings_cuda.cpp) is also syntax-checked with the host compiler;
@@ -47,6 +50,13 @@ for src in "${sources[@]}"; do
     status=1
   fi
 done
+
+capi=splat/kernels/capi_cuda.cpp
+echo "nvcc $capi"
+if ! "$NVCC" -c -std=c++17 -O3 -I splat/kernels -DSPLAT_CUDA_ARCH_LIST='"sm_80 sm_90"' "$capi" -o "$OUT/capi_cuda.o"; then
+  echo "compile_cuda_check: FAILED $capi" >&2
+  status=1
+fi
 
 # Optional syntax check of the torch glue against the installed torch headers.
 glue=splat/kernels/cuda/bindings_cuda.cpp

@@ -31,11 +31,12 @@ echo "clean kernels under ASan+UBSan: rc=$clean_rc, $clean_summary, sanitizer re
 mutant=$(mktemp -d)
 cp splat/kernels/cuda/{binning,forward,backward}.cu splat/kernels/cuda/*.cuh "$mutant/"
 python - "$mutant/forward.cu" <<'PY'
-import sys
+import re, sys
 p = sys.argv[1]; s = open(p).read()
-old = "k_load < count) P::store"
-assert s.count(old) == 1, "forward.cu changed: update the seeded bug"
-open(p, "w").write(s.replace(old, "k_load <= count) P::store"))
+# whatever the whitespace between the tokens (clang-format may wrap the line)
+s, count = re.subn(r"k_load\s*<\s*count\)(\s*)P::store", r"k_load <= count)\1P::store", s)
+assert count == 1, "forward.cu changed: update the seeded bug"
+open(p, "w").write(s)
 PY
 mutant_log=$(mktemp)
 SPLAT_CUDAEMU_KERNELS="$mutant" python -m pytest -q -s -x -p no:cacheprovider tests/test_cuda_emulation.py >"$mutant_log" 2>&1

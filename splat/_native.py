@@ -15,7 +15,6 @@ memory) arrive as DLPack tensors and are adopted without a copy.
 from __future__ import annotations
 
 import ctypes
-import importlib
 import os
 import threading
 from functools import cache
@@ -170,23 +169,19 @@ def _threads():
     return torch.get_num_threads()
 
 
-@cache
 def _cuda_extension():
-    """The CUDA kernels (the torch extension splat._C, built only with nvcc and
-    a CUDA torch), or None.  Imported only once a CUDA op is asked for with a
-    GPU present, so a CPU-only torch never touches it."""
-    if torch.version.cuda is None or not torch.cuda.is_available():
-        return None
-    try:
-        cuda_module = importlib.import_module("splat._C")  # by name: the package imports this module
-    except ImportError:
-        return None
-    return cuda_module if getattr(cuda_module, "with_cuda", False) else None
+    """The CUDA operations (splat._native_cuda: libsplat_cuda.so, else the
+    torch extension splat._C of a source build), or None.  Looked for only
+    once a CUDA op is asked for with a GPU present, so a CPU-only torch never
+    touches them."""
+    from splat._native_cuda import cuda_kernels
+
+    return cuda_kernels()
 
 
 class CpuKernels:
     """The CPU library's operations, with splat._C's former signatures; the
-    *_cuda operations come from the CUDA extension when there is one."""
+    *_cuda operations come from the CUDA library (or extension) when there is one."""
 
     @property
     def with_cuda(self) -> bool:

@@ -1,7 +1,7 @@
 // The parameter lists of the torch raster ops, once per primitive, for every
-// place that declares, defines or forwards them: bindings.cpp (CPU),
-// cuda/bindings_cuda.{h,cpp} (CUDA) and cuda/host_sequence.h (the CUDA call
-// sequence, also built by the emulation harness).  Python calls each op
+// place that declares, defines or forwards them: bindings.cpp (CPU) and
+// cuda/bindings_cuda.{h,cpp} (CUDA, which hands them to the torch-free C ABI
+// of splat_cuda_api.h in the same order).  Python calls each op
 // positionally (splat/rasterize.py), so the order here is the ops' contract:
 //
 //   forward(INPUTS)                         -> sums, binning (raster_args.h)

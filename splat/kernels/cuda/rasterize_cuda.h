@@ -1,6 +1,6 @@
 // CUDA backend launchers: raw device pointers and a cudaStream_t only, no torch
-// headers, so every .cu file compiles with a plain `nvcc -c`.  The torch glue
-// (bindings_cuda.cpp) allocates all memory and calls these in order:
+// headers, so every .cu file compiles with a plain `nvcc -c`.  The host call
+// sequence (host_sequence.h) allocates all memory and calls these in order:
 //
 //   binning (binning.cu), two phases because the number of (tile, surfel)
 //   pairs P is only known after a scan:
