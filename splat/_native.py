@@ -381,8 +381,8 @@ class CpuKernels:
         return _adopt(outs, 6)
 
     def project_gaussians_backward_cpu(self, means, quats, scales, opacities, ids, viewmat, K, K_inv, *rest):
-        """Returns [v_means, v_quats, v_scales, v_opacities] and, with_camera,
-        [v_viewmat, v_K, v_K_inv]; v_centre may be None."""
+        """Returns [v_means, v_quats, v_scales, v_opacities, v_means2d] and,
+        with_camera, [v_viewmat, v_K, v_K_inv]; v_centre may be None."""
         width, height, antialiased, v_params, v_centre, with_camera = rest
         code, n, m, ins, cam = self._gauss_project_inputs(means, quats, scales, opacities, ids, viewmat, K, K_inv)
         dtype = means.dtype
@@ -391,7 +391,7 @@ class CpuKernels:
             _check_rows(v_centre, "v_centre", m, 2, dtype)
         grads = (ctypes.c_void_p * 2)(v_params.data_ptr(), None if v_centre is None else v_centre.data_ptr())
         strides = (ctypes.c_int64 * 2)(v_params.stride(0), 2 if v_centre is None else v_centre.stride(0))
-        count = 7 if with_camera else 4
+        count = 8 if with_camera else 5
         outs, err = (ctypes.c_void_p * count)(), _err_buffer()
         if self._lib.splat_project_gaussians_backward_cpu(
             code, ins, n, m, *(t.data_ptr() for t in cam), width, height, int(bool(antialiased)), grads, strides,

@@ -168,21 +168,42 @@ def rasterize_3dgs_and_inputs(
     grad_enabled = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
     means2d = torch.zeros(n, 2, dtype=dtype, device=device)
     radii = torch.zeros(n, dtype=torch.int32, device=device)
+    # The fused projection takes means2d (its value is not read) and returns
+    # its gradient itself; the PyTorch one gets it from _shift_footprints below.
+    fused = backend == "cpu"
+    means2d.requires_grad_(grad_enabled)
     with torch.set_grad_enabled(torch.is_grad_enabled() and backend != "torch"):  # the reference projects itself
         kin = gaussian_kernel_inputs(
-            means, quats, scales, opacities, viewmat, K, width, height, near, far, antialiased, fused=backend == "cpu"
+            means,
+            quats,
+            scales,
+            opacities,
+            viewmat,
+            K,
+            width,
+            height,
+            near,
+            far,
+            antialiased,
+            fused=fused,
+            means2d=means2d if fused and grad_enabled else None,
         )
     if n == 0:
-        means2d.requires_grad_(grad_enabled)
         sums = _connect(_empty_sums(width, height, dtype, device), inputs + (means2d,))
         return compose(*sums, background=background, radii=radii, means2d=means2d), kin
 
     rgb_colors = _surfel_colors(means, colors, viewmat, sh_degree)
     ids = kin["ids"]
+    # Nothing culled (the usual case): ids is 0..N-1, so the gathers and
+    # scatters by ids below are identities, skipped (same values and gradients).
+    all_kept = ids.shape[0] == n
     with torch.no_grad():
-        means2d[ids] = kin["centre"].detach()
-        radii[ids] = kin["radii"]
-    means2d.requires_grad_(grad_enabled)
+        if all_kept:
+            means2d.copy_(kin["centre"])
+            radii.copy_(kin["radii"])
+        else:
+            means2d[ids] = kin["centre"].detach()
+            radii[ids] = kin["radii"]
     if backend == "torch":
         sums = rasterize_reference_3dgs(
             means,
@@ -201,10 +222,10 @@ def rasterize_3dgs_and_inputs(
         )
     else:
         params = kin["params"]
-        if grad_enabled:
+        if grad_enabled and not fused:
             params = _shift_footprints(params, means2d[ids] - means2d[ids].detach())
         sums = _RasterizeGaussians.apply(
-            params, rgb_colors[ids], kin["depth"], kin["pixel_rect"], width, height, near, far
+            params, rgb_colors if all_kept else rgb_colors[ids], kin["depth"], kin["pixel_rect"], width, height, near, far
         )
     if grad_enabled:
         sums = _connect(sums, inputs + (means2d,))
@@ -224,13 +245,16 @@ def gaussian_kernel_inputs(
     far: float,
     antialiased: bool = False,
     fused: bool = False,
+    means2d: Optional[torch.Tensor] = None,
 ) -> dict:
     """The per-Gaussian rows the kernels read (core.h "3D Gaussians"), for the
     Gaussians that are not culled.
 
     ``fused``: computed by the C++ op (CPU tensors; the same maths, values
     equal up to float rounding, tests/test_project_gaussians.py) instead of
-    the PyTorch expressions below, which stay the reference.
+    the PyTorch expressions below, which stay the reference.  ``means2d``
+    [N, 2] (fused only; value not read): params' centre moves with it, so
+    that its gradient is dL/d(translating the footprint by one pixel).
 
     Returns a dict: ``ids`` [M] (the Gaussians kept: centre depth in
     (near, far) and opacity >= ALPHA_MIN, in index order), ``params``
@@ -243,7 +267,9 @@ def gaussian_kernel_inputs(
     keep = depth_in_range(depth_all, near, far) & (opacities.detach().double() >= cv.ALPHA_MIN)
     ids = keep.nonzero().flatten()
     if fused:
-        return _project_gaussians_cpu(means, quats, scales, opacities, ids, viewmat, K, width, height, antialiased)
+        return _project_gaussians_cpu(
+            means, quats, scales, opacities, means2d, ids, viewmat, K, width, height, antialiased
+        )
     mu, precision, centre, conic, factor = project_gaussians(
         means[ids], quats[ids], scales[ids], viewmat, K, width, height, antialiased
     )
@@ -285,13 +311,13 @@ def _raise_not_finite(params, ids, dtype):
     )
 
 
-def _project_gaussians_cpu(means, quats, scales, opacities, ids, viewmat, K, width, height, antialiased):
+def _project_gaussians_cpu(means, quats, scales, opacities, means2d, ids, viewmat, K, width, height, antialiased):
     """gaussian_kernel_inputs' projection as one C++ op (_ProjectGaussians).
     K^-1 is torch's, so that its gradient (through torch.linalg.inv) is the
     reference's; the op returns dL/dK^-1 and the rest of dL/dK itself."""
     K_inv = torch.linalg.inv(K)
     params, centre, depth, rect, radii, bad = _ProjectGaussians.apply(
-        means, quats, scales, opacities, viewmat, K, K_inv, ids, width, height, antialiased
+        means, quats, scales, opacities, means2d, viewmat, K, K_inv, ids, width, height, antialiased
     )
     if int(bad):
         _raise_not_finite(params, ids, means.dtype)
@@ -302,10 +328,11 @@ class _ProjectGaussians(torch.autograd.Function):
     """splat's project_gaussians_forward_cpu / _backward_cpu: returns (params
     [M, 27], centre [M, 2], depth [M], pixel_rect, radii, non-finite row count)
     for the Gaussians ``ids``; gradients flow from params and centre to means,
-    quats, scales, opacities, viewmat, K and K^-1."""
+    quats, scales, opacities, viewmat, K and K^-1, and from params' centre to
+    ``means2d`` (None, or [N, 2] whose value is not read: a screen translation)."""
 
     @staticmethod
-    def forward(ctx, means, quats, scales, opacities, viewmat, K, K_inv, ids, width, height, antialiased):
+    def forward(ctx, means, quats, scales, opacities, means2d, viewmat, K, K_inv, ids, width, height, antialiased):
         ext = load_extension()
         args = [t.contiguous() for t in (means, quats, scales, opacities, ids)]
         cam = [t.detach().contiguous() for t in (viewmat, K, K_inv)]
@@ -321,16 +348,17 @@ class _ProjectGaussians(torch.autograd.Function):
         ext = load_extension()
         means, quats, scales, opacities, ids, viewmat, K, K_inv = ctx.saved_tensors
         if v_params is None and v_centre is None:
-            return (None,) * 11
+            return (None,) * 12
         if v_params is None:
             v_params = v_centre.new_zeros(ids.shape[0], ext.gauss_params_size)
-        with_camera = any(ctx.needs_input_grad[4:7])
+        with_camera = any(ctx.needs_input_grad[5:8])
         grads = ext.project_gaussians_backward_cpu(
             means, quats, scales, opacities, ids, viewmat, K, K_inv, *ctx.image,
             _rows(v_params), None if v_centre is None else _rows(v_centre), with_camera,
         )  # fmt: skip
-        camera = grads[4:] if with_camera else [None] * 3
-        return (*grads[:4], *camera, None, None, None, None)
+        v_means2d = grads[4] if ctx.needs_input_grad[4] else None
+        camera = grads[5:] if with_camera else [None] * 3
+        return (*grads[:4], v_means2d, *camera, None, None, None, None)
 
 
 def _rows(g):

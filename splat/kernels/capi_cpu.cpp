@@ -548,6 +548,7 @@ int splat_project_gaussians_backward_cpu(int dtype, const void* const* inputs, i
       o.add(real_tensor<T>({n, 4}));
       o.add(real_tensor<T>({n, 3}));
       o.add(real_tensor<T>({n}));
+      o.add(real_tensor<T>({n, 2}));
       if (with_camera) {
         o.add(real_tensor<T>({4, 4}));
         o.add(real_tensor<T>({3, 3}));
@@ -562,10 +563,11 @@ int splat_project_gaussians_backward_cpu(int dtype, const void* const* inputs, i
       g.v_quats = o.data<T>(1);
       g.v_scales = o.data<T>(2);
       g.v_opacities = o.data<T>(3);
+      g.v_means2d = o.data<T>(4);
       if (with_camera) {
-        g.v_viewmat = o.data<T>(4);
-        g.v_K = o.data<T>(5);
-        g.v_K_inv = o.data<T>(6);
+        g.v_viewmat = o.data<T>(5);
+        g.v_K = o.data<T>(6);
+        g.v_K_inv = o.data<T>(7);
       }
       splat::project_gaussians_backward_cpu<T>(in, g);
       o.hand_over(outs);

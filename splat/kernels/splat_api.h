@@ -135,9 +135,10 @@ SPLAT_API int splat_project_gaussians_forward_cpu(int dtype, const void* const* 
                                                   size_t err_len);
 /* grads_in: v_params [M,kGaussParams] and v_centre [M,2] (or NULL) with row
  * strides row_strides[2].  with_camera: also the camera's gradients.
- * outs[4] (with_camera: 7): v_means [N,3], v_quats [N,4], v_scales [N,3],
- * v_opacities [N] (zero outside ids), then v_viewmat [4,4], v_K [3,3] (its
- * fx, fy, cx, cy entries), v_K_inv [3,3]. */
+ * outs[5] (with_camera: 8): v_means [N,3], v_quats [N,4], v_scales [N,3],
+ * v_opacities [N], v_means2d [N,2] (dL/d(screen translation): v_params'
+ * centre entries; all zero outside ids), then v_viewmat [4,4], v_K [3,3]
+ * (its fx, fy, cx, cy entries), v_K_inv [3,3]. */
 SPLAT_API int splat_project_gaussians_backward_cpu(
     int dtype, const void* const* inputs, int64_t n, int64_t m, const void* viewmat, const void* K,
     const void* K_inv, int64_t width, int64_t height, int antialiased, const void* const* grads_in,

@@ -112,6 +112,8 @@ void project_gaussians_backward_cpu(const GaussProjectArgs<T>& in, const GaussPr
     for (int k = 0; k < 4; ++k) g.v_quats[4 * i + k] = T(0);
     for (int k = 0; k < 3; ++k) g.v_scales[3 * i + k] = T(0);
     g.v_opacities[i] = T(0);
+    g.v_means2d[2 * i] = T(0);
+    g.v_means2d[2 * i + 1] = T(0);
   }
   const bool with_camera = g.v_viewmat != nullptr;
   const int64_t blocks = (in.m + kCameraBlock - 1) / kCameraBlock;
@@ -130,8 +132,12 @@ void project_gaussians_backward_cpu(const GaussProjectArgs<T>& in, const GaussPr
       gauss_project_forward(cam, m, in.quats + 4 * i, s, o, p, row);
       const T zero[2] = {T(0), T(0)};
       const T* vcen = g.v_centre ? g.v_centre + g.v_centre_row_stride * j : zero;
+      const T* vrow = g.v_params + g.v_params_row_stride * j;
+      // params' centre = centre + (means2d - means2d.detach()): identity
+      g.v_means2d[2 * i] = vrow[kGaussCenter];
+      g.v_means2d[2 * i + 1] = vrow[kGaussCenter + 1];
       GaussCameraGrad<T> vc;
-      gauss_project_backward(cam, m, s, o, p, g.v_params + g.v_params_row_stride * j, vcen,
+      gauss_project_backward(cam, m, s, o, p, vrow, vcen,
                              g.v_means + 3 * i, g.v_quats + 4 * i, g.v_scales + 3 * i,
                              g.v_opacities[i], vc);
       if (!with_camera) continue;

@@ -48,6 +48,7 @@ struct GaussProjectGrads {
   T* v_quats;      // [N, 4]
   T* v_scales;     // [N, 3]
   T* v_opacities;  // [N]
+  T* v_means2d;    // [N, 2]: dL/d(screen translation of the footprint), v_params' centre entries
   T* v_viewmat;    // [16], or nullptr: the camera's gradients are not computed
   T* v_K;          // [9] (fx, fy, cx, cy entries; with v_viewmat)
   T* v_K_inv;      // [9] (with v_viewmat)
