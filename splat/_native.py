@@ -46,7 +46,7 @@ _SIGNATURES = {
     "splat_project_backward_cpu": [_INT, _PP, _I64, _I64, _I64, _P, _P, _I64, _I64, _F64, _F64, _PP, _I64P, _P]
     + [_INT, _PP],
     # -- the fused projection of 3D Gaussians (kept together: see splat_api.h) --
-    "splat_project_gaussians_forward_cpu": [_INT, _PP, _I64, _I64, _P, _P, _P, _I64, _I64, _INT, _INT, _PP],
+    "splat_project_gaussians_forward_cpu": [_INT, _PP, _I64, _P, _P, _P, _I64, _I64, _F64, _F64, _INT, _INT, _PP],
     "splat_project_gaussians_backward_cpu": [_INT, _PP, _I64, _I64, _P, _P, _P, _I64, _I64, _INT, _PP, _I64P, _INT]
     + [_INT, _PP],
     # -- end of the 3D Gaussians' projection --
@@ -358,27 +358,30 @@ class CpuKernels:
         _check_input(quats, "quats", n, 4, dtype)
         _check_input(scales, "scales", n, 3, dtype)
         _check_input(opacities, "opacities", n, 0, dtype)
-        m = ids.shape[0] if ids.dim() == 1 else -1
-        _check_input(ids, "ids", m, 0, torch.int64)
+        m = 0
+        if ids is not None:
+            m = ids.shape[0] if ids.dim() == 1 else -1
+            _check_input(ids, "ids", m, 0, torch.int64)
         if viewmat.numel() != 16 or K.numel() != 9 or K_inv.numel() != 9:
             raise RuntimeError("viewmat must be [4, 4], K and K_inv [3, 3]")
         cam = [t.detach().to("cpu").contiguous() for t in (viewmat, K, K_inv)]
         if any(t.dtype != dtype for t in cam):
             raise RuntimeError(f"viewmat, K and K_inv must have dtype {dtype}")
-        ins = _pointers((means, quats, scales, opacities, ids))
+        ins = _pointers((means, quats, scales, opacities) + (() if ids is None else (ids,)))
         return code, n, m, ins, cam
 
-    def project_gaussians_forward_cpu(self, means, quats, scales, opacities, ids, viewmat, K, K_inv, *rest):
-        """Returns [params, centre, depth, pixel_rect, radii, non-finite row count]."""
-        width, height, antialiased = rest
-        code, n, m, ins, cam = self._gauss_project_inputs(means, quats, scales, opacities, ids, viewmat, K, K_inv)
-        outs, err = (ctypes.c_void_p * 6)(), _err_buffer()
+    def project_gaussians_forward_cpu(self, means, quats, scales, opacities, viewmat, K, K_inv, *rest):
+        """Culls and projects: returns [ids, params, centre, depth, pixel_rect,
+        radii, non-finite row count]."""
+        width, height, near, far, antialiased = rest
+        code, n, _, ins, cam = self._gauss_project_inputs(means, quats, scales, opacities, None, viewmat, K, K_inv)
+        outs, err = (ctypes.c_void_p * 7)(), _err_buffer()
         if self._lib.splat_project_gaussians_forward_cpu(
-            code, ins, n, m, *(t.data_ptr() for t in cam), width, height, int(bool(antialiased)), _threads(),
-            outs, err, 512,
+            code, ins, n, *(t.data_ptr() for t in cam), width, height, near, far, int(bool(antialiased)),
+            _threads(), outs, err, 512,
         ):  # fmt: skip
             _fail(err)
-        return _adopt(outs, 6)
+        return _adopt(outs, 7)
 
     def project_gaussians_backward_cpu(self, means, quats, scales, opacities, ids, viewmat, K, K_inv, *rest):
         """Returns [v_means, v_quats, v_scales, v_opacities, v_means2d] and,

@@ -263,13 +263,13 @@ def gaussian_kernel_inputs(
     Culled Gaussians are left out *before* the projection divides by their
     depth, so they receive exactly zero gradient, never 0 * inf.
     """
+    if fused:  # culls as below, in C++
+        return _project_gaussians_cpu(
+            means, quats, scales, opacities, means2d, viewmat, K, width, height, near, far, antialiased
+        )
     depth_all = means.detach() @ viewmat.detach()[2, :3] + viewmat.detach()[2, 3]
     keep = depth_in_range(depth_all, near, far) & (opacities.detach().double() >= cv.ALPHA_MIN)
     ids = keep.nonzero().flatten()
-    if fused:
-        return _project_gaussians_cpu(
-            means, quats, scales, opacities, means2d, ids, viewmat, K, width, height, antialiased
-        )
     mu, precision, centre, conic, factor = project_gaussians(
         means[ids], quats[ids], scales[ids], viewmat, K, width, height, antialiased
     )
@@ -311,13 +311,14 @@ def _raise_not_finite(params, ids, dtype):
     )
 
 
-def _project_gaussians_cpu(means, quats, scales, opacities, means2d, ids, viewmat, K, width, height, antialiased):
-    """gaussian_kernel_inputs' projection as one C++ op (_ProjectGaussians).
-    K^-1 is torch's, so that its gradient (through torch.linalg.inv) is the
-    reference's; the op returns dL/dK^-1 and the rest of dL/dK itself."""
+def _project_gaussians_cpu(means, quats, scales, opacities, means2d, viewmat, K, width, height, near, far, antialiased):
+    """gaussian_kernel_inputs' culling and projection as one C++ op
+    (_ProjectGaussians).  K^-1 is torch's, so that its gradient (through
+    torch.linalg.inv) is the reference's; the op returns dL/dK^-1 and the rest
+    of dL/dK itself."""
     K_inv = torch.linalg.inv(K)
-    params, centre, depth, rect, radii, bad = _ProjectGaussians.apply(
-        means, quats, scales, opacities, means2d, viewmat, K, K_inv, ids, width, height, antialiased
+    ids, params, centre, depth, rect, radii, bad = _ProjectGaussians.apply(
+        means, quats, scales, opacities, means2d, viewmat, K, K_inv, width, height, near, far, antialiased
     )
     if int(bad):
         _raise_not_finite(params, ids, means.dtype)
@@ -325,30 +326,30 @@ def _project_gaussians_cpu(means, quats, scales, opacities, means2d, ids, viewma
 
 
 class _ProjectGaussians(torch.autograd.Function):
-    """splat's project_gaussians_forward_cpu / _backward_cpu: returns (params
-    [M, 27], centre [M, 2], depth [M], pixel_rect, radii, non-finite row count)
-    for the Gaussians ``ids``; gradients flow from params and centre to means,
+    """splat's project_gaussians_forward_cpu / _backward_cpu: returns (ids [M],
+    params [M, 27], centre [M, 2], depth [M], pixel_rect, radii, non-finite
+    row count) for the Gaussians kept (``ids``); gradients flow from params and centre to means,
     quats, scales, opacities, viewmat, K and K^-1, and from params' centre to
     ``means2d`` (None, or [N, 2] whose value is not read: a screen translation)."""
 
     @staticmethod
-    def forward(ctx, means, quats, scales, opacities, means2d, viewmat, K, K_inv, ids, width, height, antialiased):
+    def forward(ctx, means, quats, scales, opacities, means2d, viewmat, K, K_inv, width, height, near, far, antialiased):
         ext = load_extension()
-        args = [t.contiguous() for t in (means, quats, scales, opacities, ids)]
+        args = [t.contiguous() for t in (means, quats, scales, opacities)]
         cam = [t.detach().contiguous() for t in (viewmat, K, K_inv)]
-        outs = ext.project_gaussians_forward_cpu(*args, *cam, width, height, antialiased)
-        ctx.save_for_backward(*args, *cam)
+        outs = ext.project_gaussians_forward_cpu(*args, *cam, width, height, near, far, antialiased)
+        ctx.save_for_backward(*args, outs[0], *cam)
         ctx.image = (width, height, antialiased)
         ctx.set_materialize_grads(False)
-        ctx.mark_non_differentiable(*outs[2:])
+        ctx.mark_non_differentiable(outs[0], *outs[3:])
         return tuple(outs)
 
     @staticmethod
-    def backward(ctx, v_params, v_centre, *_):
+    def backward(ctx, _ids, v_params, v_centre, *_):
         ext = load_extension()
         means, quats, scales, opacities, ids, viewmat, K, K_inv = ctx.saved_tensors
         if v_params is None and v_centre is None:
-            return (None,) * 12
+            return (None,) * 13
         if v_params is None:
             v_params = v_centre.new_zeros(ids.shape[0], ext.gauss_params_size)
         with_camera = any(ctx.needs_input_grad[5:8])
@@ -358,7 +359,7 @@ class _ProjectGaussians(torch.autograd.Function):
         )  # fmt: skip
         v_means2d = grads[4] if ctx.needs_input_grad[4] else None
         camera = grads[5:] if with_camera else [None] * 3
-        return (*grads[:4], v_means2d, *camera, None, None, None, None)
+        return (*grads[:4], v_means2d, *camera, None, None, None, None, None)
 
 
 def _rows(g):

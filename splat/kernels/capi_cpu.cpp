@@ -506,25 +506,30 @@ int splat_project_backward_cpu(int dtype, const void* const* inputs, int64_t n, 
 }
 
 // ---- The fused projection of 3D Gaussians (splat_api.h) ----
-int splat_project_gaussians_forward_cpu(int dtype, const void* const* inputs, int64_t n, int64_t m,
+int splat_project_gaussians_forward_cpu(int dtype, const void* const* inputs, int64_t n,
                                         const void* viewmat, const void* K, const void* K_inv,
-                                        int64_t width, int64_t height, int antialiased,
-                                        int num_threads, SplatDLManagedTensor** outs, char* err,
-                                        size_t err_len) {
+                                        int64_t width, int64_t height, double near_plane,
+                                        double far_plane, int antialiased, int num_threads,
+                                        SplatDLManagedTensor** outs, char* err, size_t err_len) {
   return guarded(err, err_len, num_threads, [&] {
     check_image_size(n, width, height, "Gaussians");
     dispatch(dtype, [&](auto zero) {
       using T = decltype(zero);
-      const auto in =
-          gauss_project_args<T>(inputs, n, m, viewmat, K, K_inv, width, height, antialiased);
+      const void* given[5] = {inputs[0], inputs[1], inputs[2], inputs[3], nullptr};
+      auto in = gauss_project_args<T>(given, n, 0, viewmat, K, K_inv, width, height, antialiased);
       Outputs o;
+      const int64_t m = splat::cull_gaussians_cpu<T>(in, near_plane, far_plane, [&](int64_t count) {
+        return static_cast<int64_t*>(o.add(scratch_tensor({count}, 0, 64))->dl_tensor.data);
+      });
+      in.ids = o.data<int64_t>(0);
+      in.m = m;
       o.add(real_tensor<T>({m, splat::kGaussParams}));
       o.add(real_tensor<T>({m, 2}));
       o.add(real_tensor<T>({m}));
       o.add(int32_tensor({m, 4}));
       o.add(int32_tensor({m}));
-      const splat::GaussProjectOutputs<T> out{o.data<T>(0), o.data<T>(1), o.data<T>(2),
-                                              o.data<int32_t>(3), o.data<int32_t>(4)};
+      const splat::GaussProjectOutputs<T> out{o.data<T>(1), o.data<T>(2), o.data<T>(3),
+                                              o.data<int32_t>(4), o.data<int32_t>(5)};
       o.add(scalar_tensor<int64_t>(splat::project_gaussians_forward_cpu<T>(in, out), 0));
       o.hand_over(outs);
     });

@@ -122,18 +122,21 @@ SPLAT_API int splat_project_backward_cpu(int dtype, const void* const* inputs, i
                                          SplatDLManagedTensor** outs, char* err, size_t err_len);
 
 /* ---- The fused projection of 3D Gaussians (cpu/project_gaussians_cpu.h) ----
- * inputs: means [N,3], quats [N,4], scales [N,3], opacities [N], ids int64 [M]
- * (the Gaussians projected, distinct); viewmat[16], K[9], K_inv[9] of dtype.
- * outs[6]: params [M,kGaussParams], centre [M,2], depth [M], pixel_rect int32
- * [M,4], radii int32 [M], and a 0-d int64 tensor: the number of rows whose
- * params are not all finite. */
+ * inputs: means [N,3], quats [N,4], scales [N,3], opacities [N]; viewmat[16],
+ * K[9], K_inv[9] of dtype.  Culls (depth in (near, far), opacity >= 1/255)
+ * and projects the rest.  outs[7]: ids int64 [M] (the Gaussians kept, in
+ * index order), params [M,kGaussParams], centre [M,2], depth [M], pixel_rect
+ * int32 [M,4], radii int32 [M], and a 0-d int64 tensor: the number of rows
+ * whose params are not all finite. */
 SPLAT_API int splat_project_gaussians_forward_cpu(int dtype, const void* const* inputs, int64_t n,
-                                                  int64_t m, const void* viewmat, const void* K,
+                                                  const void* viewmat, const void* K,
                                                   const void* K_inv, int64_t width, int64_t height,
+                                                  double near_plane, double far_plane,
                                                   int antialiased, int num_threads,
                                                   SplatDLManagedTensor** outs, char* err,
                                                   size_t err_len);
-/* grads_in: v_params [M,kGaussParams] and v_centre [M,2] (or NULL) with row
+/* inputs: as the forward's, then forward's ids [M] (distinct, in [0, N)).
+ * grads_in: v_params [M,kGaussParams] and v_centre [M,2] (or NULL) with row
  * strides row_strides[2].  with_camera: also the camera's gradients.
  * outs[5] (with_camera: 8): v_means [N,3], v_quats [N,4], v_scales [N,3],
  * v_opacities [N], v_means2d [N,2] (dL/d(screen translation): v_params'

@@ -77,6 +77,41 @@ void screen_bounds(double c0, double c1, double c2, double mx, double my, double
 }  // namespace
 
 template <typename T>
+int64_t cull_gaussians_cpu(const GaussProjectArgs<T>& in, double near, double far,
+                           const std::function<int64_t*(int64_t)>& alloc_ids) {
+  // Two passes over fixed blocks: count the kept per block, then write their
+  // indices at the blocks' running offsets (index order, any thread count).
+  constexpr int64_t kBlock = 4096;
+  const int64_t blocks = (in.n + kBlock - 1) / kBlock;
+  std::vector<int64_t> offsets(size_t(blocks) + 1, 0);
+  const T* V = in.viewmat;
+  auto kept = [&](int64_t i) {
+    const T* m = in.means + 3 * i;
+    // the sum in the order of torch's means @ viewmat[2, :3] + viewmat[2, 3]
+    const double z = double((m[0] * V[8] + m[1] * V[9] + m[2] * V[10]) + V[11]);
+    return z > near && z < far && double(in.opacities[i]) >= kAlphaMin;
+  };
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    int64_t count = 0;
+    const int64_t end = std::min(in.n, (b + 1) * kBlock);
+    for (int64_t i = b * kBlock; i < end; ++i) count += kept(i) ? 1 : 0;
+    offsets[size_t(b) + 1] = count;
+  }
+  for (int64_t b = 0; b < blocks; ++b) offsets[size_t(b) + 1] += offsets[size_t(b)];
+  const int64_t m = offsets[size_t(blocks)];
+  int64_t* ids = alloc_ids(m);
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    int64_t at = offsets[size_t(b)];
+    const int64_t end = std::min(in.n, (b + 1) * kBlock);
+    for (int64_t i = b * kBlock; i < end; ++i)
+      if (kept(i)) ids[at++] = i;
+  }
+  return m;
+}
+
+template <typename T>
 int64_t project_gaussians_forward_cpu(const GaussProjectArgs<T>& in,
                                       const GaussProjectOutputs<T>& out) {
   const GaussCamera<T> cam = camera_of(in);
@@ -185,6 +220,10 @@ void project_gaussians_backward_cpu(const GaussProjectArgs<T>& in, const GaussPr
   g.v_K[5] = T(dc[1]);
 }
 
+template int64_t cull_gaussians_cpu<float>(const GaussProjectArgs<float>&, double, double,
+                                            const std::function<int64_t*(int64_t)>&);
+template int64_t cull_gaussians_cpu<double>(const GaussProjectArgs<double>&, double, double,
+                                             const std::function<int64_t*(int64_t)>&);
 template int64_t project_gaussians_forward_cpu<float>(const GaussProjectArgs<float>&,
                                                       const GaussProjectOutputs<float>&);
 template int64_t project_gaussians_forward_cpu<double>(const GaussProjectArgs<double>&,

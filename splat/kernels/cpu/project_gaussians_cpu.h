@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 namespace splat {
 
@@ -53,6 +54,15 @@ struct GaussProjectGrads {
   T* v_K;          // [9] (fx, fy, cx, cy entries; with v_viewmat)
   T* v_K_inv;      // [9] (with v_viewmat)
 };
+
+// The Gaussians to project, as gaussian_kernel_inputs culls them: camera depth
+// of the mean (W_z . mean + t_z, in the dtype) strictly inside (near, far) and
+// opacity >= kAlphaMin, both compared in float64.  Calls alloc_ids(M) once
+// and writes their indices there in increasing order; returns M.  (in.ids and
+// in.m are not read.)
+template <typename T>
+int64_t cull_gaussians_cpu(const GaussProjectArgs<T>& in, double near, double far,
+                           const std::function<int64_t*(int64_t)>& alloc_ids);
 
 // Returns the number of rows whose parameters are not all finite (the caller
 // names them in its error).
