@@ -225,7 +225,14 @@ def rasterize_3dgs_and_inputs(
         if grad_enabled and not fused:
             params = _shift_footprints(params, means2d[ids] - means2d[ids].detach())
         sums = _RasterizeGaussians.apply(
-            params, rgb_colors if all_kept else rgb_colors[ids], kin["depth"], kin["pixel_rect"], width, height, near, far
+            params,
+            rgb_colors if all_kept else rgb_colors[ids],
+            kin["depth"],
+            kin["pixel_rect"],
+            width,
+            height,
+            near,
+            far,
         )
     if grad_enabled:
         sums = _connect(sums, inputs + (means2d,))
@@ -333,7 +340,9 @@ class _ProjectGaussians(torch.autograd.Function):
     ``means2d`` (None, or [N, 2] whose value is not read: a screen translation)."""
 
     @staticmethod
-    def forward(ctx, means, quats, scales, opacities, means2d, viewmat, K, K_inv, width, height, near, far, antialiased):
+    def forward(
+        ctx, means, quats, scales, opacities, means2d, viewmat, K, K_inv, width, height, near, far, antialiased
+    ):
         ext = _backend.load_extension()  # not this module's name, which tests swap for the raster kernels
         args = [t.contiguous() for t in (means, quats, scales, opacities)]
         cam = [t.detach().contiguous() for t in (viewmat, K, K_inv)]

@@ -48,7 +48,9 @@ PRECISION_COLUMNS = slice(6, 27)
 def _scene(n=16, width=24, height=17, seed=3, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
     viewmat = look_at_viewmat((0.4, -0.3, -4.0), (0.0, 0.0, 0.0), dtype=dtype)
-    cam = torch.cat([(torch.rand(n, 2, generator=g, dtype=dtype) * 2 - 1) * 1.2, 3 + torch.rand(n, 1, generator=g, dtype=dtype)], 1)
+    cam = torch.cat(
+        [(torch.rand(n, 2, generator=g, dtype=dtype) * 2 - 1) * 1.2, 3 + torch.rand(n, 1, generator=g, dtype=dtype)], 1
+    )
     # beyond each of the four frustum limits of the EWA Jacobian (their gradient goes to K)
     cam[:4] = torch.tensor([[-4.0, 0.1, 3.0], [5.0, -0.2, 3.5], [0.2, -4.0, 3.0], [-0.1, 4.5, 4.0]], dtype=dtype)
     cam[4] = torch.tensor([0.0, 0.0, -1.0], dtype=dtype)  # behind the camera: culled, zero gradient
@@ -74,9 +76,7 @@ def _leaves(s):
 
 
 def _project(s, p, antialiased, fused):
-    return gaussian_kernel_inputs(
-        *(p[k] for k in INPUTS), s["width"], s["height"], NEAR, FAR, antialiased, fused=fused
-    )
+    return gaussian_kernel_inputs(*(p[k] for k in INPUTS), s["width"], s["height"], NEAR, FAR, antialiased, fused=fused)
 
 
 def _weights(shape, dtype, seed):
