@@ -277,9 +277,8 @@ splat::ProjectInputs<T> project_inputs(const void* const* in, int64_t n, int64_t
 // ---- The fused projection of 3D Gaussians: its argument block ----
 template <typename T>
 splat::GaussProjectArgs<T> gauss_project_args(const void* const* in, int64_t n, int64_t m,
-                                              const void* viewmat, const void* K,
-                                              const void* K_inv, int64_t width, int64_t height,
-                                              int antialiased) {
+                                              const void* viewmat, const void* K, const void* K_inv,
+                                              int64_t width, int64_t height, int antialiased) {
   require(m >= 0 && m <= n, "ids: more Gaussians projected than given");
   splat::GaussProjectArgs<T> a{};
   a.means = static_cast<const T*>(in[0]);

@@ -78,11 +78,12 @@ struct GaussProjected {
 // Forward of one Gaussian: fills p, and the kGaussParams row `params` (core.h
 // layout).  means, quats, scales: this Gaussian's rows; o its opacity.
 template <typename T>
-SPLAT_HD void gauss_project_forward(const GaussCamera<T>& cam, const T* m, const T* q, const T* s, T o,
-                                    GaussProjected<T>& p, T* params) {
+SPLAT_HD void gauss_project_forward(const GaussCamera<T>& cam, const T* m, const T* q, const T* s,
+                                    T o, GaussProjected<T>& p, T* params) {
   // quat_to_rotmat (geometry.py): rows whose |q| is not a normal number are
   // first divided by their largest component (held constant), then q / |q|.
-  const T amax = std::max(std::max(std::abs(q[0]), std::abs(q[1])), std::max(std::abs(q[2]), std::abs(q[3])));
+  const T amax =
+      std::max(std::max(std::abs(q[0]), std::abs(q[1])), std::max(std::abs(q[2]), std::abs(q[3])));
   const T norm0 = std::sqrt(q[0] * q[0] + q[1] * q[1] + q[2] * q[2] + q[3] * q[3]);
   const bool plain = (std::isfinite(norm0) && norm0 >= T(1e-12)) || amax == T(0);
   p.qdiv = plain ? T(1) : amax;
@@ -141,7 +142,8 @@ SPLAT_HD void gauss_project_forward(const GaussCamera<T>& cam, const T* m, const
   T S[2][2];
   for (int a = 0; a < 2; ++a)
     for (int b = 0; b < 2; ++b) S[a][b] = a == b ? p.C2[a][b] + T(kEwaDilation) : p.C2[a][b];
-  const T smax = std::max(std::max(std::abs(S[0][0]), std::abs(S[0][1])), std::max(std::abs(S[1][0]), std::abs(S[1][1])));
+  const T smax = std::max(std::max(std::abs(S[0][0]), std::abs(S[0][1])),
+                          std::max(std::abs(S[1][0]), std::abs(S[1][1])));
   int e = 0;
   std::frexp(smax, &e);
   p.sc = (std::isfinite(smax) && smax > T(0)) ? std::ldexp(T(1), e) : T(1);
@@ -183,7 +185,8 @@ SPLAT_HD void gauss_project_forward(const GaussCamera<T>& cam, const T* m, const
       params[kGaussNormalSlope + 3 * r + c2] =
           cam.W[0][r] * p.PA[0][c2] + cam.W[1][r] * p.PA[1][c2] + cam.W[2][r] * p.PA[2][c2];
   for (int c2 = 0; c2 < 3; ++c2)
-    params[kGaussNormalBase + c2] = p.Pmu[0] * cam.W[0][c2] + p.Pmu[1] * cam.W[1][c2] + p.Pmu[2] * cam.W[2][c2];
+    params[kGaussNormalBase + c2] =
+        p.Pmu[0] * cam.W[0][c2] + p.Pmu[1] * cam.W[1][c2] + p.Pmu[2] * cam.W[2][c2];
 }
 
 // The camera's share of one Gaussian's gradient: added over Gaussians by the caller.
@@ -226,7 +229,8 @@ SPLAT_HD void gauss_project_backward(const GaussCamera<T>& cam, const T* m, cons
   const T* gs = g + kGaussNormalSlope;
   const T* gb = g + kGaussNormalBase;
   for (int k = 0; k < 3; ++k) {
-    for (int c = 0; c < 3; ++c) dPA[k][c] += cam.W[k][0] * gs[c] + cam.W[k][1] * gs[3 + c] + cam.W[k][2] * gs[6 + c];
+    for (int c = 0; c < 3; ++c)
+      dPA[k][c] += cam.W[k][0] * gs[c] + cam.W[k][1] * gs[3 + c] + cam.W[k][2] * gs[6 + c];
     for (int r = 0; r < 3; ++r)
       dW[k][r] += p.PA[k][0] * gs[3 * r] + p.PA[k][1] * gs[3 * r + 1] + p.PA[k][2] * gs[3 * r + 2];
     dPmu[k] += cam.W[k][0] * gb[0] + cam.W[k][1] * gb[1] + cam.W[k][2] * gb[2];
@@ -235,10 +239,12 @@ SPLAT_HD void gauss_project_backward(const GaussCamera<T>& cam, const T* m, cons
   // PA = P A, Pmu = P mu
   for (int i = 0; i < 3; ++i)
     for (int k = 0; k < 3; ++k) {
-      dP[i][k] += dPA[i][0] * p.A[k][0] + dPA[i][1] * p.A[k][1] + dPA[i][2] * p.A[k][2] + dPmu[i] * p.mu[k];
+      dP[i][k] +=
+          dPA[i][0] * p.A[k][0] + dPA[i][1] * p.A[k][1] + dPA[i][2] * p.A[k][2] + dPmu[i] * p.mu[k];
       dA[k][i] += p.P[0][k] * dPA[0][i] + p.P[1][k] * dPA[1][i] + p.P[2][k] * dPA[2][i];
     }
-  for (int k = 0; k < 3; ++k) dmu[k] += p.P[0][k] * dPmu[0] + p.P[1][k] * dPmu[1] + p.P[2][k] * dPmu[2];
+  for (int k = 0; k < 3; ++k)
+    dmu[k] += p.P[0][k] * dPmu[0] + p.P[1][k] * dPmu[1] + p.P[2][k] * dPmu[2];
   // A's columns: K^-1 e_x, K^-1 e_y, K^-1 (centre, 1)
   T dcentre[2] = {g[kGaussCenter] + v_centre[0], g[kGaussCenter + 1] + v_centre[1]};
   for (int r = 0; r < 3; ++r) {
@@ -351,25 +357,29 @@ SPLAT_HD void gauss_project_backward(const GaussCamera<T>& cam, const T* m, cons
     v_s[k] = T(2) * s[k] * ds2[k] - T(2) * r * dpw[k] * s_min / (s[k] * s[k]);
   }
   // mu = W m + t; Rc = W R
-  for (int k = 0; k < 3; ++k) v_m[k] = cam.W[0][k] * dmu[0] + cam.W[1][k] * dmu[1] + cam.W[2][k] * dmu[2];
+  for (int k = 0; k < 3; ++k)
+    v_m[k] = cam.W[0][k] * dmu[0] + cam.W[1][k] * dmu[1] + cam.W[2][k] * dmu[2];
   for (int r = 0; r < 3; ++r) {
     vc.t[r] = dmu[r];
     for (int k = 0; k < 3; ++k)
-      vc.W[r][k] = dW[r][k] + dmu[r] * m[k] + dRc[r][0] * p.R[k][0] + dRc[r][1] * p.R[k][1] + dRc[r][2] * p.R[k][2];
+      vc.W[r][k] = dW[r][k] + dmu[r] * m[k] + dRc[r][0] * p.R[k][0] + dRc[r][1] * p.R[k][1] +
+                   dRc[r][2] * p.R[k][2];
   }
   T Gr[3][3];
   for (int k = 0; k < 3; ++k)
-    for (int c = 0; c < 3; ++c) Gr[k][c] = cam.W[0][k] * dRc[0][c] + cam.W[1][k] * dRc[1][c] + cam.W[2][k] * dRc[2][c];
+    for (int c = 0; c < 3; ++c)
+      Gr[k][c] = cam.W[0][k] * dRc[0][c] + cam.W[1][k] * dRc[1][c] + cam.W[2][k] * dRc[2][c];
   // rotation matrix -> unit quaternion -> quats
   const T w = p.qn[0], x = p.qn[1], y = p.qn[2], z = p.qn[3];
   T vq[4];
-  vq[0] = 2 * (-z * Gr[0][1] + y * Gr[0][2] + z * Gr[1][0] - x * Gr[1][2] - y * Gr[2][0] + x * Gr[2][1]);
-  vq[1] = 2 * (y * Gr[0][1] + z * Gr[0][2] + y * Gr[1][0] - 2 * x * Gr[1][1] - w * Gr[1][2] + z * Gr[2][0] +
-               w * Gr[2][1] - 2 * x * Gr[2][2]);
-  vq[2] = 2 * (-2 * y * Gr[0][0] + x * Gr[0][1] + w * Gr[0][2] + x * Gr[1][0] + z * Gr[1][2] - w * Gr[2][0] +
-               z * Gr[2][1] - 2 * y * Gr[2][2]);
-  vq[3] = 2 * (-2 * z * Gr[0][0] - w * Gr[0][1] + x * Gr[0][2] + w * Gr[1][0] - 2 * z * Gr[1][1] + y * Gr[1][2] +
-               x * Gr[2][0] + y * Gr[2][1]);
+  vq[0] = 2 * (-z * Gr[0][1] + y * Gr[0][2] + z * Gr[1][0] - x * Gr[1][2] - y * Gr[2][0] +
+               x * Gr[2][1]);
+  vq[1] = 2 * (y * Gr[0][1] + z * Gr[0][2] + y * Gr[1][0] - 2 * x * Gr[1][1] - w * Gr[1][2] +
+               z * Gr[2][0] + w * Gr[2][1] - 2 * x * Gr[2][2]);
+  vq[2] = 2 * (-2 * y * Gr[0][0] + x * Gr[0][1] + w * Gr[0][2] + x * Gr[1][0] + z * Gr[1][2] -
+               w * Gr[2][0] + z * Gr[2][1] - 2 * y * Gr[2][2]);
+  vq[3] = 2 * (-2 * z * Gr[0][0] - w * Gr[0][1] + x * Gr[0][2] + w * Gr[1][0] - 2 * z * Gr[1][1] +
+               y * Gr[1][2] + x * Gr[2][0] + y * Gr[2][1]);
   // qn = qs / clamp_min(|qs|, 1e-12), qs = q / qdiv (qdiv constant)
   const T dot = p.qclamped ? T(0) : vq[0] * w + vq[1] * x + vq[2] * y + vq[3] * z;
   for (int k = 0; k < 4; ++k) v_q[k] = (vq[k] - p.qn[k] * dot) / p.qlen / p.qdiv;

@@ -128,13 +128,10 @@ SPLAT_API int splat_project_backward_cpu(int dtype, const void* const* inputs, i
  * index order), params [M,kGaussParams], centre [M,2], depth [M], pixel_rect
  * int32 [M,4], radii int32 [M], and a 0-d int64 tensor: the number of rows
  * whose params are not all finite. */
-SPLAT_API int splat_project_gaussians_forward_cpu(int dtype, const void* const* inputs, int64_t n,
-                                                  const void* viewmat, const void* K,
-                                                  const void* K_inv, int64_t width, int64_t height,
-                                                  double near_plane, double far_plane,
-                                                  int antialiased, int num_threads,
-                                                  SplatDLManagedTensor** outs, char* err,
-                                                  size_t err_len);
+SPLAT_API int splat_project_gaussians_forward_cpu(
+    int dtype, const void* const* inputs, int64_t n, const void* viewmat, const void* K,
+    const void* K_inv, int64_t width, int64_t height, double near_plane, double far_plane,
+    int antialiased, int num_threads, SplatDLManagedTensor** outs, char* err, size_t err_len);
 /* inputs: as the forward's, then forward's ids [M] (distinct, in [0, N)).
  * grads_in: v_params [M,kGaussParams] and v_centre [M,2] (or NULL) with row
  * strides row_strides[2].  with_camera: also the camera's gradients.
@@ -142,11 +139,13 @@ SPLAT_API int splat_project_gaussians_forward_cpu(int dtype, const void* const* 
  * v_opacities [N], v_means2d [N,2] (dL/d(screen translation): v_params'
  * centre entries; all zero outside ids), then v_viewmat [4,4], v_K [3,3]
  * (its fx, fy, cx, cy entries), v_K_inv [3,3]. */
-SPLAT_API int splat_project_gaussians_backward_cpu(
-    int dtype, const void* const* inputs, int64_t n, int64_t m, const void* viewmat, const void* K,
-    const void* K_inv, int64_t width, int64_t height, int antialiased, const void* const* grads_in,
-    const int64_t* row_strides, int with_camera, int num_threads, SplatDLManagedTensor** outs,
-    char* err, size_t err_len);
+SPLAT_API int splat_project_gaussians_backward_cpu(int dtype, const void* const* inputs, int64_t n,
+                                                   int64_t m, const void* viewmat, const void* K,
+                                                   const void* K_inv, int64_t width, int64_t height,
+                                                   int antialiased, const void* const* grads_in,
+                                                   const int64_t* row_strides, int with_camera,
+                                                   int num_threads, SplatDLManagedTensor** outs,
+                                                   char* err, size_t err_len);
 /* ---- end of the 3D Gaussians' projection ---- */
 
 /* SSIM of [H,W,C] images x, y with window [window_size].  outs[2]: the mean

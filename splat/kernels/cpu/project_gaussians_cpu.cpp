@@ -172,9 +172,8 @@ void project_gaussians_backward_cpu(const GaussProjectArgs<T>& in, const GaussPr
       g.v_means2d[2 * i] = vrow[kGaussCenter];
       g.v_means2d[2 * i + 1] = vrow[kGaussCenter + 1];
       GaussCameraGrad<T> vc;
-      gauss_project_backward(cam, m, s, o, p, vrow, vcen,
-                             g.v_means + 3 * i, g.v_quats + 4 * i, g.v_scales + 3 * i,
-                             g.v_opacities[i], vc);
+      gauss_project_backward(cam, m, s, o, p, vrow, vcen, g.v_means + 3 * i, g.v_quats + 4 * i,
+                             g.v_scales + 3 * i, g.v_opacities[i], vc);
       if (!with_camera) continue;
       const T flat[kCameraGradSize] = {
           vc.W[0][0],    vc.W[0][1],    vc.W[0][2],    vc.W[1][0],    vc.W[1][1],    vc.W[1][2],
@@ -221,9 +220,9 @@ void project_gaussians_backward_cpu(const GaussProjectArgs<T>& in, const GaussPr
 }
 
 template int64_t cull_gaussians_cpu<float>(const GaussProjectArgs<float>&, double, double,
-                                            const std::function<int64_t*(int64_t)>&);
+                                           const std::function<int64_t*(int64_t)>&);
 template int64_t cull_gaussians_cpu<double>(const GaussProjectArgs<double>&, double, double,
-                                             const std::function<int64_t*(int64_t)>&);
+                                            const std::function<int64_t*(int64_t)>&);
 template int64_t project_gaussians_forward_cpu<float>(const GaussProjectArgs<float>&,
                                                       const GaussProjectOutputs<float>&);
 template int64_t project_gaussians_forward_cpu<double>(const GaussProjectArgs<double>&,

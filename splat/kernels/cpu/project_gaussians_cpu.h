@@ -67,7 +67,8 @@ int64_t cull_gaussians_cpu(const GaussProjectArgs<T>& in, double near, double fa
 // Returns the number of rows whose parameters are not all finite (the caller
 // names them in its error).
 template <typename T>
-int64_t project_gaussians_forward_cpu(const GaussProjectArgs<T>& in, const GaussProjectOutputs<T>& out);
+int64_t project_gaussians_forward_cpu(const GaussProjectArgs<T>& in,
+                                      const GaussProjectOutputs<T>& out);
 
 template <typename T>
 void project_gaussians_backward_cpu(const GaussProjectArgs<T>& in, const GaussProjectGrads<T>& g);
