@@ -15,9 +15,6 @@ namespace splat {
 
 namespace {
 
-// Gaussians per block of the camera-gradient sums: the blocks are fixed, so
-// the sums do not depend on the thread count.
-constexpr int64_t kCameraBlock = 256;
 // The camera's gradient as a flat array: W (9), t (3), fx, fy, cx, cy, lo (2), hi (2), K^-1 (9).
 constexpr int kCameraGradSize = 29;
 
@@ -111,29 +108,202 @@ int64_t cull_gaussians_cpu(const GaussProjectArgs<T>& in, double near, double fa
   return m;
 }
 
+namespace {
+
+// The per-Gaussian helpers are forced inline into the block loops below, and
+// GCC vectorises those across Gaussians.  `GCC ivdep`, not `omp simd`: omp
+// simd privatises the per-Gaussian structs into per-lane arrays before they
+// are inlined, which GCC 12 then cannot vectorise ("no vectype").
+#define SPLAT_INLINE __attribute__((always_inline)) inline
+
+// Gaussians per block: the vector loops run over a block, reading and writing
+// block arrays (unit-stride columns) that scalar loops gather and scatter by
+// id.  Blocks are also the camera gradient's partial sums: fixed, so the sums
+// do not depend on the thread count.
+constexpr int kBlock = 64;
+
+// The block's inputs gathered by id into columns (a gather inside the vector
+// loop would keep it scalar).
+template <typename T>
+struct BlockInputs {
+  T m[3][kBlock], q[4][kBlock], s[3][kBlock], o[kBlock];
+};
+
+template <typename T>
+SPLAT_INLINE void gather_inputs(const GaussProjectArgs<T>& in, int64_t b0, int len,
+                                BlockInputs<T>& b) {
+  for (int l = 0; l < len; ++l) {
+    const int64_t i = in.ids[b0 + l];
+    for (int k = 0; k < 3; ++k) b.m[k][l] = in.means[3 * i + k];
+    for (int k = 0; k < 4; ++k) b.q[k][l] = in.quats[4 * i + k];
+    for (int k = 0; k < 3; ++k) b.s[k][l] = in.scales[3 * i + k];
+    b.o[l] = in.opacities[i];
+  }
+}
+
+// Forward of the kept Gaussians [b0, b0 + len): the projection vectorised
+// across Gaussians, then (scalar: std::log) the rows' stores and the bounds.
+// Returns the number of rows with a non-finite parameter.
+template <typename T>
+SPLAT_INLINE int64_t forward_block(const GaussProjectArgs<T>& in_ref, const GaussCamera<T>& cam_ref,
+                                   const GaussProjectOutputs<T>& out_ref, int64_t b0, int len) {
+  // Local copies: the stores cannot alias them, so their fields load once
+  // rather than in every iteration (which would keep the loop scalar).
+  const GaussProjectArgs<T> in = in_ref;
+  const GaussCamera<T> cam = cam_ref;
+  const GaussProjectOutputs<T> out = out_ref;
+  BlockInputs<T> b;
+  gather_inputs(in, b0, len, b);
+  T rows[kGaussParams][kBlock], centre[2][kBlock], depth[kBlock];
+  int32_t finite[kBlock];  // 32-bit flags: a 1-byte type would set the loop's vector width to 32
+#pragma GCC ivdep
+  for (int l = 0; l < len; ++l) {
+    const T m[3] = {b.m[0][l], b.m[1][l], b.m[2][l]};
+    const T q[4] = {b.q[0][l], b.q[1][l], b.q[2][l], b.q[3][l]};
+    const T s[3] = {b.s[0][l], b.s[1][l], b.s[2][l]};
+    GaussProjected<T> p;
+    T row[kGaussParams];
+    gauss_project_forward(cam, m, q, s, b.o[l], p, row);
+    int32_t ok = 1;
+    SPLAT_UNROLL
+    for (int k = 0; k < kGaussParams; ++k) {
+      rows[k][l] = row[k];
+      ok &= finite_flag(row[k]);
+    }
+    finite[l] = ok;
+    centre[0][l] = p.centre[0];
+    centre[1][l] = p.centre[1];
+    depth[l] = p.mu[2];
+  }
+  int64_t bad = 0;
+  for (int l = 0; l < len; ++l) {
+    const int64_t j = b0 + l;
+    T* row = out.params + kGaussParams * j;
+    for (int k = 0; k < kGaussParams; ++k) row[k] = rows[k][l];
+    bad += finite[l] ? 0 : 1;
+    out.centre[2 * j] = centre[0][l];
+    out.centre[2 * j + 1] = centre[1][l];
+    out.depth[j] = depth[l];
+    screen_bounds(double(row[kGaussConic]), double(row[kGaussConic + 1]),
+                  double(row[kGaussConic + 2]), double(row[kGaussCenter]),
+                  double(row[kGaussCenter + 1]), double(row[kGaussOpacity]), in.width, in.height,
+                  out.pixel_rect + 4 * j, out.radii[j]);
+  }
+  return bad;
+}
+
+// Backward of the kept Gaussians [b0, b0 + len): the gradients vectorised
+// across Gaussians into block arrays, then (scalar) their stores by id and,
+// when sum is given, the block's camera gradient summed in float64 in order.
+template <typename T>
+SPLAT_INLINE void backward_block(const GaussProjectArgs<T>& in_ref, const GaussCamera<T>& cam_ref,
+                                 const GaussProjectGrads<T>& g_ref, int64_t b0, int len,
+                                 double* sum) {
+  const GaussProjectArgs<T> in = in_ref;
+  const GaussCamera<T> cam = cam_ref;
+  const GaussProjectGrads<T> g = g_ref;
+  BlockInputs<T> b;
+  gather_inputs(in, b0, len, b);
+  T ub[kGaussParams][kBlock], cb[2][kBlock];  // the upstream rows, as columns
+  for (int l = 0; l < len; ++l) {
+    const int64_t j = b0 + l;
+    for (int k = 0; k < kGaussParams; ++k) ub[k][l] = g.v_params[g.v_params_row_stride * j + k];
+    cb[0][l] = g.v_centre ? g.v_centre[g.v_centre_row_stride * j] : T(0);
+    cb[1][l] = g.v_centre ? g.v_centre[g.v_centre_row_stride * j + 1] : T(0);
+  }
+  T vm[3][kBlock], vq[4][kBlock], vs[3][kBlock], vo[kBlock], vcam[kCameraGradSize][kBlock];
+#pragma GCC ivdep
+  for (int l = 0; l < len; ++l) {
+    const T m[3] = {b.m[0][l], b.m[1][l], b.m[2][l]};
+    const T q[4] = {b.q[0][l], b.q[1][l], b.q[2][l], b.q[3][l]};
+    const T s[3] = {b.s[0][l], b.s[1][l], b.s[2][l]};
+    GaussProjected<T> p;
+    T row[kGaussParams];
+    gauss_project_forward(cam, m, q, s, b.o[l], p, row);
+    T up[kGaussParams];
+    SPLAT_UNROLL
+    for (int k = 0; k < kGaussParams; ++k) up[k] = ub[k][l];
+    const T vcen[2] = {cb[0][l], cb[1][l]};
+    T v_m[3], v_q[4], v_s[3], v_o;
+    GaussCameraGrad<T> vc;
+    gauss_project_backward(cam, m, s, b.o[l], p, up, vcen, v_m, v_q, v_s, v_o, vc);
+    SPLAT_UNROLL
+    for (int k = 0; k < 3; ++k) vm[k][l] = v_m[k];
+    SPLAT_UNROLL
+    for (int k = 0; k < 4; ++k) vq[k][l] = v_q[k];
+    SPLAT_UNROLL
+    for (int k = 0; k < 3; ++k) vs[k][l] = v_s[k];
+    vo[l] = v_o;
+    const T flat[kCameraGradSize] = {
+        vc.W[0][0],    vc.W[0][1],    vc.W[0][2],    vc.W[1][0],    vc.W[1][1],    vc.W[1][2],
+        vc.W[2][0],    vc.W[2][1],    vc.W[2][2],    vc.t[0],       vc.t[1],       vc.t[2],
+        vc.fx,         vc.fy,         vc.cx,         vc.cy,         vc.lo[0],      vc.lo[1],
+        vc.hi[0],      vc.hi[1],      vc.Kinv[0][0], vc.Kinv[0][1], vc.Kinv[0][2], vc.Kinv[1][0],
+        vc.Kinv[1][1], vc.Kinv[1][2], vc.Kinv[2][0], vc.Kinv[2][1], vc.Kinv[2][2]};
+    SPLAT_UNROLL
+    for (int k = 0; k < kCameraGradSize; ++k) vcam[k][l] = flat[k];
+  }
+  for (int l = 0; l < len; ++l) {
+    const int64_t i = in.ids[b0 + l];
+    for (int k = 0; k < 3; ++k) g.v_means[3 * i + k] = vm[k][l];
+    for (int k = 0; k < 4; ++k) g.v_quats[4 * i + k] = vq[k][l];
+    for (int k = 0; k < 3; ++k) g.v_scales[3 * i + k] = vs[k][l];
+    g.v_opacities[i] = vo[l];
+    // params' centre = centre + (means2d - means2d.detach()): identity
+    g.v_means2d[2 * i] = ub[kGaussCenter][l];
+    g.v_means2d[2 * i + 1] = ub[kGaussCenter + 1][l];
+  }
+  if (sum)
+    for (int l = 0; l < len; ++l)
+      for (int k = 0; k < kCameraGradSize; ++k) sum[k] += double(vcam[k][l]);
+}
+
+}  // namespace
+
+// Vector-ISA clones of the float32 blocks, chosen at load time as the
+// surfels' projection's (project_cpu.cpp, which says why there is no AVX-512
+// clone); float64 runs the baseline build.  Not in the anonymous namespace:
+// target_clones needs external linkage.
+__attribute__((target_clones("avx2", "default"))) int64_t
+gauss_forward_block_f32(const GaussProjectArgs<float>& in, const GaussCamera<float>& cam,
+                        const GaussProjectOutputs<float>& out, int64_t b0, int len) {
+  return forward_block(in, cam, out, b0, len);
+}
+__attribute__((target_clones("avx2", "default"))) void gauss_backward_block_f32(
+    const GaussProjectArgs<float>& in, const GaussCamera<float>& cam,
+    const GaussProjectGrads<float>& g, int64_t b0, int len, double* sum) {
+  backward_block(in, cam, g, b0, len, sum);
+}
+
+namespace {
+
+int64_t run_forward_block(const GaussProjectArgs<float>& in, const GaussCamera<float>& cam,
+                          const GaussProjectOutputs<float>& out, int64_t b0, int len) {
+  return gauss_forward_block_f32(in, cam, out, b0, len);
+}
+int64_t run_forward_block(const GaussProjectArgs<double>& in, const GaussCamera<double>& cam,
+                          const GaussProjectOutputs<double>& out, int64_t b0, int len) {
+  return forward_block(in, cam, out, b0, len);
+}
+void run_backward_block(const GaussProjectArgs<float>& in, const GaussCamera<float>& cam,
+                        const GaussProjectGrads<float>& g, int64_t b0, int len, double* sum) {
+  gauss_backward_block_f32(in, cam, g, b0, len, sum);
+}
+void run_backward_block(const GaussProjectArgs<double>& in, const GaussCamera<double>& cam,
+                        const GaussProjectGrads<double>& g, int64_t b0, int len, double* sum) {
+  backward_block(in, cam, g, b0, len, sum);
+}
+
+}  // namespace
+
 template <typename T>
 int64_t project_gaussians_forward_cpu(const GaussProjectArgs<T>& in,
                                       const GaussProjectOutputs<T>& out) {
   const GaussCamera<T> cam = camera_of(in);
   int64_t bad = 0;
 #pragma omp parallel for schedule(static) reduction(+ : bad)
-  for (int64_t j = 0; j < in.m; ++j) {
-    const int64_t i = in.ids[j];
-    GaussProjected<T> p;
-    T* row = out.params + kGaussParams * j;
-    gauss_project_forward(cam, in.means + 3 * i, in.quats + 4 * i, in.scales + 3 * i,
-                          in.opacities[i], p, row);
-    out.centre[2 * j] = p.centre[0];
-    out.centre[2 * j + 1] = p.centre[1];
-    out.depth[j] = p.mu[2];
-    bool finite = true;
-    for (int k = 0; k < kGaussParams; ++k) finite = finite && std::isfinite(row[k]);
-    bad += finite ? 0 : 1;
-    screen_bounds(double(row[kGaussConic]), double(row[kGaussConic + 1]),
-                  double(row[kGaussConic + 2]), double(row[kGaussCenter]),
-                  double(row[kGaussCenter + 1]), double(row[kGaussOpacity]), in.width, in.height,
-                  out.pixel_rect + 4 * j, out.radii[j]);
-  }
+  for (int64_t b0 = 0; b0 < in.m; b0 += kBlock)
+    bad += run_forward_block(in, cam, out, b0, int(std::min<int64_t>(kBlock, in.m - b0)));
   return bad;
 }
 
@@ -151,41 +321,12 @@ void project_gaussians_backward_cpu(const GaussProjectArgs<T>& in, const GaussPr
     g.v_means2d[2 * i + 1] = T(0);
   }
   const bool with_camera = g.v_viewmat != nullptr;
-  const int64_t blocks = (in.m + kCameraBlock - 1) / kCameraBlock;
+  const int64_t blocks = (in.m + kBlock - 1) / kBlock;
   std::vector<double> partial(with_camera ? size_t(blocks) * kCameraGradSize : 0, 0.0);
 #pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < blocks; ++b) {
-    double sum[kCameraGradSize] = {};
-    const int64_t end = std::min(in.m, (b + 1) * kCameraBlock);
-    for (int64_t j = b * kCameraBlock; j < end; ++j) {
-      const int64_t i = in.ids[j];
-      GaussProjected<T> p;
-      T row[kGaussParams];
-      const T* m = in.means + 3 * i;
-      const T* s = in.scales + 3 * i;
-      const T o = in.opacities[i];
-      gauss_project_forward(cam, m, in.quats + 4 * i, s, o, p, row);
-      const T zero[2] = {T(0), T(0)};
-      const T* vcen = g.v_centre ? g.v_centre + g.v_centre_row_stride * j : zero;
-      const T* vrow = g.v_params + g.v_params_row_stride * j;
-      // params' centre = centre + (means2d - means2d.detach()): identity
-      g.v_means2d[2 * i] = vrow[kGaussCenter];
-      g.v_means2d[2 * i + 1] = vrow[kGaussCenter + 1];
-      GaussCameraGrad<T> vc;
-      gauss_project_backward(cam, m, s, o, p, vrow, vcen, g.v_means + 3 * i, g.v_quats + 4 * i,
-                             g.v_scales + 3 * i, g.v_opacities[i], vc);
-      if (!with_camera) continue;
-      const T flat[kCameraGradSize] = {
-          vc.W[0][0],    vc.W[0][1],    vc.W[0][2],    vc.W[1][0],    vc.W[1][1],    vc.W[1][2],
-          vc.W[2][0],    vc.W[2][1],    vc.W[2][2],    vc.t[0],       vc.t[1],       vc.t[2],
-          vc.fx,         vc.fy,         vc.cx,         vc.cy,         vc.lo[0],      vc.lo[1],
-          vc.hi[0],      vc.hi[1],      vc.Kinv[0][0], vc.Kinv[0][1], vc.Kinv[0][2], vc.Kinv[1][0],
-          vc.Kinv[1][1], vc.Kinv[1][2], vc.Kinv[2][0], vc.Kinv[2][1], vc.Kinv[2][2]};
-      for (int k = 0; k < kCameraGradSize; ++k) sum[k] += double(flat[k]);
-    }
-    if (with_camera)
-      for (int k = 0; k < kCameraGradSize; ++k) partial[size_t(b) * kCameraGradSize + k] = sum[k];
-  }
+  for (int64_t b = 0; b < blocks; ++b)
+    run_backward_block(in, cam, g, b * kBlock, int(std::min<int64_t>(kBlock, in.m - b * kBlock)),
+                       with_camera ? partial.data() + size_t(b) * kCameraGradSize : nullptr);
   if (!with_camera) return;
   double v[kCameraGradSize] = {};
   for (int64_t b = 0; b < blocks; ++b)
