@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 _HERE = Path(__file__).resolve().parent
-_API_VERSION = 2
+_API_VERSION = 3
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _INT = ctypes.c_int
@@ -44,6 +44,11 @@ _SIGNATURES = {
     + [_PP],
     "splat_project_backward_cpu": [_INT, _PP, _I64, _I64, _I64, _P, _P, _I64, _I64, _F64, _F64, _PP, _I64P, _P]
     + [_INT, _PP],
+    # -- the fused projection of 3D Gaussians (kept together: see splat_api.h) --
+    "splat_project_gaussians_forward_cpu": [_INT, _PP, _I64, _P, _P, _P, _I64, _I64, _F64, _F64, _INT, _INT, _PP],
+    "splat_project_gaussians_backward_cpu": [_INT, _PP, _I64, _I64, _P, _P, _P, _I64, _I64, _INT, _PP, _I64P, _INT]
+    + [_INT, _PP],
+    # -- end of the 3D Gaussians' projection --
     "splat_ssim_forward_cpu": [_INT, _P, _P, _P, _I64, _I64, _I64, _I64, _F64, _F64, _INT, _INT, _PP],
     "splat_ssim_backward_cpu": [_INT, _P, _P, _P, _I64, _I64, _I64, _I64, _F64, _F64, _P, _F64, _INT, _PP],
     "splat_normal_loss_forward_cpu": [_INT, _P, _P, _P, _P, _P, _I64, _I64, _INT, _PP],
@@ -179,7 +184,67 @@ def _cuda_extension():
     return cuda_kernels()
 
 
-class CpuKernels:
+class _GaussianProjection:
+    """CpuKernels' operations of the fused 3D Gaussian projection
+    (cpu/project_gaussians_cpu.h); a mixin, so that they stay in one block."""
+
+    _lib: ctypes.CDLL
+    gauss_params_size: int
+
+    def _gauss_project_inputs(self, means, quats, scales, opacities, ids, viewmat, K, K_inv):
+        n = means.shape[0]
+        code, dtype = _dtype_code(means, "means"), means.dtype
+        _check_input(means, "means", n, 3, dtype)
+        _check_input(quats, "quats", n, 4, dtype)
+        _check_input(scales, "scales", n, 3, dtype)
+        _check_input(opacities, "opacities", n, 0, dtype)
+        m = 0
+        if ids is not None:
+            m = ids.shape[0] if ids.dim() == 1 else -1
+            _check_input(ids, "ids", m, 0, torch.int64)
+        if viewmat.numel() != 16 or K.numel() != 9 or K_inv.numel() != 9:
+            raise RuntimeError("viewmat must be [4, 4], K and K_inv [3, 3]")
+        cam = [t.detach().to("cpu").contiguous() for t in (viewmat, K, K_inv)]
+        if any(t.dtype != dtype for t in cam):
+            raise RuntimeError(f"viewmat, K and K_inv must have dtype {dtype}")
+        ins = _pointers((means, quats, scales, opacities) + (() if ids is None else (ids,)))
+        return code, n, m, ins, cam
+
+    def project_gaussians_forward_cpu(self, means, quats, scales, opacities, viewmat, K, K_inv, *rest):
+        """Culls and projects: returns [ids, params, centre, depth, pixel_rect,
+        radii, non-finite row count]."""
+        width, height, near, far, antialiased = rest
+        code, n, _, ins, cam = self._gauss_project_inputs(means, quats, scales, opacities, None, viewmat, K, K_inv)
+        outs, err = (ctypes.c_void_p * 7)(), _err_buffer()
+        if self._lib.splat_project_gaussians_forward_cpu(
+            code, ins, n, *(t.data_ptr() for t in cam), width, height, near, far, int(bool(antialiased)),
+            _threads(), outs, err, 512,
+        ):  # fmt: skip
+            _fail(err)
+        return _adopt(outs, 7)
+
+    def project_gaussians_backward_cpu(self, means, quats, scales, opacities, ids, viewmat, K, K_inv, *rest):
+        """Returns [v_means, v_quats, v_scales, v_opacities, v_means2d] and,
+        with_camera, [v_viewmat, v_K, v_K_inv]; v_centre may be None."""
+        width, height, antialiased, v_params, v_centre, with_camera = rest
+        code, n, m, ins, cam = self._gauss_project_inputs(means, quats, scales, opacities, ids, viewmat, K, K_inv)
+        dtype = means.dtype
+        _check_rows(v_params, "v_params", m, self.gauss_params_size, dtype)
+        if v_centre is not None:
+            _check_rows(v_centre, "v_centre", m, 2, dtype)
+        grads = (ctypes.c_void_p * 2)(v_params.data_ptr(), None if v_centre is None else v_centre.data_ptr())
+        strides = (ctypes.c_int64 * 2)(v_params.stride(0), 2 if v_centre is None else v_centre.stride(0))
+        count = 8 if with_camera else 5
+        outs, err = (ctypes.c_void_p * count)(), _err_buffer()
+        if self._lib.splat_project_gaussians_backward_cpu(
+            code, ins, n, m, *(t.data_ptr() for t in cam), width, height, int(bool(antialiased)), grads, strides,
+            int(bool(with_camera)), _threads(), outs, err, 512,
+        ):  # fmt: skip
+            _fail(err)
+        return _adopt(outs, count)
+
+
+class CpuKernels(_GaussianProjection):
     """The CPU library's operations, with splat._C's former signatures; the
     *_cuda operations come from the CUDA library (or extension) when there is one."""
 

@@ -14,9 +14,13 @@ have to say "scales is [N, 2] or [N, 3] depending on another argument".
 gsplat makes the same split (``rasterization`` / ``rasterization_2dgs``).
 
 Projection (EWA, the antialiasing compensation, and the per-Gaussian terms
-of the peak depth and normal) is plain PyTorch, so autograd differentiates
-it with respect to means, quats, scales, opacities, colours, viewmat and K;
-the compiled kernel does the per-pixel work and its exact backward.
+of the peak depth and normal) is differentiated with respect to means, quats,
+scales, opacities, viewmat and K.  On the CPU backend it is one fused C++ op
+with an exact backward (kernels/project_gaussians.h,
+cpu/project_gaussians_cpu.cpp), as the surfels' projection is; elsewhere,
+and as its reference, plain PyTorch (:func:`gaussian_kernel_inputs` with
+``fused=False``).  The compiled raster kernel does the per-pixel work and its
+exact backward.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import conventions as cv
+from . import _backend, conventions as cv
 from ._backend import load_extension
 from .outputs import RasterOutput, compose
 from .rasterize import (
@@ -164,19 +168,42 @@ def rasterize_3dgs_and_inputs(
     grad_enabled = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
     means2d = torch.zeros(n, 2, dtype=dtype, device=device)
     radii = torch.zeros(n, dtype=torch.int32, device=device)
+    # The fused projection takes means2d (its value is not read) and returns
+    # its gradient itself; the PyTorch one gets it from _shift_footprints below.
+    fused = backend == "cpu"
+    means2d.requires_grad_(grad_enabled)
     with torch.set_grad_enabled(torch.is_grad_enabled() and backend != "torch"):  # the reference projects itself
-        kin = gaussian_kernel_inputs(means, quats, scales, opacities, viewmat, K, width, height, near, far, antialiased)
+        kin = gaussian_kernel_inputs(
+            means,
+            quats,
+            scales,
+            opacities,
+            viewmat,
+            K,
+            width,
+            height,
+            near,
+            far,
+            antialiased,
+            fused=fused,
+            means2d=means2d if fused and grad_enabled else None,
+        )
     if n == 0:
-        means2d.requires_grad_(grad_enabled)
         sums = _connect(_empty_sums(width, height, dtype, device), inputs + (means2d,))
         return compose(*sums, background=background, radii=radii, means2d=means2d), kin
 
     rgb_colors = _surfel_colors(means, colors, viewmat, sh_degree)
     ids = kin["ids"]
+    # Nothing culled (the usual case): ids is 0..N-1, so the gathers and
+    # scatters by ids below are identities, skipped (same values and gradients).
+    all_kept = ids.shape[0] == n
     with torch.no_grad():
-        means2d[ids] = kin["centre"].detach()
-        radii[ids] = kin["radii"]
-    means2d.requires_grad_(grad_enabled)
+        if all_kept:
+            means2d.copy_(kin["centre"])
+            radii.copy_(kin["radii"])
+        else:
+            means2d[ids] = kin["centre"].detach()
+            radii[ids] = kin["radii"]
     if backend == "torch":
         sums = rasterize_reference_3dgs(
             means,
@@ -195,10 +222,17 @@ def rasterize_3dgs_and_inputs(
         )
     else:
         params = kin["params"]
-        if grad_enabled:
+        if grad_enabled and not fused:
             params = _shift_footprints(params, means2d[ids] - means2d[ids].detach())
         sums = _RasterizeGaussians.apply(
-            params, rgb_colors[ids], kin["depth"], kin["pixel_rect"], width, height, near, far
+            params,
+            rgb_colors if all_kept else rgb_colors[ids],
+            kin["depth"],
+            kin["pixel_rect"],
+            width,
+            height,
+            near,
+            far,
         )
     if grad_enabled:
         sums = _connect(sums, inputs + (means2d,))
@@ -217,9 +251,17 @@ def gaussian_kernel_inputs(
     near: float,
     far: float,
     antialiased: bool = False,
+    fused: bool = False,
+    means2d: Optional[torch.Tensor] = None,
 ) -> dict:
     """The per-Gaussian rows the kernels read (core.h "3D Gaussians"), for the
     Gaussians that are not culled.
+
+    ``fused``: computed by the C++ op (CPU tensors; the same maths, values
+    equal up to float rounding, tests/test_project_gaussians.py) instead of
+    the PyTorch expressions below, which stay the reference.  ``means2d``
+    [N, 2] (fused only; value not read): params' centre moves with it, so
+    that its gradient is dL/d(translating the footprint by one pixel).
 
     Returns a dict: ``ids`` [M] (the Gaussians kept: centre depth in
     (near, far) and opacity >= ALPHA_MIN, in index order), ``params``
@@ -228,6 +270,10 @@ def gaussian_kernel_inputs(
     Culled Gaussians are left out *before* the projection divides by their
     depth, so they receive exactly zero gradient, never 0 * inf.
     """
+    if fused:  # culls as below, in C++
+        return _project_gaussians_cpu(
+            means, quats, scales, opacities, means2d, viewmat, K, width, height, near, far, antialiased
+        )
     depth_all = means.detach() @ viewmat.detach()[2, :3] + viewmat.detach()[2, 3]
     keep = depth_in_range(depth_all, near, far) & (opacities.detach().double() >= cv.ALPHA_MIN)
     ids = keep.nonzero().flatten()
@@ -251,11 +297,7 @@ def gaussian_kernel_inputs(
     conic3 = torch.stack([conic[:, 0, 0], conic[:, 0, 1], conic[:, 1, 1]], 1)
     params = torch.cat([conic3, centre, opacity[:, None], peak_num, peak_den, normal_slope, normal_base], 1)
     if not bool(torch.isfinite(params.detach()).all()):
-        bad = ids[~torch.isfinite(params.detach()).all(1)][:5].tolist()
-        raise ValueError(
-            f"Gaussians at rows {bad} are too thin or too large for {means.dtype}: their inverse "
-            f"covariance overflows (scales, or the scene's scale); rescale the scene or use float64"
-        )
+        _raise_not_finite(params, ids, means.dtype)
     with torch.no_grad():
         rect, radii = _screen_bounds(conic3, centre, opacity, width, height)
     return {
@@ -266,6 +308,72 @@ def gaussian_kernel_inputs(
         "pixel_rect": rect,
         "radii": radii,
     }
+
+
+def _raise_not_finite(params, ids, dtype):
+    bad = ids[~torch.isfinite(params.detach()).all(1)][:5].tolist()
+    raise ValueError(
+        f"Gaussians at rows {bad} are too thin or too large for {dtype}: their inverse "
+        f"covariance overflows (scales, or the scene's scale); rescale the scene or use float64"
+    )
+
+
+def _project_gaussians_cpu(means, quats, scales, opacities, means2d, viewmat, K, width, height, near, far, antialiased):
+    """gaussian_kernel_inputs' culling and projection as one C++ op
+    (_ProjectGaussians).  K^-1 is torch's, so that its gradient (through
+    torch.linalg.inv) is the reference's; the op returns dL/dK^-1 and the rest
+    of dL/dK itself."""
+    K_inv = torch.linalg.inv(K)
+    ids, params, centre, depth, rect, radii, bad = _ProjectGaussians.apply(
+        means, quats, scales, opacities, means2d, viewmat, K, K_inv, width, height, near, far, antialiased
+    )
+    if int(bad):
+        _raise_not_finite(params, ids, means.dtype)
+    return {"ids": ids, "params": params, "centre": centre, "depth": depth, "pixel_rect": rect, "radii": radii}
+
+
+class _ProjectGaussians(torch.autograd.Function):
+    """splat's project_gaussians_forward_cpu / _backward_cpu: returns (ids [M],
+    params [M, 27], centre [M, 2], depth [M], pixel_rect, radii, non-finite
+    row count) for the Gaussians kept (``ids``); gradients flow from params and centre to means,
+    quats, scales, opacities, viewmat, K and K^-1, and from params' centre to
+    ``means2d`` (None, or [N, 2] whose value is not read: a screen translation)."""
+
+    @staticmethod
+    def forward(
+        ctx, means, quats, scales, opacities, means2d, viewmat, K, K_inv, width, height, near, far, antialiased
+    ):
+        ext = _backend.load_extension()  # not this module's name, which tests swap for the raster kernels
+        args = [t.contiguous() for t in (means, quats, scales, opacities)]
+        cam = [t.detach().contiguous() for t in (viewmat, K, K_inv)]
+        outs = ext.project_gaussians_forward_cpu(*args, *cam, width, height, near, far, antialiased)
+        ctx.save_for_backward(*args, outs[0], *cam)
+        ctx.image = (width, height, antialiased)
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(outs[0], *outs[3:])
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, _ids, v_params, v_centre, *_):
+        ext = _backend.load_extension()
+        means, quats, scales, opacities, ids, viewmat, K, K_inv = ctx.saved_tensors
+        if v_params is None and v_centre is None:
+            return (None,) * 13
+        if v_params is None:
+            v_params = v_centre.new_zeros(ids.shape[0], ext.gauss_params_size)
+        with_camera = any(ctx.needs_input_grad[5:8])
+        grads = ext.project_gaussians_backward_cpu(
+            means, quats, scales, opacities, ids, viewmat, K, K_inv, *ctx.image,
+            _rows(v_params), None if v_centre is None else _rows(v_centre), with_camera,
+        )  # fmt: skip
+        v_means2d = grads[4] if ctx.needs_input_grad[4] else None
+        camera = grads[5:] if with_camera else [None] * 3
+        return (*grads[:4], v_means2d, *camera, None, None, None, None, None)
+
+
+def _rows(g):
+    """g, or a contiguous copy unless its rows are unit-stride (the op reads rows in place)."""
+    return g if g.dim() == 2 and g.stride(1) == 1 and g.stride(0) >= g.shape[1] else g.contiguous()
 
 
 def _shift_footprints(params, delta):

@@ -26,6 +26,7 @@ def test_header_matches_python():
     assert h["kLowpassInvVariance"] == cv.LOWPASS_INV_VARIANCE
     assert h["kTileSize"] == cv.TILE_SIZE
     assert h["kRadiusMax"] == cv.RADIUS_MAX
+    assert h["kEwaDilation"] == cv.EWA_DILATION
 
 
 def test_rho_cutoff_is_an_exact_reject():

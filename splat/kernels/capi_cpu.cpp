@@ -18,6 +18,7 @@
 #include "core.h"
 #include "cpu/gaussians_cpu.h"
 #include "cpu/normal_loss_cpu.h"
+#include "cpu/project_gaussians_cpu.h"
 #include "cpu/project_cpu.h"
 #include "cpu/rasterize_cpu.h"
 #include "cpu/scratch.h"
@@ -273,6 +274,36 @@ splat::ProjectInputs<T> project_inputs(const void* const* in, int64_t n, int64_t
   return p;
 }
 
+// ---- The fused projection of 3D Gaussians: its argument block ----
+template <typename T>
+splat::GaussProjectArgs<T> gauss_project_args(const void* const* in, int64_t n, int64_t m,
+                                              const void* viewmat, const void* K, const void* K_inv,
+                                              int64_t width, int64_t height, int antialiased) {
+  require(m >= 0 && m <= n, "ids: more Gaussians projected than given");
+  splat::GaussProjectArgs<T> a{};
+  a.means = static_cast<const T*>(in[0]);
+  a.quats = static_cast<const T*>(in[1]);
+  a.scales = static_cast<const T*>(in[2]);
+  a.opacities = static_cast<const T*>(in[3]);
+  a.ids = static_cast<const int64_t*>(in[4]);
+  // the kernels index the inputs (and write the gradients) by id
+  bool in_range = true;
+  for (int64_t j = 0; j < m; ++j) in_range = in_range && a.ids[j] >= 0 && a.ids[j] < n;
+  require(in_range, "ids: every id must be in [0, N)");
+  a.n = n;
+  a.m = m;
+  for (int k = 0; k < 16; ++k) a.viewmat[k] = static_cast<const T*>(viewmat)[k];
+  for (int k = 0; k < 9; ++k) {
+    a.K[k] = static_cast<const T*>(K)[k];
+    a.K_inv[k] = static_cast<const T*>(K_inv)[k];
+  }
+  a.width = static_cast<int>(width);
+  a.height = static_cast<int>(height);
+  a.antialiased = antialiased ? 1 : 0;
+  return a;
+}
+// ---- end ----
+
 template <typename T>
 splat::SsimArgs<T> ssim_args(const void* x, const void* y, const void* window, int64_t window_size,
                              int64_t height, int64_t width, int64_t channels, double c1,
@@ -472,6 +503,82 @@ int splat_project_backward_cpu(int dtype, const void* const* inputs, int64_t n, 
     });
   });
 }
+
+// ---- The fused projection of 3D Gaussians (splat_api.h) ----
+int splat_project_gaussians_forward_cpu(int dtype, const void* const* inputs, int64_t n,
+                                        const void* viewmat, const void* K, const void* K_inv,
+                                        int64_t width, int64_t height, double near_plane,
+                                        double far_plane, int antialiased, int num_threads,
+                                        SplatDLManagedTensor** outs, char* err, size_t err_len) {
+  return guarded(err, err_len, num_threads, [&] {
+    check_image_size(n, width, height, "Gaussians");
+    dispatch(dtype, [&](auto zero) {
+      using T = decltype(zero);
+      const void* given[5] = {inputs[0], inputs[1], inputs[2], inputs[3], nullptr};
+      auto in = gauss_project_args<T>(given, n, 0, viewmat, K, K_inv, width, height, antialiased);
+      Outputs o;
+      const int64_t m = splat::cull_gaussians_cpu<T>(in, near_plane, far_plane, [&](int64_t count) {
+        return static_cast<int64_t*>(o.add(scratch_tensor({count}, 0, 64))->dl_tensor.data);
+      });
+      in.ids = o.data<int64_t>(0);
+      in.m = m;
+      o.add(real_tensor<T>({m, splat::kGaussParams}));
+      o.add(real_tensor<T>({m, 2}));
+      o.add(real_tensor<T>({m}));
+      o.add(int32_tensor({m, 4}));
+      o.add(int32_tensor({m}));
+      const splat::GaussProjectOutputs<T> out{o.data<T>(1), o.data<T>(2), o.data<T>(3),
+                                              o.data<int32_t>(4), o.data<int32_t>(5)};
+      o.add(scalar_tensor<int64_t>(splat::project_gaussians_forward_cpu<T>(in, out), 0));
+      o.hand_over(outs);
+    });
+  });
+}
+
+int splat_project_gaussians_backward_cpu(int dtype, const void* const* inputs, int64_t n, int64_t m,
+                                         const void* viewmat, const void* K, const void* K_inv,
+                                         int64_t width, int64_t height, int antialiased,
+                                         const void* const* grads_in, const int64_t* row_strides,
+                                         int with_camera, int num_threads,
+                                         SplatDLManagedTensor** outs, char* err, size_t err_len) {
+  return guarded(err, err_len, num_threads, [&] {
+    check_image_size(n, width, height, "Gaussians");
+    dispatch(dtype, [&](auto zero) {
+      using T = decltype(zero);
+      const auto in =
+          gauss_project_args<T>(inputs, n, m, viewmat, K, K_inv, width, height, antialiased);
+      Outputs o;
+      o.add(real_tensor<T>({n, 3}));
+      o.add(real_tensor<T>({n, 4}));
+      o.add(real_tensor<T>({n, 3}));
+      o.add(real_tensor<T>({n}));
+      o.add(real_tensor<T>({n, 2}));
+      if (with_camera) {
+        o.add(real_tensor<T>({4, 4}));
+        o.add(real_tensor<T>({3, 3}));
+        o.add(real_tensor<T>({3, 3}));
+      }
+      splat::GaussProjectGrads<T> g{};
+      g.v_params = static_cast<const T*>(grads_in[0]);
+      g.v_centre = static_cast<const T*>(grads_in[1]);
+      g.v_params_row_stride = row_strides[0];
+      g.v_centre_row_stride = row_strides[1];
+      g.v_means = o.data<T>(0);
+      g.v_quats = o.data<T>(1);
+      g.v_scales = o.data<T>(2);
+      g.v_opacities = o.data<T>(3);
+      g.v_means2d = o.data<T>(4);
+      if (with_camera) {
+        g.v_viewmat = o.data<T>(5);
+        g.v_K = o.data<T>(6);
+        g.v_K_inv = o.data<T>(7);
+      }
+      splat::project_gaussians_backward_cpu<T>(in, g);
+      o.hand_over(outs);
+    });
+  });
+}
+// ---- end of the 3D Gaussians' projection ----
 
 int splat_ssim_forward_cpu(int dtype, const void* x, const void* y, const void* window,
                            int64_t window_size, int64_t height, int64_t width, int64_t channels,

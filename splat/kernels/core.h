@@ -46,6 +46,9 @@ constexpr double kAlphaMin = 1.0 / 255.0;
 constexpr double kTransmittanceMin = 1e-4;
 constexpr double kMedianTransmittance = 0.5;
 constexpr double kLowpassInvVariance = 2.0;
+// 3D Gaussians: the screen-space dilation of 3DGS's EWA projection, px^2
+// (conventions.EWA_DILATION; project_gaussians.h).
+constexpr double kEwaDilation = 0.3;
 // Beyond rho = 2 ln(255) even an opaque surfel has alpha < kAlphaMin, so the
 // exponential can be skipped there (a cheap exact reject; the margin covers
 // rounding of exp).

@@ -60,7 +60,7 @@ typedef struct SplatDLManagedTensor {
 } SplatDLManagedTensor;
 
 /* ABI version: bump on any signature change (Python checks it at load). */
-#define SPLAT_API_VERSION 2
+#define SPLAT_API_VERSION 3
 SPLAT_API int splat_api_version(void);
 /* kGradSize, kGaussParams, kGaussGradSize, kTileSize, kTotalsSize, kLanes. */
 SPLAT_API void splat_constants(int64_t* out6);
@@ -120,6 +120,33 @@ SPLAT_API int splat_project_backward_cpu(int dtype, const void* const* inputs, i
                                          const void* const* grads_in, const int64_t* row_strides,
                                          void* v_coeffs, int num_threads,
                                          SplatDLManagedTensor** outs, char* err, size_t err_len);
+
+/* ---- The fused projection of 3D Gaussians (cpu/project_gaussians_cpu.h) ----
+ * inputs: means [N,3], quats [N,4], scales [N,3], opacities [N]; viewmat[16],
+ * K[9], K_inv[9] of dtype.  Culls (depth in (near, far), opacity >= 1/255)
+ * and projects the rest.  outs[7]: ids int64 [M] (the Gaussians kept, in
+ * index order), params [M,kGaussParams], centre [M,2], depth [M], pixel_rect
+ * int32 [M,4], radii int32 [M], and a 0-d int64 tensor: the number of rows
+ * whose params are not all finite. */
+SPLAT_API int splat_project_gaussians_forward_cpu(
+    int dtype, const void* const* inputs, int64_t n, const void* viewmat, const void* K,
+    const void* K_inv, int64_t width, int64_t height, double near_plane, double far_plane,
+    int antialiased, int num_threads, SplatDLManagedTensor** outs, char* err, size_t err_len);
+/* inputs: as the forward's, then forward's ids [M] (distinct, in [0, N)).
+ * grads_in: v_params [M,kGaussParams] and v_centre [M,2] (or NULL) with row
+ * strides row_strides[2].  with_camera: also the camera's gradients.
+ * outs[5] (with_camera: 8): v_means [N,3], v_quats [N,4], v_scales [N,3],
+ * v_opacities [N], v_means2d [N,2] (dL/d(screen translation): v_params'
+ * centre entries; all zero outside ids), then v_viewmat [4,4], v_K [3,3]
+ * (its fx, fy, cx, cy entries), v_K_inv [3,3]. */
+SPLAT_API int splat_project_gaussians_backward_cpu(int dtype, const void* const* inputs, int64_t n,
+                                                   int64_t m, const void* viewmat, const void* K,
+                                                   const void* K_inv, int64_t width, int64_t height,
+                                                   int antialiased, const void* const* grads_in,
+                                                   const int64_t* row_strides, int with_camera,
+                                                   int num_threads, SplatDLManagedTensor** outs,
+                                                   char* err, size_t err_len);
+/* ---- end of the 3D Gaussians' projection ---- */
 
 /* SSIM of [H,W,C] images x, y with window [window_size].  outs[2]: the mean
  * SSIM (0-d, of dtype) and the [3,H,W,C] gradient maps (when with_grad, else

@@ -1,0 +1,376 @@
+// The fused EWA projection of 3D Gaussians (see project_gaussians_cpu.h):
+// ../project_gaussians.h per Gaussian, in the dtype, and the screen bounds of
+// rasterize_3dgs.py _screen_bounds in float64.
+#include "project_gaussians_cpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "../core.h"
+#include "../project_gaussians.h"
+
+namespace splat {
+
+namespace {
+
+// The camera's gradient as a flat array: W (9), t (3), fx, fy, cx, cy, lo (2), hi (2), K^-1 (9).
+constexpr int kCameraGradSize = 29;
+
+template <typename T>
+GaussCamera<T> camera_of(const GaussProjectArgs<T>& in) {
+  GaussCamera<T> cam{};
+  for (int r = 0; r < 3; ++r) {
+    for (int c = 0; c < 3; ++c) {
+      cam.W[r][c] = in.viewmat[4 * r + c];
+      cam.Kinv[r][c] = in.K_inv[3 * r + c];
+    }
+    cam.t[r] = in.viewmat[4 * r + 3];
+  }
+  cam.fx = in.K[0];
+  cam.fy = in.K[4];
+  cam.cx = in.K[2];
+  cam.cy = in.K[5];
+  cam.width = in.width;
+  cam.height = in.height;
+  cam.antialiased = in.antialiased;
+  gauss_camera_limits(cam);
+  return cam;
+}
+
+// rasterize_3dgs.py _screen_bounds for one Gaussian, in float64: alpha >=
+// 1/255 needs delta^T C delta <= k^2 = 2 ln(255 o), an ellipse whose extent
+// along x is k sqrt(S_xx) (S = C^-1), with a one-pixel margin.
+void screen_bounds(double c0, double c1, double c2, double mx, double my, double o, int width,
+                   int height, int32_t rect[4], int32_t& radius) {
+  const double k2 = 2.0 * std::log(std::max(o * 255.0, 1e-30));
+  const double det = c0 * c2 - c1 * c1;
+  bool visible = o >= kAlphaMin && k2 > 1e-12 && det > 0;
+  const double safe_det = visible ? det : 1.0;
+  const double kk = std::max(k2, 0.0);
+  const double half[2] = {std::sqrt(kk * c2 / safe_det), std::sqrt(kk * c0 / safe_det)};
+  // a NaN extent (a conic that is not positive definite) draws nothing
+  visible = visible && !std::isnan(half[0]) && !std::isnan(half[1]);
+  const double mid[2] = {mx, my};
+  const int screen[2] = {width, height};
+  const double side = double(std::max(width, height));
+  int64_t first[2] = {0, 0}, last[2] = {0, 0};
+  for (int a = 0; a < 2 && visible; ++a) {
+    const double f = std::min(std::max(std::ceil(mid[a] - half[a] - 0.5 - 1.0), -1.0), side + 1);
+    const double l = std::min(std::max(std::floor(mid[a] + half[a] - 0.5 + 1.0), -1.0), side + 1);
+    first[a] = std::min<int64_t>(std::max<int64_t>(int64_t(f), 0), screen[a]);
+    last[a] = std::min<int64_t>(std::max<int64_t>(int64_t(l) + 1, 0), screen[a]);
+    visible = last[a] > first[a];
+  }
+  rect[0] = visible ? int32_t(first[0]) : 0;
+  rect[1] = visible ? int32_t(first[1]) : 0;
+  rect[2] = visible ? int32_t(last[0]) : 0;
+  rect[3] = visible ? int32_t(last[1]) : 0;
+  const double r = visible ? std::ceil(std::max(half[0], half[1])) : 0.0;
+  radius = int32_t(std::min(r, kRadiusMax));  // conventions.radii_int32
+}
+
+}  // namespace
+
+template <typename T>
+int64_t cull_gaussians_cpu(const GaussProjectArgs<T>& in, double near, double far,
+                           const std::function<int64_t*(int64_t)>& alloc_ids) {
+  // Two passes over fixed blocks: count the kept per block, then write their
+  // indices at the blocks' running offsets (index order, any thread count).
+  constexpr int64_t kBlock = 4096;
+  const int64_t blocks = (in.n + kBlock - 1) / kBlock;
+  std::vector<int64_t> offsets(size_t(blocks) + 1, 0);
+  const T* V = in.viewmat;
+  auto kept = [&](int64_t i) {
+    const T* m = in.means + 3 * i;
+    // the sum in the order of torch's means @ viewmat[2, :3] + viewmat[2, 3]
+    const double z = double((m[0] * V[8] + m[1] * V[9] + m[2] * V[10]) + V[11]);
+    return z > near && z < far && double(in.opacities[i]) >= kAlphaMin;
+  };
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    int64_t count = 0;
+    const int64_t end = std::min(in.n, (b + 1) * kBlock);
+    for (int64_t i = b * kBlock; i < end; ++i) count += kept(i) ? 1 : 0;
+    offsets[size_t(b) + 1] = count;
+  }
+  for (int64_t b = 0; b < blocks; ++b) offsets[size_t(b) + 1] += offsets[size_t(b)];
+  const int64_t m = offsets[size_t(blocks)];
+  int64_t* ids = alloc_ids(m);
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    int64_t at = offsets[size_t(b)];
+    const int64_t end = std::min(in.n, (b + 1) * kBlock);
+    for (int64_t i = b * kBlock; i < end; ++i)
+      if (kept(i)) ids[at++] = i;
+  }
+  return m;
+}
+
+namespace {
+
+// The per-Gaussian helpers are forced inline into the block loops below, and
+// GCC vectorises those across Gaussians.  `GCC ivdep`, not `omp simd`: omp
+// simd privatises the per-Gaussian structs into per-lane arrays before they
+// are inlined, which GCC 12 then cannot vectorise ("no vectype").
+#define SPLAT_INLINE __attribute__((always_inline)) inline
+
+// Gaussians per block: the vector loops run over a block, reading and writing
+// block arrays (unit-stride columns) that scalar loops gather and scatter by
+// id.  Blocks are also the camera gradient's partial sums: fixed, so the sums
+// do not depend on the thread count.
+constexpr int kBlock = 64;
+
+// The block's inputs gathered by id into columns (a gather inside the vector
+// loop would keep it scalar).
+template <typename T>
+struct BlockInputs {
+  T m[3][kBlock], q[4][kBlock], s[3][kBlock], o[kBlock];
+};
+
+template <typename T>
+SPLAT_INLINE void gather_inputs(const GaussProjectArgs<T>& in, int64_t b0, int len,
+                                BlockInputs<T>& b) {
+  for (int l = 0; l < len; ++l) {
+    const int64_t i = in.ids[b0 + l];
+    for (int k = 0; k < 3; ++k) b.m[k][l] = in.means[3 * i + k];
+    for (int k = 0; k < 4; ++k) b.q[k][l] = in.quats[4 * i + k];
+    for (int k = 0; k < 3; ++k) b.s[k][l] = in.scales[3 * i + k];
+    b.o[l] = in.opacities[i];
+  }
+}
+
+// Forward of the kept Gaussians [b0, b0 + len): the projection vectorised
+// across Gaussians, then (scalar: std::log) the rows' stores and the bounds.
+// Returns the number of rows with a non-finite parameter.
+template <typename T>
+SPLAT_INLINE int64_t forward_block(const GaussProjectArgs<T>& in_ref, const GaussCamera<T>& cam_ref,
+                                   const GaussProjectOutputs<T>& out_ref, int64_t b0, int len) {
+  // Local copies: the stores cannot alias them, so their fields load once
+  // rather than in every iteration (which would keep the loop scalar).
+  const GaussProjectArgs<T> in = in_ref;
+  const GaussCamera<T> cam = cam_ref;
+  const GaussProjectOutputs<T> out = out_ref;
+  BlockInputs<T> b;
+  gather_inputs(in, b0, len, b);
+  T rows[kGaussParams][kBlock], centre[2][kBlock], depth[kBlock];
+  int32_t finite[kBlock];  // 32-bit flags: a 1-byte type would set the loop's vector width to 32
+#pragma GCC ivdep
+  for (int l = 0; l < len; ++l) {
+    const T m[3] = {b.m[0][l], b.m[1][l], b.m[2][l]};
+    const T q[4] = {b.q[0][l], b.q[1][l], b.q[2][l], b.q[3][l]};
+    const T s[3] = {b.s[0][l], b.s[1][l], b.s[2][l]};
+    GaussProjected<T> p;
+    T row[kGaussParams];
+    gauss_project_forward(cam, m, q, s, b.o[l], p, row);
+    int32_t ok = 1;
+    SPLAT_UNROLL
+    for (int k = 0; k < kGaussParams; ++k) {
+      rows[k][l] = row[k];
+      ok &= finite_flag(row[k]);
+    }
+    finite[l] = ok;
+    centre[0][l] = p.centre[0];
+    centre[1][l] = p.centre[1];
+    depth[l] = p.mu[2];
+  }
+  int64_t bad = 0;
+  for (int l = 0; l < len; ++l) {
+    const int64_t j = b0 + l;
+    T* row = out.params + kGaussParams * j;
+    for (int k = 0; k < kGaussParams; ++k) row[k] = rows[k][l];
+    bad += finite[l] ? 0 : 1;
+    out.centre[2 * j] = centre[0][l];
+    out.centre[2 * j + 1] = centre[1][l];
+    out.depth[j] = depth[l];
+    screen_bounds(double(row[kGaussConic]), double(row[kGaussConic + 1]),
+                  double(row[kGaussConic + 2]), double(row[kGaussCenter]),
+                  double(row[kGaussCenter + 1]), double(row[kGaussOpacity]), in.width, in.height,
+                  out.pixel_rect + 4 * j, out.radii[j]);
+  }
+  return bad;
+}
+
+// Backward of the kept Gaussians [b0, b0 + len): the gradients vectorised
+// across Gaussians into block arrays, then (scalar) their stores by id and,
+// when sum is given, the block's camera gradient summed in float64 in order.
+template <typename T>
+SPLAT_INLINE void backward_block(const GaussProjectArgs<T>& in_ref, const GaussCamera<T>& cam_ref,
+                                 const GaussProjectGrads<T>& g_ref, int64_t b0, int len,
+                                 double* sum) {
+  const GaussProjectArgs<T> in = in_ref;
+  const GaussCamera<T> cam = cam_ref;
+  const GaussProjectGrads<T> g = g_ref;
+  BlockInputs<T> b;
+  gather_inputs(in, b0, len, b);
+  T ub[kGaussParams][kBlock], cb[2][kBlock];  // the upstream rows, as columns
+  for (int l = 0; l < len; ++l) {
+    const int64_t j = b0 + l;
+    for (int k = 0; k < kGaussParams; ++k) ub[k][l] = g.v_params[g.v_params_row_stride * j + k];
+    cb[0][l] = g.v_centre ? g.v_centre[g.v_centre_row_stride * j] : T(0);
+    cb[1][l] = g.v_centre ? g.v_centre[g.v_centre_row_stride * j + 1] : T(0);
+  }
+  T vm[3][kBlock], vq[4][kBlock], vs[3][kBlock], vo[kBlock], vcam[kCameraGradSize][kBlock];
+#pragma GCC ivdep
+  for (int l = 0; l < len; ++l) {
+    const T m[3] = {b.m[0][l], b.m[1][l], b.m[2][l]};
+    const T q[4] = {b.q[0][l], b.q[1][l], b.q[2][l], b.q[3][l]};
+    const T s[3] = {b.s[0][l], b.s[1][l], b.s[2][l]};
+    GaussProjected<T> p;
+    T row[kGaussParams];
+    gauss_project_forward(cam, m, q, s, b.o[l], p, row);
+    T up[kGaussParams];
+    SPLAT_UNROLL
+    for (int k = 0; k < kGaussParams; ++k) up[k] = ub[k][l];
+    const T vcen[2] = {cb[0][l], cb[1][l]};
+    T v_m[3], v_q[4], v_s[3], v_o;
+    GaussCameraGrad<T> vc;
+    gauss_project_backward(cam, m, s, b.o[l], p, up, vcen, v_m, v_q, v_s, v_o, vc);
+    SPLAT_UNROLL
+    for (int k = 0; k < 3; ++k) vm[k][l] = v_m[k];
+    SPLAT_UNROLL
+    for (int k = 0; k < 4; ++k) vq[k][l] = v_q[k];
+    SPLAT_UNROLL
+    for (int k = 0; k < 3; ++k) vs[k][l] = v_s[k];
+    vo[l] = v_o;
+    const T flat[kCameraGradSize] = {
+        vc.W[0][0],    vc.W[0][1],    vc.W[0][2],    vc.W[1][0],    vc.W[1][1],    vc.W[1][2],
+        vc.W[2][0],    vc.W[2][1],    vc.W[2][2],    vc.t[0],       vc.t[1],       vc.t[2],
+        vc.fx,         vc.fy,         vc.cx,         vc.cy,         vc.lo[0],      vc.lo[1],
+        vc.hi[0],      vc.hi[1],      vc.Kinv[0][0], vc.Kinv[0][1], vc.Kinv[0][2], vc.Kinv[1][0],
+        vc.Kinv[1][1], vc.Kinv[1][2], vc.Kinv[2][0], vc.Kinv[2][1], vc.Kinv[2][2]};
+    SPLAT_UNROLL
+    for (int k = 0; k < kCameraGradSize; ++k) vcam[k][l] = flat[k];
+  }
+  for (int l = 0; l < len; ++l) {
+    const int64_t i = in.ids[b0 + l];
+    for (int k = 0; k < 3; ++k) g.v_means[3 * i + k] = vm[k][l];
+    for (int k = 0; k < 4; ++k) g.v_quats[4 * i + k] = vq[k][l];
+    for (int k = 0; k < 3; ++k) g.v_scales[3 * i + k] = vs[k][l];
+    g.v_opacities[i] = vo[l];
+    // params' centre = centre + (means2d - means2d.detach()): identity
+    g.v_means2d[2 * i] = ub[kGaussCenter][l];
+    g.v_means2d[2 * i + 1] = ub[kGaussCenter + 1][l];
+  }
+  if (sum)
+    for (int l = 0; l < len; ++l)
+      for (int k = 0; k < kCameraGradSize; ++k) sum[k] += double(vcam[k][l]);
+}
+
+}  // namespace
+
+// Vector-ISA clones of the float32 blocks, chosen at load time as the
+// surfels' projection's (project_cpu.cpp, which says why there is no AVX-512
+// clone); float64 runs the baseline build.  Not in the anonymous namespace:
+// target_clones needs external linkage.
+__attribute__((target_clones("avx2", "default"))) int64_t
+gauss_forward_block_f32(const GaussProjectArgs<float>& in, const GaussCamera<float>& cam,
+                        const GaussProjectOutputs<float>& out, int64_t b0, int len) {
+  return forward_block(in, cam, out, b0, len);
+}
+__attribute__((target_clones("avx2", "default"))) void gauss_backward_block_f32(
+    const GaussProjectArgs<float>& in, const GaussCamera<float>& cam,
+    const GaussProjectGrads<float>& g, int64_t b0, int len, double* sum) {
+  backward_block(in, cam, g, b0, len, sum);
+}
+
+namespace {
+
+int64_t run_forward_block(const GaussProjectArgs<float>& in, const GaussCamera<float>& cam,
+                          const GaussProjectOutputs<float>& out, int64_t b0, int len) {
+  return gauss_forward_block_f32(in, cam, out, b0, len);
+}
+int64_t run_forward_block(const GaussProjectArgs<double>& in, const GaussCamera<double>& cam,
+                          const GaussProjectOutputs<double>& out, int64_t b0, int len) {
+  return forward_block(in, cam, out, b0, len);
+}
+void run_backward_block(const GaussProjectArgs<float>& in, const GaussCamera<float>& cam,
+                        const GaussProjectGrads<float>& g, int64_t b0, int len, double* sum) {
+  gauss_backward_block_f32(in, cam, g, b0, len, sum);
+}
+void run_backward_block(const GaussProjectArgs<double>& in, const GaussCamera<double>& cam,
+                        const GaussProjectGrads<double>& g, int64_t b0, int len, double* sum) {
+  backward_block(in, cam, g, b0, len, sum);
+}
+
+}  // namespace
+
+template <typename T>
+int64_t project_gaussians_forward_cpu(const GaussProjectArgs<T>& in,
+                                      const GaussProjectOutputs<T>& out) {
+  const GaussCamera<T> cam = camera_of(in);
+  int64_t bad = 0;
+#pragma omp parallel for schedule(static) reduction(+ : bad)
+  for (int64_t b0 = 0; b0 < in.m; b0 += kBlock)
+    bad += run_forward_block(in, cam, out, b0, int(std::min<int64_t>(kBlock, in.m - b0)));
+  return bad;
+}
+
+template <typename T>
+void project_gaussians_backward_cpu(const GaussProjectArgs<T>& in, const GaussProjectGrads<T>& g) {
+  const GaussCamera<T> cam = camera_of(in);
+  // Gaussians not in ids (culled) get exactly zero.
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < in.n; ++i) {
+    for (int k = 0; k < 3; ++k) g.v_means[3 * i + k] = T(0);
+    for (int k = 0; k < 4; ++k) g.v_quats[4 * i + k] = T(0);
+    for (int k = 0; k < 3; ++k) g.v_scales[3 * i + k] = T(0);
+    g.v_opacities[i] = T(0);
+    g.v_means2d[2 * i] = T(0);
+    g.v_means2d[2 * i + 1] = T(0);
+  }
+  const bool with_camera = g.v_viewmat != nullptr;
+  const int64_t blocks = (in.m + kBlock - 1) / kBlock;
+  std::vector<double> partial(with_camera ? size_t(blocks) * kCameraGradSize : 0, 0.0);
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b)
+    run_backward_block(in, cam, g, b * kBlock, int(std::min<int64_t>(kBlock, in.m - b * kBlock)),
+                       with_camera ? partial.data() + size_t(b) * kCameraGradSize : nullptr);
+  if (!with_camera) return;
+  double v[kCameraGradSize] = {};
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int k = 0; k < kCameraGradSize; ++k) v[k] += partial[size_t(b) * kCameraGradSize + k];
+  // viewmat = [W | t; 0 0 0 1]
+  for (int k = 0; k < 16; ++k) g.v_viewmat[k] = T(0);
+  for (int r = 0; r < 3; ++r) {
+    for (int c = 0; c < 3; ++c) g.v_viewmat[4 * r + c] = T(v[3 * r + c]);
+    g.v_viewmat[4 * r + 3] = T(v[9 + r]);
+  }
+  // The frustum limits (gauss_camera_limits) back to f and c, in float64:
+  // lo = -(c / f + 0.3 tan), hi = (size - c) / f + 0.3 tan, tan = 0.5 size / f.
+  double df[2] = {v[12], v[13]}, dc[2] = {v[14], v[15]};
+  const double f[2] = {double(cam.fx), double(cam.fy)}, c[2] = {double(cam.cx), double(cam.cy)};
+  const double size[2] = {double(in.width), double(in.height)};
+  for (int a = 0; a < 2; ++a) {
+    const double dlo = v[16 + a], dhi = v[18 + a];
+    const double da = -dlo;  // lo = -a, a = c / f + 0.3 tan
+    dc[a] += da / f[a] - dhi / f[a];
+    df[a] += -da * c[a] / (f[a] * f[a]) - dhi * (size[a] - c[a]) / (f[a] * f[a]);
+    const double dtan = 0.3 * da + 0.3 * dhi;
+    df[a] += -dtan * (0.5 * size[a]) / (f[a] * f[a]);
+  }
+  for (int k = 0; k < 9; ++k) {
+    g.v_K[k] = T(0);
+    g.v_K_inv[k] = T(v[20 + k]);
+  }
+  g.v_K[0] = T(df[0]);
+  g.v_K[4] = T(df[1]);
+  g.v_K[2] = T(dc[0]);
+  g.v_K[5] = T(dc[1]);
+}
+
+template int64_t cull_gaussians_cpu<float>(const GaussProjectArgs<float>&, double, double,
+                                           const std::function<int64_t*(int64_t)>&);
+template int64_t cull_gaussians_cpu<double>(const GaussProjectArgs<double>&, double, double,
+                                            const std::function<int64_t*(int64_t)>&);
+template int64_t project_gaussians_forward_cpu<float>(const GaussProjectArgs<float>&,
+                                                      const GaussProjectOutputs<float>&);
+template int64_t project_gaussians_forward_cpu<double>(const GaussProjectArgs<double>&,
+                                                       const GaussProjectOutputs<double>&);
+template void project_gaussians_backward_cpu<float>(const GaussProjectArgs<float>&,
+                                                    const GaussProjectGrads<float>&);
+template void project_gaussians_backward_cpu<double>(const GaussProjectArgs<double>&,
+                                                     const GaussProjectGrads<double>&);
+
+}  // namespace splat
