@@ -44,6 +44,11 @@ SIZES = (500_000, 1_000_000, 3_000_000)
 # compat_gsplat: splat.compat.gsplat.rasterization_2dgs, the drop-in for gsplat's, called exactly as
 # gsplat_dense is: its overhead over splat, and its colour against the real gsplat's (the shim's GPU parity).
 IMPLS = ("splat", "gsplat_packed", "gsplat_dense", "diff_surfel", "compat_gsplat")
+# Seen on an H200 (bench/results/gpu_h200_speed.json); gsplat's 2DGS trainer renders dense by default.
+GSPLAT_PACKED_2DGS = (
+    "gsplat 1.5.3's rasterization_2dgs cannot take colours in packed mode: it gathers neither "
+    "[C, N, 3] colours nor SH coefficients by its [nnz] ids (a size mismatch in its torch.cat)"
+)
 NEAR, FAR = 0.2, 100.0  # splat.rasterize's defaults, passed to every peer
 
 
@@ -134,20 +139,24 @@ def renderer(impl, scene, device):
         else:
             from gsplat.rendering import rasterization_2dgs
 
+        # gsplat appends its depth channel to post-activation colours only
+        # when they are per camera, [C, N, 3].
+        packed = impl == "gsplat_packed"
+
         def forward():
             return rasterization_2dgs(
                 leaf["means"],
                 leaf["quats"],
                 leaf["scales"],
                 leaf["opacities"],
-                leaf["colors"],
+                leaf["colors"][None],
                 viewmat[None],
                 K[None],
                 width,
                 height,
                 near_plane=NEAR,
                 far_plane=FAR,
-                packed=impl == "gsplat_packed",
+                packed=packed,
                 render_mode="RGB+ED",
                 distloss=True,
             )
@@ -309,6 +318,8 @@ def run(
             peer = peers.get("gsplat" if impl.startswith("gsplat") else impl)  # None: splat's own
             if isinstance(peer, str):
                 row["skipped"] = peer
+            elif impl == "gsplat_packed":
+                row["skipped"] = GSPLAT_PACKED_2DGS
             else:
                 try:
                     result, rgb = measure(impl, scene, device, warmup, reps)

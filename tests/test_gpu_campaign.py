@@ -246,3 +246,15 @@ def test_cuda_exact_switch(exact):
         assert not set(exact_flags) & set(nvcc)
     else:
         assert nvcc[-4:] == exact_flags
+
+
+def test_gpu_results_page_is_generated_from_the_committed_results():
+    """docs/gpu.md is bench/gpu_report.py's output for the committed
+    bench/results/gpu_h200_*.json: regenerate it when a campaign's results land."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("gpu_report", ROOT / "bench" / "gpu_report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    page = module.page("gpu_h200")
+    assert "| NVIDIA H200 |" in page and "## Speed against the peers" in page
+    assert (ROOT / "docs" / "gpu.md").read_text() == page, "run: python bench/gpu_report.py --write docs/gpu.md"

@@ -1,0 +1,186 @@
+"""The GPU campaign's committed results as Markdown tables (docs/gpu.md).
+
+    python bench/gpu_report.py                       # prints the page
+    python bench/gpu_report.py --write docs/gpu.md   # regenerates it
+
+Reads bench/results/gpu_<device>_<stage>.json, the files a campaign's
+device calls return (scripts/gpu_campaign.sh; copy each call's JSON files
+there under that prefix).  Every figure on the page comes from those files;
+a stage that did not run or failed says so instead of numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def load(prefix: str) -> dict:
+    """{stage or file stem: parsed JSON} for bench/results/<prefix>_*.json."""
+    found = {}
+    for path in sorted(RESULTS.glob(f"{prefix}_*.json")):
+        found[path.stem[len(prefix) + 1 :]] = json.loads(path.read_text())
+    if not found:
+        raise SystemExit(f"gpu_report: no bench/results/{prefix}_*.json")
+    return found
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join("" if v is None else str(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def machine(r: dict) -> str:
+    setup = next((v for k, v in sorted(r.items()) if k.startswith("setup")), {})
+    gpu = setup.get("gpu") or {}
+    smi = setup.get("nvidia_smi") or []
+    driver = smi[1].split(",")[1].strip() if len(smi) > 1 else "?"
+    return table(
+        ["GPU", "SMs", "memory", "driver", "CUDA (torch)", "torch", "nvcc", "splat commit"],
+        [
+            [
+                gpu.get("name", "?"),
+                gpu.get("multiprocessors", "?"),
+                f"{gpu.get('memory_gib', '?')} GiB",
+                driver,
+                setup.get("torch_cuda", "?"),
+                setup.get("torch", "?"),
+                " ".join(setup.get("nvcc_version") or ["?"]),
+                setup.get("commit", "?"),
+            ]
+        ],
+    )
+
+
+def parity(r: dict) -> str:
+    p = r.get("parity")
+    if not p:
+        return "Not run."
+    t = p["test_cuda"]
+    rows = [["tests/test_cuda.py", t.get("passed"), t.get("failures"), t.get("skipped")]]
+    out = table(["CUDA against the CPU backend", "passed", "failed", "skipped"], rows)
+    for f in t.get("failed", []):
+        out += f"\n\n- failed: `{f['test']}`: {f['message']}"
+    s = r.get("sanitize") or {}
+    srows = []
+    for name, v in s.items():
+        if isinstance(v, dict) and "command" in v:
+            state = "timed out" if v.get("timed_out") else f"rc {v.get('rc')}"
+            srows.append([name, v.get("reported"), state, f"{v.get('seconds')} s"])
+    if srows:
+        out += "\n\n" + table(["compute-sanitizer run", "errors reported", "exit", "time"], srows)
+    return out
+
+
+def speed(r: dict) -> str:
+    s = r.get("speed")
+    if not s:
+        return "Not run."
+    rows = []
+    for row in s["rows"]:
+        if "total_ms" in row:
+            rows.append(
+                [
+                    f"{row['surfels']:,}",
+                    row["impl"],
+                    row["forward_ms"],
+                    row["backward_ms"],
+                    row["total_ms"],
+                    row["backward_over_forward"],
+                    row["peak_memory_mib"],
+                    row.get("rgb_psnr_vs_splat_db"),
+                ]
+            )
+        else:
+            why = row.get("skipped") or row.get("error") or "?"
+            rows.append([f"{row['surfels']:,}", row["impl"], "-", "-", "-", "-", "-", why[:120]])
+    head = ["surfels", "implementation", "forward ms", "backward ms", "sum ms", "bwd/fwd", "peak MiB"]
+    head.append("colour vs splat")
+    return (
+        f"{s['rows'][0]['width']}x{s['rows'][0]['height']}, surfels on surfaces (`splat.testing.surface_scene`), "
+        "every output in the loss; CUDA-event medians.\n\n" + table(head, rows)
+    )
+
+
+def fastmath(r: dict) -> str:
+    f = r.get("fastmath")
+    if not f or "builds" not in f:
+        return "Not run."
+    rows = []
+    for kind in ("surfels", "3dgs"):
+        e, q = f["builds"]["exact"]["speed"][kind], f["builds"]["fast"]["speed"][kind]
+        rows.append([kind, e["total_ms"], q["total_ms"], round(e["total_ms"] / q["total_ms"], 3)])
+    out = table(["1M primitives, 1080p", "exact build ms", "fast build ms", "exact / fast"], rows)
+    return out + f"\n\nFloat32 tolerance the fast build would need: {f.get('suggested_float32_rtol')}."
+
+
+def training(r: dict) -> str:
+    t = r.get("train")
+    if not t:
+        return "Not run."
+    rows = []
+    for scene, run in t["runs"].items():
+        last = run.get("last_logged") or {}
+        metrics = run.get("metrics") or {}
+        state = run.get("status") or ("timed out" if run.get("timed_out") else f"rc {run.get('rc')}")
+        if run.get("timed_out"):
+            state = f"stopped at its {run.get('limit_s')} s limit"
+        steps = f"{last.get('step', '-')}/{last.get('of', '-')}"
+        rows.append([scene, state, steps, last.get("it_per_s"), metrics.get("test.psnr")])
+    return table(["scene (default config)", "run", "steps", "it/s", "test PSNR"], rows)
+
+
+def profile(r: dict) -> str:
+    p = r.get("profile")
+    if not p:
+        return "Not run."
+    rows = [
+        [k["name"][:90], k["calls"] // 3, k["self_device_ms"], k["share_pct"]]
+        for k in p["torch_profiler"].get("kernels") or []
+    ][:12]
+    return (
+        "torch profiler, one forward + backward of 1M surfels at 1080p (the workload also uploads the scene "
+        "each step: the host-to-device copies).\n\n" + table(["op or kernel", "calls", "device ms", "share %"], rows)
+    )
+
+
+def page(prefix: str) -> str:
+    r = load(prefix)
+    parts = [
+        "# GPU results",
+        f"Generated by `python bench/gpu_report.py --write docs/gpu.md` from `bench/results/{prefix}_*.json`;"
+        " edit the script, not this page.",
+        "## Machine",
+        machine(r),
+        "## Parity and sanitizers",
+        parity(r),
+        "## Speed against the peers",
+        speed(r),
+        "## Exact against fast maths (`--fmad`)",
+        fastmath(r),
+        "## Training",
+        training(r),
+        "## Profile",
+        profile(r),
+    ]
+    return "\n\n".join(parts) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prefix", default="gpu_h200", help="results file prefix (default gpu_h200)")
+    ap.add_argument("--write", help="write the page here instead of printing it")
+    args = ap.parse_args()
+    text = page(args.prefix)
+    if args.write:
+        Path(args.write).write_text(text)
+    else:
+        print(text, end="")
+
+
+if __name__ == "__main__":
+    main()
