@@ -66,7 +66,8 @@ _SIGNATURES = {
     "splat_backward_cuda": _BACKWARD,
     "splat_forward_gaussians_cuda": _FORWARD,
     "splat_backward_gaussians_cuda": _BACKWARD,
-    "splat_project_forward_cuda": [_ARGS, ctypes.c_int64, *_FORWARD[1:5], ctypes.c_double, ctypes.c_double, ctypes.c_void_p],
+    # inputs, sh_degree, width, height, near, far, then limit_finite, limit_drawn (forward) or grads
+    "splat_project_forward_cuda": [_ARGS, ctypes.c_int64, *_FORWARD[1:5], *[ctypes.c_double] * 2, ctypes.c_void_p],
     "splat_project_backward_cuda": [_ARGS, ctypes.c_int64, *_FORWARD[1:5], _ARGS, ctypes.c_void_p],
 }
 _local = threading.local()

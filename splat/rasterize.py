@@ -272,9 +272,7 @@ class _ProjectSurfels(torch.autograd.Function):
         args = [t.contiguous() for t in (means, quats, scales, opacities, coeffs)]
         cam = (viewmat.detach().contiguous(), K.detach().contiguous())
         project = ext.project_forward_cuda if means.is_cuda else ext.project_forward_cpu
-        outs = project(
-            *args, sh_degree, *cam, width, height, near, far, *_magnitude_limits(means.dtype)
-        )
+        outs = project(*args, sh_degree, *cam, width, height, near, far, *_magnitude_limits(means.dtype))
         ctx.save_for_backward(*args, *cam)
         ctx.image = (width, height, near, far)
         ctx.sh_degree = sh_degree

@@ -47,7 +47,7 @@ struct ProjectInputs {
   const T* coeffs;     // [N, num_coeffs, 3] SH coefficients, or nullptr (no colour output)
   int64_t num_coeffs;
   int sh_degree;       // 0..3 when coeffs != nullptr
-  T viewmat[16];       // world -> camera, row major
+  T viewmat[16];       // world -> camera, row major (CUDA: each thread loads it, project.cu)
   T K[9];
   int64_t n;
   int width, height;
@@ -98,8 +98,8 @@ SPLAT_HD V hd_min(V a, V b) {
   return (b < a) ? b : a;
 }
 
-// Real SH constants (splat/sh.py); scalars, not arrays, which device code
-// could not read.
+// Real SH constants (splat/sh.py), as scalars: nvcc's device code may use a
+// namespace-scope constexpr scalar, not an array (host memory to it).
 constexpr double kSH_C0 = 0.28209479177387814;
 constexpr double kSH_C1 = 0.4886025119029199;
 constexpr double kSH_C2_0 = 1.0925484305920792, kSH_C2_1 = -1.0925484305920792,
@@ -140,15 +140,14 @@ SPLAT_HD void camera_centre(const ProjectInputs<T>& in, T campos[3]) {
 
 template <typename T>
 SPLAT_HD void project_one(const ProjectInputs<T>& in, const T campos[3], int64_t i,
-                              Projected<T>& p) {
+                          Projected<T>& p) {
   const T* V = in.viewmat;
   const T* K = in.K;
   const T* q = in.quats + 4 * i;
   const T* m = in.means + 3 * i;
   const T* s = in.scales + 2 * i;
   // quat_to_rotmat: divide by the largest |component|, then normalise.
-  p.qmax =
-      hd_max(hd_max(std::abs(q[0]), std::abs(q[1])), hd_max(std::abs(q[2]), std::abs(q[3])));
+  p.qmax = hd_max(hd_max(std::abs(q[0]), std::abs(q[1])), hd_max(std::abs(q[2]), std::abs(q[3])));
   T qs[4];
   for (int k = 0; k < 4; ++k) qs[k] = q[k] / p.qmax;
   p.qnorm = std::sqrt(qs[0] * qs[0] + qs[1] * qs[1] + qs[2] * qs[2] + qs[3] * qs[3]);
@@ -235,16 +234,15 @@ SPLAT_HD void sh_basis_vjp(T x, T y, T z, const T* gb, int stride, T& vx, T& vy,
   vx += T(-kSH_C1) * gb[3 * stride];
   if constexpr (degree < 2) return;
   const T xx = x * x, yy = y * y, zz = z * z;
-  const T c0 = T(kSH_C2_0), c1 = T(kSH_C2_1), c2 = T(kSH_C2_2), c3 = T(kSH_C2_3),
-          c4 = T(kSH_C2_4);
+  const T c0 = T(kSH_C2_0), c1 = T(kSH_C2_1), c2 = T(kSH_C2_2), c3 = T(kSH_C2_3), c4 = T(kSH_C2_4);
   vx += gb[4 * stride] * c0 * y + gb[6 * stride] * c2 * (-2 * x) + gb[7 * stride] * c3 * z +
         gb[8 * stride] * c4 * (2 * x);
   vy += gb[4 * stride] * c0 * x + gb[5 * stride] * c1 * z + gb[6 * stride] * c2 * (-2 * y) +
         gb[8 * stride] * c4 * (-2 * y);
   vz += gb[5 * stride] * c1 * y + gb[6 * stride] * c2 * (4 * z) + gb[7 * stride] * c3 * x;
   if constexpr (degree < 3) return;
-  const T e0 = T(kSH_C3_0), e1 = T(kSH_C3_1), e2 = T(kSH_C3_2), e3 = T(kSH_C3_3),
-          e4 = T(kSH_C3_4), e5 = T(kSH_C3_5), e6 = T(kSH_C3_6);
+  const T e0 = T(kSH_C3_0), e1 = T(kSH_C3_1), e2 = T(kSH_C3_2), e3 = T(kSH_C3_3), e4 = T(kSH_C3_4),
+          e5 = T(kSH_C3_5), e6 = T(kSH_C3_6);
   vx += gb[9 * stride] * e0 * (6 * x * y) + gb[10 * stride] * e1 * (y * z) +
         gb[11 * stride] * e2 * (-2 * x * y) + gb[12 * stride] * e3 * (-6 * x * z) +
         gb[13 * stride] * e4 * (4 * zz - 3 * xx - yy) + gb[14 * stride] * e5 * (2 * x * z) +
@@ -268,7 +266,7 @@ SPLAT_HD double cutoff_k2(double opacity) { return 2.0 * std::log(hd_max(opacity
 // given k2 = cutoff_k2(opacity).
 template <typename T>
 SPLAT_HD void screen_bounds(const ProjectInputs<T>& in, const Projected<T>& p, double opacity,
-                                double k2, int32_t rect[4], int32_t& radius) {
+                            double k2, int32_t rect[4], int32_t& radius) {
   // Flags are int32_t and every branch is a select, so that the surfel loop
   // around this vectorises (see Projected).
   const int W = in.width, H = in.height, side = hd_max(W, H);
@@ -290,7 +288,7 @@ SPLAT_HD void screen_bounds(const ProjectInputs<T>& in, const Projected<T>& p, d
   const int32_t screen[2] = {W, H};
   double lo[2], hi[2];
   int32_t first[2], last[2];
-SPLAT_UNROLL2
+  SPLAT_UNROLL2
   for (int a = 0; a < 2; ++a) {
     const double mid = dual[a][2] / c22;
     const double half = std::sqrt(hd_max(mid * mid - dual[a][a] / c22, 0.0));
@@ -310,7 +308,7 @@ SPLAT_UNROLL2
   rect[2] = visible ? last[0] : 0;
   rect[3] = visible ? last[1] : 0;
   const double extent = hd_max(hd_max(hi[0] - centre[0], centre[0] - lo[0]),
-                                 hd_max(hi[1] - centre[1], centre[1] - lo[1]));
+                               hd_max(hi[1] - centre[1], centre[1] - lo[1]));
   const double r = visible ? hd_min(std::ceil(hd_max(extent, 0.0)), kRadiusMax) : 0.0;
   radius = int32_t((bounded | !visible) ? r : double(side));
 }
@@ -329,23 +327,21 @@ SPLAT_HD double magnitude(const Projected<T>& p, int side) {
 // The SH basis of one block's view directions, and per channel the sum
 // sum_j b_j(dir) co_j that the colour max(sum + 0.5, 0) clamps.
 template <int B, int degree, typename T>
-SPLAT_HD void sh_sums_block(const ProjectInputs<T>& in, const T (&dir)[3][B], int64_t b0,
-                                int len, T (&basis)[(degree + 1) * (degree + 1)][B],
-                                T (&sums)[3][B]) {
+SPLAT_HD void sh_sums_block(const ProjectInputs<T>& in, const T (&dir)[3][B], int64_t b0, int len,
+                            T (&basis)[(degree + 1) * (degree + 1)][B], T (&sums)[3][B]) {
   const T* coeffs = in.coeffs;
   const int64_t stride = in.num_coeffs * 3;
   constexpr int nb = (degree + 1) * (degree + 1);
   // basis is a structure of arrays: every access below is a unit-stride column
-SPLAT_SIMD
-  for (int l = 0; l < len; ++l)
-    sh_basis<degree>(dir[0][l], dir[1][l], dir[2][l], &basis[0][l], B);
+  SPLAT_SIMD
+  for (int l = 0; l < len; ++l) sh_basis<degree>(dir[0][l], dir[1][l], dir[2][l], &basis[0][l], B);
   for (int c = 0; c < 3; ++c) {
-SPLAT_SIMD
+    SPLAT_SIMD
     for (int l = 0; l < len; ++l) {
       const T* co = coeffs + stride * (b0 + l);
       T v = basis[0][l] * co[c];
-SPLAT_UNROLL16  // straight-line code, or the surfel loop stays scalar
-      for (int j = 1; j < nb; ++j) v = v + basis[j][l] * co[3 * j + c];
+      SPLAT_UNROLL16  // straight-line code, or the surfel loop stays scalar
+          for (int j = 1; j < nb; ++j) v = v + basis[j][l] * co[3 * j + c];
       sums[c][l] = v;
     }
   }
@@ -354,11 +350,11 @@ SPLAT_UNROLL16  // straight-line code, or the surfel loop stays scalar
 // Colours of one block: max(sum_j b_j(dir) co_j + 0.5, 0).
 template <int B, int degree, typename T>
 SPLAT_HD void sh_colors_block(const ProjectInputs<T>& in, T* color, const T (&dir)[3][B],
-                                  int64_t b0, int len) {
+                              int64_t b0, int len) {
   T basis[(degree + 1) * (degree + 1)][B], sums[3][B];
   sh_sums_block<B, degree>(in, dir, b0, len, basis, sums);
   for (int c = 0; c < 3; ++c) {
-SPLAT_SIMD
+    SPLAT_SIMD
     for (int l = 0; l < len; ++l) color[3 * (b0 + l) + c] = hd_max(sums[c][l] + T(0.5), T(0));
   }
 }
@@ -368,8 +364,8 @@ SPLAT_SIMD
 // geometry's share) in the order of the scalar expression m + d.
 template <int B, int degree, typename T>
 SPLAT_HD void sh_backward_block(const ProjectInputs<T>& in, const ProjectGrads<T>& g,
-                                    const T (&dir)[3][B], const T (&dnorm)[B],
-                                    const int32_t (&dir_clamped)[B], int64_t b0, int len) {
+                                const T (&dir)[3][B], const T (&dnorm)[B],
+                                const int32_t (&dir_clamped)[B], int64_t b0, int len) {
   const T* coeffs = in.coeffs;
   const int64_t num_coeffs = in.num_coeffs, stride = in.num_coeffs * 3;
   const T* v_color = g.v_color;
@@ -381,23 +377,23 @@ SPLAT_HD void sh_backward_block(const ProjectInputs<T>& in, const ProjectGrads<T
   sh_sums_block<B, degree>(in, dir, b0, len, basis, vc);
   // colour = max(sum + 0.5, 0): gradient passes where the argument >= 0.
   for (int c = 0; c < 3; ++c) {
-SPLAT_SIMD
+    SPLAT_SIMD
     for (int l = 0; l < len; ++l) {
       const T up = v_color[v_color_row_stride * (b0 + l) + c];
       vc[c][l] = vc[c][l] + T(0.5) >= T(0) ? up : T(0);
     }
   }
-SPLAT_SIMD
+  SPLAT_SIMD
   for (int l = 0; l < len; ++l) {
     const T* co = coeffs + stride * (b0 + l);
     T* vco = v_coeffs + stride * (b0 + l);
-SPLAT_UNROLL16
+    SPLAT_UNROLL16
     for (int j = 0; j < nb; ++j) {
       for (int c = 0; c < 3; ++c) vco[3 * j + c] = basis[j][l] * vc[c][l];
       gb[j][l] = co[3 * j] * vc[0][l] + co[3 * j + 1] * vc[1][l] + co[3 * j + 2] * vc[2][l];
     }
   }
-SPLAT_SIMD
+  SPLAT_SIMD
   for (int l = 0; l < len; ++l) {
     const T x = dir[0][l], y = dir[1][l], z = dir[2][l];
     T vx = 0, vy = 0, vz = 0;  // dL/d(dir); scalars, not an array, so the loop vectorises
@@ -421,8 +417,8 @@ SPLAT_SIMD
 // surfels over the magnitude limits.
 template <int B, typename T>
 SPLAT_HD int64_t project_forward_block(const ProjectInputs<T>& in_ref,
-                                           const ProjectOutputs<T>& out_ref, const T campos_ref[3],
-                                           int64_t b0, int len) {
+                                       const ProjectOutputs<T>& out_ref, const T campos_ref[3],
+                                       int64_t b0, int len) {
   // Local copies: the output stores cannot alias them, so their fields load
   // once rather than in every iteration (which would keep the loop scalar).
   const ProjectInputs<T> in = in_ref;
@@ -433,7 +429,7 @@ SPLAT_HD int64_t project_forward_block(const ProjectInputs<T>& in_ref,
   for (int l = 0; l < len; ++l) k2[l] = cutoff_k2(double(in.opacities[b0 + l]));
   T dir[3][B];
   int32_t over_limit[B];  // per surfel, summed after the loop (no simd reduction)
-SPLAT_SIMD
+  SPLAT_SIMD
   for (int l = 0; l < len; ++l) {
     const int64_t i = b0 + l;
     Projected<T> p;
@@ -477,9 +473,8 @@ SPLAT_SIMD
 // then the SH part (colour coefficients, and its share of dL/dmeans, added to
 // the means gradient in the order of the scalar expression).
 template <int B, typename T>
-SPLAT_HD void project_backward_block(const ProjectInputs<T>& in_ref,
-                                         const ProjectGrads<T>& g_ref, const T campos_ref[3],
-                                         int64_t b0, int len) {
+SPLAT_HD void project_backward_block(const ProjectInputs<T>& in_ref, const ProjectGrads<T>& g_ref,
+                                     const T campos_ref[3], int64_t b0, int len) {
   // Local copies, as in project_forward_block.
   const ProjectInputs<T> in = in_ref;
   const ProjectGrads<T> g = g_ref;
@@ -488,7 +483,7 @@ SPLAT_HD void project_backward_block(const ProjectInputs<T>& in_ref,
   const T* K = in.K;
   T dir[3][B], dnorm[B];
   int32_t dir_clamped[B];
-SPLAT_SIMD
+  SPLAT_SIMD
   for (int l = 0; l < len; ++l) {
     const int64_t i = b0 + l;
     Projected<T> p;

@@ -127,12 +127,12 @@ SPLAT_API int splat_backward_gaussians_cuda(const SplatTensorArg* inputs, int64_
  * limit_drawn as an int64 [] on the device.  No host sync. */
 SPLAT_API int splat_project_forward_cuda(const SplatTensorArg* inputs, int64_t sh_degree,
                                          int64_t width, int64_t height, double near_plane,
-                                         double far_plane, double limit_finite,
-                                         double limit_drawn, void* stream, SplatAllocFn alloc,
-                                         void* alloc_ctx, char* err, size_t err_len);
+                                         double far_plane, double limit_finite, double limit_drawn,
+                                         void* stream, SplatAllocFn alloc, void* alloc_ctx,
+                                         char* err, size_t err_len);
 /* grads[4]: the upstream gradients of Tuvw, center, normal, color (undefined
  * without coeffs), contiguous.  Outputs (slots 0..4): v_means [N,3], v_quats
- * [N,4], v_scales [N,2], v_coeffs [N,K,3] ([0,0,3] without coeffs), v_means2d
+ * [N,4], v_scales [N,2], v_coeffs (coeffs' shape; [0,0,3] when undefined), v_means2d
  * [N,2] (dL/d screen translation of each footprint).  No host sync. */
 SPLAT_API int splat_project_backward_cuda(const SplatTensorArg* inputs, int64_t sh_degree,
                                           int64_t width, int64_t height, double near_plane,

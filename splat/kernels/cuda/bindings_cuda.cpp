@@ -185,8 +185,8 @@ std::vector<torch::Tensor> project_forward_cuda(
   const auto in = describe_all({&means, &quats, &scales, &opacities, &coeffs, &viewmat, &K},
                                {"means", "quats", "scales", "opacities", "coeffs", "viewmat", "K"});
   return run(means, [&](void* stream, void* ctx, char* err) {
-    return splat_project_forward_cuda(in.data(), sh_degree, width, height, near, far,
-                                      limit_finite, limit_drawn, stream, allocate, ctx, err, 512);
+    return splat_project_forward_cuda(in.data(), sh_degree, width, height, near, far, limit_finite,
+                                      limit_drawn, stream, allocate, ctx, err, 512);
   });
 }
 

@@ -490,7 +490,6 @@ void backward_gaussians(const Arg* in, int64_t width, int64_t height, double nea
                             width, height, b, alloc, stream);
 }
 
-
 // ---- the fused surfel projection (project_cuda.h) ------------------------------------
 // in[7]: means [N,3], quats [N,4], scales [N,2], opacities [N], coeffs
 // [N,K,3] (undefined or no elements: no SH colour), viewmat [4,4], K [3,3].
@@ -500,8 +499,7 @@ struct ProjectArgs {
 };
 
 template <class Dev>
-ProjectArgs check_project_inputs(const Arg* in, int64_t sh_degree, int64_t width,
-                                 int64_t height) {
+ProjectArgs check_project_inputs(const Arg* in, int64_t sh_degree, int64_t width, int64_t height) {
   const int64_t n = check_first_input<Dev>(in[0], "means", "[N, 3]", width, height);
   const Device device = device_of(in[0]);
   const int32_t dtype = in[0].dtype;
@@ -515,11 +513,11 @@ ProjectArgs check_project_inputs(const Arg* in, int64_t sh_degree, int64_t width
   const bool with_sh = coeffs.ndim >= 0 && numel(coeffs) > 0;
   if (with_sh) {
     check_tensor<Dev>(coeffs, "coeffs", device, dtype);
-    SPLAT_CHECK(coeffs.ndim == 3 && coeffs.shape[0] == n && coeffs.shape[2] == 3, "coeffs has shape ",
-                Sizes{coeffs}, ", expected [", n, ", K, 3]");
-    SPLAT_CHECK(sh_degree >= 0 && sh_degree <= 3 &&
-                    coeffs.shape[1] >= (sh_degree + 1) * (sh_degree + 1),
-                "coeffs has too few SH coefficients for sh_degree ", sh_degree);
+    SPLAT_CHECK(coeffs.ndim == 3 && coeffs.shape[0] == n && coeffs.shape[2] == 3,
+                "coeffs has shape ", Sizes{coeffs}, ", expected [", n, ", K, 3]");
+    SPLAT_CHECK(
+        sh_degree >= 0 && sh_degree <= 3 && coeffs.shape[1] >= (sh_degree + 1) * (sh_degree + 1),
+        "coeffs has too few SH coefficients for sh_degree ", sh_degree);
   }
   check_tensor<Dev>(in[5], "viewmat", device, dtype);
   SPLAT_CHECK(in[5].ndim == 2 && in[5].shape[0] == 4 && in[5].shape[1] == 4, "viewmat has shape ",
@@ -573,9 +571,8 @@ void project_forward_impl(const Arg* in, const ProjectArgs& a, int64_t sh_degree
   ProjectInputs<T> p = project_inputs<T>(in, a, sh_degree, width, height, near, far);
   p.limit_finite = limit_finite;
   p.limit_drawn = limit_drawn;
-  const ProjectOutputs<T> out{Tuvw.as<T>(),  center.as<T>(),       normal.as<T>(),
-                              color.as<T>(), depth.as<T>(),        rect.as<int32_t>(),
-                              radii.as<int32_t>()};
+  const ProjectOutputs<T> out{Tuvw.as<T>(),  center.as<T>(),     normal.as<T>(),     color.as<T>(),
+                              depth.as<T>(), rect.as<int32_t>(), radii.as<int32_t>()};
   check_cuda(gpu::launch_project_forward<T>(p, static_cast<const T*>(in[5].data),
                                             static_cast<const T*>(in[6].data), out,
                                             bad.as<unsigned long long>(), stream),
@@ -584,8 +581,8 @@ void project_forward_impl(const Arg* in, const ProjectArgs& a, int64_t sh_degree
 
 // grads[4]: v_Tuvw [N,9], v_center [N,2], v_normal [N,3], v_color [N,3]
 // (undefined without SH), contiguous.  Outputs (slots 0..4): v_means [N,3],
-// v_quats [N,4], v_scales [N,2], v_coeffs (coeffs' shape; [0,0,3] without
-// SH), v_means2d [N,2].
+// v_quats [N,4], v_scales [N,2], v_coeffs (coeffs' shape; [0,0,3] when
+// coeffs is undefined), v_means2d [N,2].
 template <class Dev, typename T>
 void project_backward_impl(const Arg* in, const ProjectArgs& a, int64_t sh_degree, int64_t width,
                            int64_t height, double near, double far, const Arg* grads,
@@ -595,9 +592,12 @@ void project_backward_impl(const Arg* in, const ProjectArgs& a, int64_t sh_degre
   const Buffer v_means = alloc.get<Dev>(0, F, {n, 3}, "v_means");
   const Buffer v_quats = alloc.get<Dev>(1, F, {n, 4}, "v_quats");
   const Buffer v_scales = alloc.get<Dev>(2, F, {n, 2}, "v_scales");
+  // coeffs' shape, as the CPU op's empty_like(coeffs)
+  const Arg& coeffs = in[4];
   const Buffer v_coeffs =
-      a.with_sh ? alloc.get<Dev>(3, F, {n, in[4].shape[1], 3}, "v_coeffs")
-                : alloc.get<Dev>(3, F, {0, 0, 3}, "v_coeffs");
+      coeffs.ndim == 3
+          ? alloc.get<Dev>(3, F, {coeffs.shape[0], coeffs.shape[1], coeffs.shape[2]}, "v_coeffs")
+          : alloc.get<Dev>(3, F, {0, 0, 3}, "v_coeffs");
   const Buffer v_means2d = alloc.get<Dev>(4, F, {n, 2}, "v_means2d");
   const ProjectInputs<T> p = project_inputs<T>(in, a, sh_degree, width, height, near, far);
   ProjectGrads<T> g{static_cast<const T*>(grads[0].data),
@@ -628,9 +628,8 @@ void project_forward(const Arg* in, int64_t sh_degree, int64_t width, int64_t he
 }
 
 template <class Dev>
-void project_backward(const Arg* in, int64_t sh_degree, int64_t width, int64_t height,
-                      double near, double far, const Arg* grads, cudaStream_t stream,
-                      const Allocator& alloc) {
+void project_backward(const Arg* in, int64_t sh_degree, int64_t width, int64_t height, double near,
+                      double far, const Arg* grads, cudaStream_t stream, const Allocator& alloc) {
   const ProjectArgs a = check_project_inputs<Dev>(in, sh_degree, width, height);
   const Device device = device_of(in[0]);
   const char* names[4] = {"v_Tuvw", "v_center", "v_normal", "v_color"};

@@ -78,11 +78,11 @@ cudaError_t launch_project_backward(const ProjectInputs<T>& in, const T* viewmat
   return cudaGetLastError();
 }
 
-#define SPLAT_INSTANTIATE(T)                                                                      \
-  template cudaError_t launch_project_forward<T>(const ProjectInputs<T>&, const T*, const T*,     \
-                                                 const ProjectOutputs<T>&, unsigned long long*,   \
-                                                 cudaStream_t);                                   \
-  template cudaError_t launch_project_backward<T>(const ProjectInputs<T>&, const T*, const T*, \
+#define SPLAT_INSTANTIATE(T)                                                                    \
+  template cudaError_t launch_project_forward<T>(const ProjectInputs<T>&, const T*, const T*,   \
+                                                 const ProjectOutputs<T>&, unsigned long long*, \
+                                                 cudaStream_t);                                 \
+  template cudaError_t launch_project_backward<T>(const ProjectInputs<T>&, const T*, const T*,  \
                                                   const ProjectGrads<T>&, cudaStream_t);
 SPLAT_INSTANTIATE(float)
 SPLAT_INSTANTIATE(double)
