@@ -217,9 +217,9 @@ def test_rasterize_on_cuda_takes_the_fused_projection_unless_the_camera_needs_gr
     names = ("means", "quats", "scales", "opacities", "colors")
 
     def run(device):
-        p = {k: scene[k].to(device).requires_grad_(True) for k in names[:4]}
+        p = {k: scene[k].detach().to(device).requires_grad_(True) for k in names[:4]}
         p["colors"] = sh.to(device).requires_grad_(True)
-        cam = [scene[k].to(device).requires_grad_(camera_grad) for k in ("viewmat", "K")]
+        cam = [scene[k].detach().to(device).requires_grad_(camera_grad) for k in ("viewmat", "K")]
         out = rasterize(*(p[k] for k in names), *cam, scene["width"], scene["height"], sh_degree=3)
         loss = (out.rgb * torch.linspace(-1, 1, 3, dtype=torch.float64, device=device)).sum() + out.depth.sum()
         return out, dict(zip(names, torch.autograd.grad(loss, [p[k] for k in names])))
