@@ -20,7 +20,7 @@ The unmutated kernels must pass first, or nothing here means anything.
 Exit status 0 only if the baseline passes and every mutant is caught.
 Cost on the 2-core machine: the first build ~1.5 min, then ~10 s a mutant
 (only the rewritten .cu objects recompile, see tests/cuda_emulation/build.py);
-the two sanitizer mutants need the ASan build (~4 min more the first time).
+the three sanitizer mutants need the ASan build (~4 min more the first time).
 .ci/run runs it with --no-sanitizers; run it whole after any change to a .cu
 file or to the harness.
 """
