@@ -18,8 +18,9 @@ namespace {
 
 constexpr int kProjectThreads = 256;
 
-// in with the camera read from the device (each thread the same 25 numbers),
-// and the camera centre, as the CPU computes them once per call.
+// Fills in.viewmat and in.K from the device (every thread reads the same 25
+// numbers, served by the cache) and the camera centre, which the CPU
+// computes once per call: the same operations, so the same bits.
 template <typename T>
 __device__ __forceinline__ void load_camera(ProjectInputs<T>& in, const T* __restrict__ viewmat,
                                             const T* __restrict__ K, T campos[3]) {
