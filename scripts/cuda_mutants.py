@@ -4,11 +4,12 @@ into copies of the kernels and shows that the emulated-CUDA tests catch each.
     python scripts/cuda_mutants.py [--out bench/results/cuda_emulation_mutants.json] [--only NAME ...]
 
 For every mutant, a copy of the kernel files (``splat/kernels/cuda/``
-binning.cu, forward.cu, backward.cu and the primitives' batch headers
-surfel_batch.cuh, gaussian_batch.cuh) gets exactly one edit (the script refuses an edit that does not
+binning.cu, forward.cu, backward.cu, project.cu and the primitives' batch
+headers surfel_batch.cuh, gaussian_batch.cuh) gets exactly one edit (the script refuses an edit that does not
 match exactly once, so a kernel change cannot silently turn a mutant into the
 original), and the emulation tests (``tests/test_cuda_emulation.py`` for
-surfels, ``tests/test_cuda_emulation_3dgs.py`` for 3D Gaussians) run against that copy
+surfels, ``tests/test_cuda_emulation_3dgs.py`` for 3D Gaussians,
+``tests/test_cuda_emulation_project.py`` for the fused surfel projection) run against that copy
 (``SPLAT_CUDAEMU_KERNELS``).  A mutant is CAUGHT when the tests fail, by a
 mismatch against the CPU backend or by a cudaemu abort naming the .cu line.
 Out-of-bounds reads whose value is never used change no output; those
@@ -19,7 +20,7 @@ The unmutated kernels must pass first, or nothing here means anything.
 Exit status 0 only if the baseline passes and every mutant is caught.
 Cost on the 2-core machine: the first build ~1.5 min, then ~10 s a mutant
 (only the rewritten .cu objects recompile, see tests/cuda_emulation/build.py);
-the two sanitizer mutants need the ASan build (~4 min more the first time).
+the three sanitizer mutants need the ASan build (~4 min more the first time).
 .ci/run runs it with --no-sanitizers; run it whole after any change to a .cu
 file or to the harness.
 """
@@ -44,7 +45,12 @@ from cuda_emulation.build import KERNEL_FILES, KERNELS as _KERNEL_ROOT  # noqa: 
 from report import portable  # noqa: E402
 
 KERNELS = _KERNEL_ROOT / "cuda"
-TEST_FILES = ("tests/test_cuda_emulation.py", "tests/test_cuda_emulation_3dgs.py")
+# The projection's tests first: quick, so that its mutants fail fast under -x.
+TEST_FILES = (
+    "tests/test_cuda_emulation_project.py",
+    "tests/test_cuda_emulation.py",
+    "tests/test_cuda_emulation_3dgs.py",
+)
 LOAD_FWD = "    if (tid < P::kBatch && k_load < count) P::store(batch, tid, s, list[k_load]);  // coalesced list read\n"
 LOAD_BWD = "    if (k_load >= batch_start) P::store(batch, tid, s, list[k_load]);\n"
 
@@ -157,6 +163,29 @@ MUTANTS = {
         "off-by-one in the pixel rectangle",
         "px < b.rect[2][slot] && py < b.rect[3][slot]",
         "px <= b.rect[2][slot] && py < b.rect[3][slot]",
+    ),
+    # The fused surfel projection (project.cu).
+    "proj_count_stored_not_added": (
+        "project.cu",
+        "a plain store where an atomic add is needed",
+        "if (bad) atomicAdd(over_limit, static_cast<unsigned long long>(bad));",
+        "if (bad) *over_limit = static_cast<unsigned long long>(bad);",
+    ),
+    "proj_camera_partly_loaded": (
+        "project.cu",
+        "uninitialised value (a loop bound one short)",
+        "for (int k = 0; k < 9; ++k) in.K[k] = K[k];",
+        "for (int k = 0; k < 8; ++k) in.K[k] = K[k];",
+    ),
+    "proj_last_thread_writes_past_end": (
+        "project.cu",
+        "write one past the end",
+        # the forward kernel's bounds check (the text up to its first use of `bad`)
+        "if (i >= args.n) return; ProjectInputs<T> in = args; T campos[3]; "
+        "load_camera(in, viewmat, K, campos); const int64_t bad",
+        "if (i > args.n) return;\n  ProjectInputs<T> in = args;\n  T campos[3];\n  "
+        "load_camera(in, viewmat, K, campos);\n  const int64_t bad",
+        "asan",
     ),
 }
 

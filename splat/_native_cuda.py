@@ -4,8 +4,9 @@ statically, so one build serves every torch >= 2.10 and CPython >= 3.10 and
 needs only the driver that torch's CUDA needs anyway.
 
 ``cuda_kernels()`` returns the CUDA operations (forward_cuda, backward_cuda,
-forward_gaussians_cuda, backward_gaussians_cuda, with the arguments and
-results of the former torch extension) or None.  It looks for them only when
+forward_gaussians_cuda, backward_gaussians_cuda, project_forward_cuda,
+project_backward_cuda, with the arguments and results of the torch
+extension's) or None.  It looks for them only when
 torch is a CUDA build and a GPU is present: a CPU-only torch never opens the
 library.  Before the first call on a device, the GPU's compute capability is
 checked against the images the library holds (``unsupported_gpu``), so a GPU
@@ -30,7 +31,7 @@ from pathlib import Path
 import torch
 
 _HERE = Path(__file__).resolve().parent
-_API_VERSION = 1
+_API_VERSION = 2
 _ERR_LEN = 512
 
 
@@ -65,6 +66,9 @@ _SIGNATURES = {
     "splat_backward_cuda": _BACKWARD,
     "splat_forward_gaussians_cuda": _FORWARD,
     "splat_backward_gaussians_cuda": _BACKWARD,
+    # inputs, sh_degree, width, height, near, far, then limit_finite, limit_drawn (forward) or grads
+    "splat_project_forward_cuda": [_ARGS, ctypes.c_int64, *_FORWARD[1:5], *[ctypes.c_double] * 2, ctypes.c_void_p],
+    "splat_project_backward_cuda": [_ARGS, ctypes.c_int64, *_FORWARD[1:5], _ARGS, ctypes.c_void_p],
 }
 _local = threading.local()
 
@@ -218,7 +222,7 @@ class CudaKernels:
             raise RuntimeError(reason)
         self._checked.add(index)
 
-    def _call(self, name, first, inputs, input_names, *rest, state=None, up=None):
+    def _call(self, name, first, inputs, input_names, *rest, state=None, up=None, grads=None):
         device = first.device if isinstance(first, torch.Tensor) else torch.device("cpu")
         if device.type == "cuda":
             self.check_device(device)
@@ -228,6 +232,8 @@ class CudaKernels:
         args = [_describe(inputs, input_names), *rest]
         if state is not None:
             args += [_describe(state, _STATE_NAMES), _describe(up, _UP_NAMES)]
+        if grads is not None:
+            args.append(_describe(grads, _PROJECT_GRAD_NAMES))
         call, err = _Call(device), ctypes.create_string_buffer(_ERR_LEN)
         previous, _local.call = getattr(_local, "call", None), call
         try:
@@ -267,7 +273,30 @@ class CudaKernels:
         )  # fmt: skip
         return outs[0]
 
+    # -- the fused surfel projection -------------------------------------------------
+    def project_forward_cuda(self, means, quats, scales, opacities, coeffs, sh_degree, viewmat, K, *rest):
+        """Returns [Tuvw, center, normal, color, depth, pixel_rect, radii,
+        over-limit count (int64 [], on the device)], as project_forward_cpu."""
+        width, height, near, far, limit_finite, limit_drawn = rest
+        inputs = (means, quats, scales, opacities, coeffs, viewmat, K)
+        return self._call(
+            "splat_project_forward_cuda", means, inputs, _PROJECT_NAMES, sh_degree, width, height, near, far,
+            limit_finite, limit_drawn,
+        )  # fmt: skip
 
+    def project_backward_cuda(self, means, quats, scales, opacities, coeffs, sh_degree, viewmat, K, *rest):
+        """Returns [v_means, v_quats, v_scales, v_coeffs, v_means2d], as project_backward_cpu."""
+        width, height, near, far = rest[:4]
+        inputs = (means, quats, scales, opacities, coeffs, viewmat, K)
+        grads = _contiguous(rest[4:8])  # the rasterizer's gradients arrive as column slices
+        return self._call(
+            "splat_project_backward_cuda", means, inputs, _PROJECT_NAMES, sh_degree, width, height, near, far,
+            grads=grads,
+        )  # fmt: skip
+
+
+_PROJECT_NAMES = ("means", "quats", "scales", "opacities", "coeffs", "viewmat", "K")
+_PROJECT_GRAD_NAMES = ("v_Tuvw", "v_center", "v_normal", "v_color")
 _SURFEL_NAMES = ("Tuvw", "center", "normal", "color", "opacity", "depth", "pixel_rect")
 _GAUSSIAN_NAMES = ("params", "color", "depth", "pixel_rect")
 _STATE_NAMES = ("tile_offsets", "point_list", "end", "median_index", "transmittance", "totals")

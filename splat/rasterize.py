@@ -1,9 +1,10 @@
 """``splat.rasterize``: input validation, projection, backend dispatch, autograd.
 
-The per-surfel projection (camera transform, screen matrix, bounds) is plain
-PyTorch shared by the CPU and CUDA backends, so autograd differentiates it;
-the compiled kernels do the per-pixel work (binning, blending, and its exact
-back-to-front gradient).  ``backend="torch"`` runs :mod:`splat.reference`.
+The per-surfel projection (camera transform, screen matrix, bounds, SH
+colour) is one fused kernel each way on the cpu and cuda backends when
+viewmat and K need no gradient (kernels/project_surfels.h), else plain
+PyTorch that autograd differentiates; the compiled kernels do the per-pixel
+work (binning, blending, and its exact back-to-front gradient).  ``backend="torch"`` runs :mod:`splat.reference`.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def rasterize(
         sums = _empty_sums(width, height, dtype, device)
         return compose(*_connect(sums, inputs + (means2d,)), background=background, radii=radii, means2d=means2d)
 
-    fused = backend == "cpu" and not (viewmat.requires_grad or K.requires_grad)
+    fused = backend in ("cpu", "cuda") and not (viewmat.requires_grad or K.requires_grad)
     proj, rgb_colors, means2d, Tuvw, center = project_for_kernels(
         means, quats, scales, opacities, colors, viewmat, K, width, height, near, far, sh_degree, grad_enabled, fused
     )
@@ -131,11 +132,11 @@ def project_for_kernels(
 ):
     """What the raster kernels take, per surfel: returns (proj as
     :func:`_project`'s, colours [N, 3], means2d [N, 2], Tuvw [N, 9],
-    centre [N, 2]).  ``fused``: the one C++ op (CPU tensors, no viewmat/K
-    gradient), else PyTorch.  With ``grad_enabled``, ``means2d.grad``
+    centre [N, 2]).  ``fused``: the one C++/CUDA op (the cpu or cuda
+    backend, no viewmat/K gradient), else PyTorch.  With ``grad_enabled``, ``means2d.grad``
     becomes dL/d(screen translation) either way (:func:`fold_translation`)."""
     if fused:
-        proj, rgb, means2d = _project_cpu(
+        proj, rgb, means2d = _project_fused(
             means, quats, scales, opacities, colors, viewmat, K, width, height, near, far, sh_degree, grad_enabled
         )
     else:
@@ -214,18 +215,19 @@ def _magnitude_limits(dtype):
     return big, big**0.25 / 16
 
 
-def _project_cpu(
+def _project_fused(
     means, quats, scales, opacities, colors, viewmat, K, width, height, near, far, sh_degree, grad_enabled
 ):
-    """_project and _surfel_colors fused into one C++ op with an exact backward
-    (splat/kernels/cpu/project_cpu.cpp), for CPU tensors when viewmat
-    and K need no gradient.  Same outputs as the torch path up to float
-    rounding (tests/test_projection.py).  means2d is folded in by the op's
-    backward: its gradient is dL/d(screen translation), as in rasterize().
+    """_project and _surfel_colors fused into one op with an exact backward
+    (splat/kernels/project_surfels.h: cpu/project_cpu.cpp on CPU tensors,
+    one CUDA kernel each way, cuda/project.cu, on CUDA tensors), used when
+    viewmat and K need no gradient.  Same outputs as the torch path up to
+    float rounding (tests/test_projection.py).  means2d is folded in by the
+    op's backward: its gradient is dL/d(screen translation), as in rasterize().
 
     Returns (proj dict as _project's, colours [N, 3], means2d)."""
     n = means.shape[0]
-    means2d = torch.zeros(n, 2, dtype=means.dtype, requires_grad=grad_enabled)
+    means2d = torch.zeros(n, 2, dtype=means.dtype, device=means.device, requires_grad=grad_enabled)
     coeffs = colors if sh_degree is not None else colors.new_zeros(0, 0, 3)
     Tuvw, center, normal, color, depth, rect, radii, bad = _ProjectSurfels.apply(
         means,
@@ -242,7 +244,7 @@ def _project_cpu(
         far,
         -1 if sh_degree is None else sh_degree,
     )
-    if int(bad):  # let the torch path raise its error naming the rows
+    if int(bad):  # let the torch path raise its error naming the rows (on CUDA: the one sync)
         _project(means, quats, scales, opacities, viewmat, K, width, height, near, far)
     with torch.no_grad():
         means2d.copy_(center)
@@ -259,18 +261,18 @@ def _project_cpu(
 
 
 class _ProjectSurfels(torch.autograd.Function):
-    """splat._C.project_forward_cpu / project_backward_cpu.  Returns (Tuvw,
-    centre, normal, colour, depth, pixel_rect, radii, bad count); means2d
-    (value unused) receives dL/d(screen translation)."""
+    """The kernels' project_forward_cpu / project_backward_cpu, or their
+    *_cuda twins on CUDA tensors.  Returns (Tuvw, centre, normal, colour,
+    depth, pixel_rect, radii, bad count); means2d (value unused) receives
+    dL/d(screen translation)."""
 
     @staticmethod
     def forward(ctx, means, quats, scales, opacities, coeffs, means2d, viewmat, K, width, height, near, far, sh_degree):
         ext = _backend.load_extension()  # not this module's name, which tests swap for the raster kernels
         args = [t.contiguous() for t in (means, quats, scales, opacities, coeffs)]
         cam = (viewmat.detach().contiguous(), K.detach().contiguous())
-        outs = ext.project_forward_cpu(
-            *args, sh_degree, *cam, width, height, near, far, *_magnitude_limits(means.dtype)
-        )
+        project = ext.project_forward_cuda if means.is_cuda else ext.project_forward_cpu
+        outs = project(*args, sh_degree, *cam, width, height, near, far, *_magnitude_limits(means.dtype))
         ctx.save_for_backward(*args, *cam)
         ctx.image = (width, height, near, far)
         ctx.sh_degree = sh_degree
@@ -282,7 +284,8 @@ class _ProjectSurfels(torch.autograd.Function):
         ext = _backend.load_extension()
         means, quats, scales, opacities, coeffs, viewmat, K = ctx.saved_tensors
         width, height, near, far = ctx.image
-        v_means, v_quats, v_scales, v_coeffs, v_means2d = ext.project_backward_cpu(
+        project = ext.project_backward_cuda if means.is_cuda else ext.project_backward_cpu
+        v_means, v_quats, v_scales, v_coeffs, v_means2d = project(
             means,
             quats,
             scales,

@@ -4,9 +4,11 @@ Both sides run the same core.h with the same float32 exp (core.h's portable
 exp_float), no FMA contraction (nvcc --fmad=false, g++ -ffp-contract=off) and
 IEEE division and sqrt, and the CUDA kernels are executed against the CPU
 backend in every CI run under emulation (tests/test_cuda_emulation.py, bitwise
-forward).  What only a GPU shows: the projection runs as torch ops whose CUDA
-reductions (matmul, sums) round differently from the CPU's, and the float64
-exp is the device library's, not glibc's.  An input that moves by an ulp can
+forward).  What only a GPU shows: the float64 exp (and the projection's
+log) is the device library's, not glibc's, and where viewmat or K need a
+gradient the projection runs as torch ops whose CUDA reductions (matmul,
+sums) round differently from the CPU's (without one, both backends run the
+fused projection, kernels/project_surfels.h, bitwise alike on its own).  An input that moves by an ulp can
 flip a pixel's threshold decision -- alpha >= 1/255, the transmittance floor,
 the median's T > 0.5 -- and that pixel's values then differ by O(1/255), not
 by rounding.  So:
@@ -156,3 +158,77 @@ def test_cuda_matches_cpu_for_3d_gaussians(dtype, antialiased):
     assert torch.equal(gpu_out.radii.cpu(), cpu_out.radii)
     for k in cpu_grads:
         assert_close_but_flips(gpu_grads[k], cpu_grads[k], grad_tol, FLIP_SURFELS, f"d/d{k}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("deg", [None, 0, 3], ids=lambda d: f"sh{d}")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_cuda_projection_kernels_match_cpu(dtype, deg):
+    """The fused projection's CUDA kernels (cuda/project.cu) against the CPU
+    op, forward and backward, BITWISE: both run kernels/project_surfels.h with
+    IEEE +, -, *, /, sqrt and no FMA (--fmad=false), per surfel, no sums
+    across surfels.  The one library function, the float64 log of the
+    opacity cutoff, feeds only the integer pixel rectangles and radii, which
+    must be equal too (a flip needs a bound within an ulp of an integer)."""
+    import importlib
+
+    from test_cuda_emulation_project import BACKWARD_NAMES, FORWARD_NAMES, forward_args, scene, upstream
+
+    from splat._backend import load_extension
+
+    limits = importlib.import_module("splat.rasterize")._magnitude_limits(dtype)
+    ext = load_extension()
+    s = scene(3001, dtype)
+    args = forward_args(s, deg)
+    gpu_args = [t.cuda() if torch.is_tensor(t) else t for t in args]
+    ups = upstream(3001, dtype)
+    pairs = [
+        (FORWARD_NAMES, ext.project_forward_cpu(*args, *limits), ext.project_forward_cuda(*gpu_args, *limits)),
+        (
+            BACKWARD_NAMES,
+            ext.project_backward_cpu(*args, *ups),
+            ext.project_backward_cuda(*gpu_args, *(u.cuda() for u in ups)),
+        ),
+    ]
+    for names, cpu, gpu in pairs:
+        for name, a, b in zip(names, cpu, gpu):
+            assert b.is_cuda and a.shape == b.shape and a.dtype == b.dtype, name
+            b = b.cpu()
+            diff = float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+            assert torch.equal(a, b), f"{name}: largest difference {diff:.3g}"
+
+
+@needs_gpu
+@pytest.mark.parametrize("camera_grad", [False, True], ids=["fused", "torch-projection"])
+def test_rasterize_on_cuda_takes_the_fused_projection_unless_the_camera_needs_gradients(camera_grad, monkeypatch):
+    """splat.rasterize(backend="auto") on CUDA tensors runs project_forward_cuda
+    exactly when viewmat and K need no gradient (as the CPU backend), and
+    either way matches the CPU backend (SH colours of degree 3)."""
+    from splat import rasterize
+    from splat._backend import load_extension
+
+    ext = load_extension()
+    calls = []
+    original = ext.project_forward_cuda
+    monkeypatch.setattr(ext, "project_forward_cuda", lambda *a: (calls.append(1), original(*a))[1], raising=False)
+    scene = surface_scene(4000, 96, 64, dtype=torch.float64, seed=3)
+    n = scene["means"].shape[0]
+    sh = 0.3 * torch.randn(n, 16, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    names = ("means", "quats", "scales", "opacities", "colors")
+
+    def run(device):
+        p = {k: scene[k].detach().to(device).requires_grad_(True) for k in names[:4]}
+        p["colors"] = sh.to(device).requires_grad_(True)
+        cam = [scene[k].detach().to(device).requires_grad_(camera_grad) for k in ("viewmat", "K")]
+        out = rasterize(*(p[k] for k in names), *cam, scene["width"], scene["height"], sh_degree=3)
+        loss = (out.rgb * torch.linspace(-1, 1, 3, dtype=torch.float64, device=device)).sum() + out.depth.sum()
+        return out, dict(zip(names, torch.autograd.grad(loss, [p[k] for k in names])))
+
+    cpu_out, cpu_grads = run("cpu")
+    gpu_out, gpu_grads = run("cuda")
+    assert len(calls) == (0 if camera_grad else 1)
+    for k in ("rgb", "alpha", "depth", "normal"):
+        assert_close_but_flips(getattr(gpu_out, k), getattr(cpu_out, k), 1e-9, FLIP_PIXELS, k)
+    assert torch.equal(gpu_out.radii.cpu(), cpu_out.radii)
+    for k in names:
+        assert_close_but_flips(gpu_grads[k], cpu_grads[k], 1e-9, FLIP_SURFELS, f"d/d{k}")

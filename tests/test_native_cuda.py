@@ -284,6 +284,8 @@ def test_the_real_library_links_no_torch_python_or_cuda_runtime(real_library):
         "splat_backward_cuda",
         "splat_forward_gaussians_cuda",
         "splat_backward_gaussians_cuda",
+        "splat_project_forward_cuda",
+        "splat_project_backward_cuda",
     }
 
 
@@ -296,3 +298,6 @@ def test_the_real_library_records_its_archs_and_validates_without_a_gpu(real_lib
     # the host sequence's checks come before any CUDA call
     with pytest.raises(RuntimeError, match=r"^Tuvw must be a CUDA tensor for the CUDA backend, got one on cpu$"):
         k.forward_cuda(*surfel_inputs(), 16, 16, 0.2, 100.0)
+    means = torch.zeros(4, 3)
+    with pytest.raises(RuntimeError, match=r"^means must be a CUDA tensor for the CUDA backend, got one on cpu$"):
+        k.project_forward_cuda(means, means, means, means, means, 0, means, means, 16, 16, 0.2, 100.0, 1.0, 1.0)

@@ -119,7 +119,7 @@ def render_sharded(
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (means, quats, scales, opacities, colors))
     floats, ints, handles, radii = [], [], [], []
     for cam in cameras:
-        fused = means.device.type == "cpu" and not (cam.viewmat.requires_grad or cam.K.requires_grad)
+        fused = means.device.type in ("cpu", "cuda") and not (cam.viewmat.requires_grad or cam.K.requires_grad)
         proj, rgb, means2d, Tuvw, center = project_for_kernels(
             means,
             quats,

@@ -525,6 +525,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "rasterize 3D Gaussians forward on the GPU");
   m.def("backward_gaussians_cuda", &splat::backward_gaussians_cuda,
         "its backward: [N, gauss_grad_record_size]");
+  m.def("project_forward_cuda", &splat::project_forward_cuda,
+        "fused per-surfel projection on the GPU");
+  m.def("project_backward_cuda", &splat::project_backward_cuda, "its exact backward");
   m.attr("with_cuda") = true;
 #else
   m.attr("with_cuda") = false;

@@ -152,4 +152,28 @@ SPLAT_API int splat_backward_gaussians_cuda(const SplatTensorArg* inputs, int64_
   });
 }
 
+SPLAT_API int splat_project_forward_cuda(const SplatTensorArg* inputs, int64_t sh_degree,
+                                         int64_t width, int64_t height, double near_plane,
+                                         double far_plane, double limit_finite, double limit_drawn,
+                                         void* stream, SplatAllocFn alloc, void* alloc_ctx,
+                                         char* err, size_t err_len) {
+  return guarded(err, err_len, [&] {
+    hs::project_forward<SplatDevice>(inputs, sh_degree, width, height, near_plane, far_plane,
+                                     limit_finite, limit_drawn, static_cast<cudaStream_t>(stream),
+                                     allocator(alloc, alloc_ctx));
+  });
+}
+
+SPLAT_API int splat_project_backward_cuda(const SplatTensorArg* inputs, int64_t sh_degree,
+                                          int64_t width, int64_t height, double near_plane,
+                                          double far_plane, const SplatTensorArg* grads,
+                                          void* stream, SplatAllocFn alloc, void* alloc_ctx,
+                                          char* err, size_t err_len) {
+  return guarded(err, err_len, [&] {
+    hs::project_backward<SplatDevice>(inputs, sh_degree, width, height, near_plane, far_plane,
+                                      grads, static_cast<cudaStream_t>(stream),
+                                      allocator(alloc, alloc_ctx));
+  });
+}
+
 }  // extern "C"

@@ -70,7 +70,7 @@ typedef int (*SplatAllocFn)(void* ctx, int32_t slot, int32_t dtype, int32_t ndim
                             const int64_t* shape, void** data);
 
 /* ABI version: bump on any signature change (Python checks it at load). */
-#define SPLAT_CUDA_API_VERSION 1
+#define SPLAT_CUDA_API_VERSION 2
 SPLAT_API int splat_cuda_api_version(void);
 
 /* The kernels' images, as nvcc names them, space-separated: "sm_75 sm_80 ...
@@ -114,6 +114,31 @@ SPLAT_API int splat_backward_gaussians_cuda(const SplatTensorArg* inputs, int64_
                                             const SplatTensorArg* state, const SplatTensorArg* up,
                                             void* stream, SplatAllocFn alloc, void* alloc_ctx,
                                             char* err, size_t err_len);
+
+/* The fused surfel projection (project_surfels.h, cuda/project.cu), with the
+ * results of the CPU's (cpu/project_cpu.h).  inputs[7]: means [N,3], quats
+ * [N,4], scales [N,2], opacities [N], coeffs [N,K,3] SH coefficients (no
+ * elements or undefined: no colour output), viewmat [4,4], K [3,3], all on
+ * one CUDA device, one float dtype, contiguous; viewmat and K are read on the
+ * device (no host copy, no sync).  sh_degree: 0..3 with coeffs.
+ * Outputs (slots 0..7): Tuvw [N,9], center [N,2], normal [N,3], color [N,3]
+ * ([0,3] without coeffs), depth [N], pixel_rect int32 [N,4], radii int32
+ * [N], and the number of surfels over the magnitude limits limit_finite /
+ * limit_drawn as an int64 [] on the device.  No host sync. */
+SPLAT_API int splat_project_forward_cuda(const SplatTensorArg* inputs, int64_t sh_degree,
+                                         int64_t width, int64_t height, double near_plane,
+                                         double far_plane, double limit_finite, double limit_drawn,
+                                         void* stream, SplatAllocFn alloc, void* alloc_ctx,
+                                         char* err, size_t err_len);
+/* grads[4]: the upstream gradients of Tuvw, center, normal, color (undefined
+ * without coeffs), contiguous.  Outputs (slots 0..4): v_means [N,3], v_quats
+ * [N,4], v_scales [N,2], v_coeffs (coeffs' shape; [0,0,3] when undefined), v_means2d
+ * [N,2] (dL/d screen translation of each footprint).  No host sync. */
+SPLAT_API int splat_project_backward_cuda(const SplatTensorArg* inputs, int64_t sh_degree,
+                                          int64_t width, int64_t height, double near_plane,
+                                          double far_plane, const SplatTensorArg* grads,
+                                          void* stream, SplatAllocFn alloc, void* alloc_ctx,
+                                          char* err, size_t err_len);
 
 #ifdef __cplusplus
 }

@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 KERNELS = ROOT / "splat" / "kernels"
 SHIM = HERE / "shim"
-CU_FILES = ("binning.cu", "forward.cu", "backward.cu")
+CU_FILES = ("binning.cu", "forward.cu", "backward.cu", "project.cu")
 # Device-only headers of the kernels, taken from the same folder as the .cu
 # files (copied next to their rewrites, where the .cu files' includes find
 # them first), so a mutant may edit them too.
@@ -184,8 +184,9 @@ def build_library(verbose: bool = False) -> Path:
 
 class Emulator:
     """The emulated CUDA kernels, called like the real ones: forward, backward,
-    forward_gaussians, backward_gaussians take and return what forward_cuda ...
-    backward_gaussians_cuda do (on CPU tensors), through
+    forward_gaussians, backward_gaussians, project_forward, project_backward
+    take and return what forward_cuda ... project_backward_cuda do (on CPU
+    tensors), through
     splat._native_cuda.CudaKernels; plus the harness's controls."""
 
     def __init__(self, path: Path):
@@ -203,6 +204,8 @@ class Emulator:
         self.backward = self.kernels.backward_cuda
         self.forward_gaussians = self.kernels.forward_gaussians_cuda
         self.backward_gaussians = self.kernels.backward_gaussians_cuda
+        self.project_forward = self.kernels.project_forward_cuda
+        self.project_backward = self.kernels.project_backward_cuda
 
     def configure(self, thread_order: str, block_order: str, poison: int, seed: int) -> None:
         """Thread order, block order (fwd|rev|rand), the shared-memory poison byte, seed."""

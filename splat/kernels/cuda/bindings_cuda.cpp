@@ -177,4 +177,37 @@ torch::Tensor backward_gaussians_cuda(SPLAT_GAUSSIAN_PARAMS, SPLAT_BACKWARD_STAT
   })[0];
 }
 
+std::vector<torch::Tensor> project_forward_cuda(
+    const torch::Tensor& means, const torch::Tensor& quats, const torch::Tensor& scales,
+    const torch::Tensor& opacities, const torch::Tensor& coeffs, int64_t sh_degree,
+    const torch::Tensor& viewmat, const torch::Tensor& K, int64_t width, int64_t height,
+    double near, double far, double limit_finite, double limit_drawn) {
+  const auto in = describe_all({&means, &quats, &scales, &opacities, &coeffs, &viewmat, &K},
+                               {"means", "quats", "scales", "opacities", "coeffs", "viewmat", "K"});
+  return run(means, [&](void* stream, void* ctx, char* err) {
+    return splat_project_forward_cuda(in.data(), sh_degree, width, height, near, far, limit_finite,
+                                      limit_drawn, stream, allocate, ctx, err, 512);
+  });
+}
+
+std::vector<torch::Tensor> project_backward_cuda(
+    const torch::Tensor& means, const torch::Tensor& quats, const torch::Tensor& scales,
+    const torch::Tensor& opacities, const torch::Tensor& coeffs, int64_t sh_degree,
+    const torch::Tensor& viewmat, const torch::Tensor& K, int64_t width, int64_t height,
+    double near, double far, const torch::Tensor& v_Tuvw, const torch::Tensor& v_center,
+    const torch::Tensor& v_normal, const torch::Tensor& v_color) {
+  const auto in = describe_all({&means, &quats, &scales, &opacities, &coeffs, &viewmat, &K},
+                               {"means", "quats", "scales", "opacities", "coeffs", "viewmat", "K"});
+  // the rasterizer's gradients arrive as column slices of its [N, 18] records
+  std::vector<torch::Tensor> grads;
+  for (const torch::Tensor* t : {&v_Tuvw, &v_center, &v_normal, &v_color})
+    grads.push_back(t->defined() ? t->contiguous() : *t);
+  const auto g = describe_all({&grads[0], &grads[1], &grads[2], &grads[3]},
+                              {"v_Tuvw", "v_center", "v_normal", "v_color"});
+  return run(means, [&](void* stream, void* ctx, char* err) {
+    return splat_project_backward_cuda(in.data(), sh_degree, width, height, near, far, g.data(),
+                                       stream, allocate, ctx, err, 512);
+  });
+}
+
 }  // namespace splat

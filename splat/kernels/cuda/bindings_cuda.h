@@ -1,6 +1,7 @@
 // Torch entry points of the CUDA backend, registered by bindings.cpp (under
-// SPLAT_WITH_CUDA) as splat._C.forward_cuda / backward_cuda and
-// forward_gaussians_cuda / backward_gaussians_cuda.  The argument lists and
+// SPLAT_WITH_CUDA) as splat._C.forward_cuda / backward_cuda,
+// forward_gaussians_cuda / backward_gaussians_cuda and project_forward_cuda /
+// project_backward_cuda.  The argument lists and
 // results are exactly those of the *_cpu functions (less the CPU's packed
 // records), so the Python side calls either backend the same way.
 #pragma once
@@ -29,5 +30,21 @@ std::vector<torch::Tensor> forward_gaussians_cuda(SPLAT_GAUSSIAN_PARAMS);
 
 // Returns v_gaussians [N, kGaussGradSize].
 torch::Tensor backward_gaussians_cuda(SPLAT_GAUSSIAN_PARAMS, SPLAT_BACKWARD_STATE_PARAMS);
+
+// The fused surfel projection (../project_surfels.h): arguments and results
+// as bindings.cpp's project_forward_cpu / project_backward_cpu, except that the
+// over-limit count stays on the device (int64 []) and the upstream gradients
+// are made contiguous.
+std::vector<torch::Tensor> project_forward_cuda(
+    const torch::Tensor& means, const torch::Tensor& quats, const torch::Tensor& scales,
+    const torch::Tensor& opacities, const torch::Tensor& coeffs, int64_t sh_degree,
+    const torch::Tensor& viewmat, const torch::Tensor& K, int64_t width, int64_t height,
+    double near, double far, double limit_finite, double limit_drawn);
+std::vector<torch::Tensor> project_backward_cuda(
+    const torch::Tensor& means, const torch::Tensor& quats, const torch::Tensor& scales,
+    const torch::Tensor& opacities, const torch::Tensor& coeffs, int64_t sh_degree,
+    const torch::Tensor& viewmat, const torch::Tensor& K, int64_t width, int64_t height,
+    double near, double far, const torch::Tensor& v_Tuvw, const torch::Tensor& v_center,
+    const torch::Tensor& v_normal, const torch::Tensor& v_color);
 
 }  // namespace splat

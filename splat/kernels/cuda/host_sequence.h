@@ -38,6 +38,7 @@
 #include "../core.h"
 #include "../raster_args.h"
 #include "../splat_cuda_api.h"
+#include "project_cuda.h"
 #include "rasterize_cuda.h"
 
 namespace splat {
@@ -487,6 +488,162 @@ void backward_gaussians(const Arg* in, int64_t width, int64_t height, double nea
                                       kGaussGradSize, width, height, b, alloc, stream);
   backward_impl<Dev, float>(gaussian_arrays<float>(in, width, height, near, far), n, kGaussGradSize,
                             width, height, b, alloc, stream);
+}
+
+// ---- the fused surfel projection (project_cuda.h) ------------------------------------
+// in[7]: means [N,3], quats [N,4], scales [N,2], opacities [N], coeffs
+// [N,K,3] (undefined or no elements: no SH colour), viewmat [4,4], K [3,3].
+struct ProjectArgs {
+  int64_t n;
+  bool with_sh;
+};
+
+template <class Dev>
+ProjectArgs check_project_inputs(const Arg* in, int64_t sh_degree, int64_t width, int64_t height) {
+  const int64_t n = check_first_input<Dev>(in[0], "means", "[N, 3]", width, height);
+  const Device device = device_of(in[0]);
+  const int32_t dtype = in[0].dtype;
+  const char* names[4] = {"means", "quats", "scales", "opacities"};
+  const int64_t cols[4] = {3, 4, 2, 0};
+  for (int i = 0; i < 4; ++i) {
+    check_tensor<Dev>(in[i], names[i], device, dtype);
+    check_rows(in[i], names[i], n, cols[i]);
+  }
+  const Arg& coeffs = in[4];
+  const bool with_sh = coeffs.ndim >= 0 && numel(coeffs) > 0;
+  if (with_sh) {
+    check_tensor<Dev>(coeffs, "coeffs", device, dtype);
+    SPLAT_CHECK(coeffs.ndim == 3 && coeffs.shape[0] == n && coeffs.shape[2] == 3,
+                "coeffs has shape ", Sizes{coeffs}, ", expected [", n, ", K, 3]");
+    SPLAT_CHECK(
+        sh_degree >= 0 && sh_degree <= 3 && coeffs.shape[1] >= (sh_degree + 1) * (sh_degree + 1),
+        "coeffs has too few SH coefficients for sh_degree ", sh_degree);
+  }
+  check_tensor<Dev>(in[5], "viewmat", device, dtype);
+  SPLAT_CHECK(in[5].ndim == 2 && in[5].shape[0] == 4 && in[5].shape[1] == 4, "viewmat has shape ",
+              Sizes{in[5]}, ", expected [4, 4]");
+  check_tensor<Dev>(in[6], "K", device, dtype);
+  SPLAT_CHECK(in[6].ndim == 2 && in[6].shape[0] == 3 && in[6].shape[1] == 3, "K has shape ",
+              Sizes{in[6]}, ", expected [3, 3]");
+  return ProjectArgs{n, with_sh};
+}
+
+// ProjectInputs without the camera (the kernels read viewmat and K from the device).
+template <typename T>
+ProjectInputs<T> project_inputs(const Arg* in, const ProjectArgs& a, int64_t sh_degree,
+                                int64_t width, int64_t height, double near, double far) {
+  ProjectInputs<T> p{};
+  p.means = static_cast<const T*>(in[0].data);
+  p.quats = static_cast<const T*>(in[1].data);
+  p.scales = static_cast<const T*>(in[2].data);
+  p.opacities = static_cast<const T*>(in[3].data);
+  p.coeffs = a.with_sh ? static_cast<const T*>(in[4].data) : nullptr;
+  p.num_coeffs = a.with_sh ? in[4].shape[1] : 0;
+  p.sh_degree = a.with_sh ? static_cast<int>(sh_degree) : 0;
+  p.n = a.n;
+  p.width = static_cast<int>(width);
+  p.height = static_cast<int>(height);
+  p.near = near;
+  p.far = far;
+  return p;
+}
+
+// Outputs (slots 0..7): Tuvw [N,9], center [N,2], normal [N,3], color [N,3]
+// ([0,3] without SH), depth [N], pixel_rect int32 [N,4], radii int32 [N], and
+// the number of surfels over the magnitude limits, int64 [] (one count, added
+// to atomically on the device; the caller reads it).
+template <class Dev, typename T>
+void project_forward_impl(const Arg* in, const ProjectArgs& a, int64_t sh_degree, int64_t width,
+                          int64_t height, double near, double far, double limit_finite,
+                          double limit_drawn, const Allocator& alloc, cudaStream_t stream) {
+  constexpr int32_t F = dtype_of<T>();
+  constexpr int32_t I32 = SPLAT_DTYPE_INT32;
+  const int64_t n = a.n;
+  const Buffer Tuvw = alloc.get<Dev>(0, F, {n, 9}, "Tuvw");
+  const Buffer center = alloc.get<Dev>(1, F, {n, 2}, "center");
+  const Buffer normal = alloc.get<Dev>(2, F, {n, 3}, "normal");
+  const Buffer color = alloc.get<Dev>(3, F, {a.with_sh ? n : 0, 3}, "color");
+  const Buffer depth = alloc.get<Dev>(4, F, {n}, "depth");
+  const Buffer rect = alloc.get<Dev>(5, I32, {n, 4}, "pixel_rect");
+  const Buffer radii = alloc.get<Dev>(6, I32, {n}, "radii");
+  const Buffer bad = alloc.get<Dev>(7, SPLAT_DTYPE_INT64, {}, "the over-limit count");
+  check_cuda(cudaMemsetAsync(bad.data, 0, sizeof(int64_t), stream), "zeroing the over-limit count");
+  ProjectInputs<T> p = project_inputs<T>(in, a, sh_degree, width, height, near, far);
+  p.limit_finite = limit_finite;
+  p.limit_drawn = limit_drawn;
+  const ProjectOutputs<T> out{Tuvw.as<T>(),  center.as<T>(),     normal.as<T>(),     color.as<T>(),
+                              depth.as<T>(), rect.as<int32_t>(), radii.as<int32_t>()};
+  check_cuda(gpu::launch_project_forward<T>(p, static_cast<const T*>(in[5].data),
+                                            static_cast<const T*>(in[6].data), out,
+                                            bad.as<unsigned long long>(), stream),
+             "the projection kernel");
+}
+
+// grads[4]: v_Tuvw [N,9], v_center [N,2], v_normal [N,3], v_color [N,3]
+// (undefined without SH), contiguous.  Outputs (slots 0..4): v_means [N,3],
+// v_quats [N,4], v_scales [N,2], v_coeffs (coeffs' shape; [0,0,3] when
+// coeffs is undefined), v_means2d [N,2].
+template <class Dev, typename T>
+void project_backward_impl(const Arg* in, const ProjectArgs& a, int64_t sh_degree, int64_t width,
+                           int64_t height, double near, double far, const Arg* grads,
+                           const Allocator& alloc, cudaStream_t stream) {
+  constexpr int32_t F = dtype_of<T>();
+  const int64_t n = a.n;
+  const Buffer v_means = alloc.get<Dev>(0, F, {n, 3}, "v_means");
+  const Buffer v_quats = alloc.get<Dev>(1, F, {n, 4}, "v_quats");
+  const Buffer v_scales = alloc.get<Dev>(2, F, {n, 2}, "v_scales");
+  // coeffs' shape, as the CPU op's empty_like(coeffs)
+  const Arg& coeffs = in[4];
+  const Buffer v_coeffs =
+      coeffs.ndim == 3
+          ? alloc.get<Dev>(3, F, {coeffs.shape[0], coeffs.shape[1], coeffs.shape[2]}, "v_coeffs")
+          : alloc.get<Dev>(3, F, {0, 0, 3}, "v_coeffs");
+  const Buffer v_means2d = alloc.get<Dev>(4, F, {n, 2}, "v_means2d");
+  const ProjectInputs<T> p = project_inputs<T>(in, a, sh_degree, width, height, near, far);
+  ProjectGrads<T> g{static_cast<const T*>(grads[0].data),
+                    static_cast<const T*>(grads[1].data),
+                    static_cast<const T*>(grads[2].data),
+                    a.with_sh ? static_cast<const T*>(grads[3].data) : nullptr,
+                    v_means.as<T>(),
+                    v_quats.as<T>(),
+                    v_scales.as<T>(),
+                    a.with_sh ? v_coeffs.as<T>() : nullptr,
+                    v_means2d.as<T>()};
+  check_cuda(gpu::launch_project_backward<T>(p, static_cast<const T*>(in[5].data),
+                                             static_cast<const T*>(in[6].data), g, stream),
+             "the projection backward kernel");
+}
+
+template <class Dev>
+void project_forward(const Arg* in, int64_t sh_degree, int64_t width, int64_t height, double near,
+                     double far, double limit_finite, double limit_drawn, cudaStream_t stream,
+                     const Allocator& alloc) {
+  const ProjectArgs a = check_project_inputs<Dev>(in, sh_degree, width, height);
+  const typename Dev::Guard device_guard(in[0].device_id);
+  if (in[0].dtype == SPLAT_DTYPE_FLOAT64)
+    return project_forward_impl<Dev, double>(in, a, sh_degree, width, height, near, far,
+                                             limit_finite, limit_drawn, alloc, stream);
+  project_forward_impl<Dev, float>(in, a, sh_degree, width, height, near, far, limit_finite,
+                                   limit_drawn, alloc, stream);
+}
+
+template <class Dev>
+void project_backward(const Arg* in, int64_t sh_degree, int64_t width, int64_t height, double near,
+                      double far, const Arg* grads, cudaStream_t stream, const Allocator& alloc) {
+  const ProjectArgs a = check_project_inputs<Dev>(in, sh_degree, width, height);
+  const Device device = device_of(in[0]);
+  const char* names[4] = {"v_Tuvw", "v_center", "v_normal", "v_color"};
+  const int64_t cols[4] = {9, 2, 3, 3};
+  for (int i = 0; i < (a.with_sh ? 4 : 3); ++i) {
+    check_tensor<Dev>(grads[i], names[i], device, in[0].dtype);
+    check_rows(grads[i], names[i], a.n, cols[i]);
+  }
+  const typename Dev::Guard device_guard(in[0].device_id);
+  if (in[0].dtype == SPLAT_DTYPE_FLOAT64)
+    return project_backward_impl<Dev, double>(in, a, sh_degree, width, height, near, far, grads,
+                                              alloc, stream);
+  project_backward_impl<Dev, float>(in, a, sh_degree, width, height, near, far, grads, alloc,
+                                    stream);
 }
 
 }  // namespace host_sequence
