@@ -188,7 +188,8 @@ class Campaign:
         r = dict(
             dry_run=self.dry_run,
             python=sys.version.split()[0],
-            commit=commit(str(ROOT)) or (staged.read_text().strip() if staged.is_file() else None),
+            # The staged commit first: the device copy's .git can be the session's starting checkout.
+            commit=(staged.read_text().strip() if staged.is_file() else None) or commit(str(ROOT)),
             torch=torch.__version__,
             torch_cuda=torch.version.cuda,
             cpus=os.cpu_count(),

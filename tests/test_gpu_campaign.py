@@ -255,6 +255,6 @@ def test_gpu_results_page_is_generated_from_the_committed_results():
     spec = importlib.util.spec_from_file_location("gpu_report", ROOT / "bench" / "gpu_report.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    page = module.page("gpu_h200")
+    page = module.page()
     assert "| NVIDIA H200 |" in page and "## Speed against the peers" in page
     assert (ROOT / "docs" / "gpu.md").read_text() == page, "run: python bench/gpu_report.py --write docs/gpu.md"
