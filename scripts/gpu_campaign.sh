@@ -21,9 +21,9 @@
 #   bash scripts/gpu_campaign.sh run --stages STAGE... [--dry-run]
 #        Run stages (bench/gpu_campaign.py; --out defaults to $OUT).  Calls,
 #        in the order of priority, with their default --budget-s:
-#          1: setup parity sanitize         310 s  carry .gpu_campaign/wheels .gpu_campaign/peers
-#          2: setup peers speed fastmath    220 s  carry .gpu_campaign/wheels .gpu_campaign/peers
-#          3: setup train profile           220 s  carry .gpu_campaign/wheels .gpu_campaign/scenes
+#          1: setup parity sanitize         280 s  carry .gpu_campaign/wheels .gpu_campaign/peers
+#          2: setup peers speed fastmath    200 s  carry .gpu_campaign/wheels .gpu_campaign/peers
+#          3: setup train profile           270 s  carry .gpu_campaign/wheels .gpu_campaign/scenes
 #        (750 s, and about 150 s for the machine's start, the transfers and
 #        the gaps: 900 s).  Call 1's setup starts the peers' build and the
 #        fast build (SPLAT_CUDA_EXACT=0) in the background; call 2 uses them.
@@ -101,9 +101,9 @@ prepare() {
   done
   echo "device calls (run tool, one kind for all three, back to back: 15 device minutes in all, start included;"
   echo "each call's --budget-s is its default; timeout_s 40 s above it; pass a smaller --budget-s if status says less is left):"
-  echo '  1: command "bash scripts/gpu_campaign.sh run --call 1"  timeout_s 350  carry [".gpu_campaign/wheels", ".gpu_campaign/peers"]'
-  echo '  2: command "bash scripts/gpu_campaign.sh run --call 2"  timeout_s 260  carry [".gpu_campaign/wheels", ".gpu_campaign/peers"]'
-  echo '  3: command "bash scripts/gpu_campaign.sh run --call 3"  timeout_s 260  carry [".gpu_campaign/wheels", ".gpu_campaign/scenes"]'
+  echo '  1: command "bash scripts/gpu_campaign.sh run --call 1"  timeout_s 320  carry [".gpu_campaign/wheels", ".gpu_campaign/peers"]'
+  echo '  2: command "bash scripts/gpu_campaign.sh run --call 2"  timeout_s 240  carry [".gpu_campaign/wheels", ".gpu_campaign/peers"]'
+  echo '  3: command "bash scripts/gpu_campaign.sh run --call 3"  timeout_s 310  carry [".gpu_campaign/wheels", ".gpu_campaign/scenes"]'
 }
 
 case "${1:-}" in
