@@ -232,3 +232,79 @@ def test_rasterize_on_cuda_takes_the_fused_projection_unless_the_camera_needs_gr
     assert torch.equal(gpu_out.radii.cpu(), cpu_out.radii)
     for k in names:
         assert_close_but_flips(gpu_grads[k], cpu_grads[k], 1e-9, FLIP_SURFELS, f"d/d{k}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("antialiased", [False, True], ids=["classic", "antialiased"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_cuda_gaussian_projection_kernels_match_cpu(dtype, antialiased):
+    """The fused projection of 3D Gaussians on CUDA (cuda/project.cu) against
+    the CPU op, forward (the cull's ids included) and backward, BITWISE: both
+    run kernels/project_gaussians.h with IEEE +, -, *, /, sqrt and no FMA,
+    per Gaussian, no sums across Gaussians.  The one library function, the
+    float64 log of the opacity cutoff, feeds only the integer pixel
+    rectangles and radii, which must be equal too."""
+    from test_cuda_emulation_project_3dgs import BACKWARD_NAMES, FORWARD_NAMES, backward_args, forward_args, scene
+    from test_cuda_emulation_project_3dgs import upstream
+
+    from splat._backend import load_extension
+
+    ext = load_extension()
+    s = scene(3001, dtype)
+    gpu = {k: (v.cuda() if torch.is_tensor(v) else v) for k, v in s.items()}
+    cpu_fwd = ext.project_gaussians_forward_cpu(*forward_args(s, antialiased))
+    gpu_fwd = ext.project_gaussians_forward_cuda(*forward_args(gpu, antialiased))
+    ids = cpu_fwd[0]
+    v_params, v_centre = upstream(ids.shape[0], dtype)
+    cpu_bwd = ext.project_gaussians_backward_cpu(*backward_args(s, ids, antialiased, v_params, v_centre))
+    gpu_bwd = ext.project_gaussians_backward_cuda(
+        *backward_args(gpu, gpu_fwd[0], antialiased, v_params.cuda(), v_centre.cuda())
+    )
+    for names, cpu, gpu_outs in ((FORWARD_NAMES, cpu_fwd, gpu_fwd), (BACKWARD_NAMES, cpu_bwd, gpu_bwd)):
+        for name, a, b in zip(names, cpu, gpu_outs):
+            assert b.is_cuda and a.shape == b.shape and a.dtype == b.dtype, name
+            b = b.cpu()
+            diff = float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+            assert torch.equal(a, b), f"{name}: largest difference {diff:.3g}"
+
+
+@needs_gpu
+@pytest.mark.parametrize("camera_grad", [False, True], ids=["fused", "torch-projection"])
+def test_rasterize_3dgs_on_cuda_takes_the_fused_projection_unless_the_camera_needs_gradients(
+    camera_grad, monkeypatch
+):
+    """splat.rasterize_3dgs(backend="auto") on CUDA tensors runs
+    project_gaussians_forward_cuda exactly when viewmat and K need no gradient
+    (the CUDA op has no camera gradient), and either way matches the CPU
+    backend (some Gaussians culled)."""
+    from test_cuda_emulation_project_3dgs import scene
+
+    from splat import rasterize_3dgs
+    from splat._backend import load_extension
+
+    ext = load_extension()
+    calls = []
+    original = ext.project_gaussians_forward_cuda
+    monkeypatch.setattr(
+        ext, "project_gaussians_forward_cuda", lambda *a: (calls.append(1), original(*a))[1], raising=False
+    )
+    s = scene(2000, torch.float64, width=96, height=64)
+    colors = torch.rand(2000, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    names = ("means", "quats", "scales", "opacities", "colors")
+
+    def run(device):
+        p = {k: s[k].detach().to(device).requires_grad_(True) for k in names[:4]}
+        p["colors"] = colors.to(device).requires_grad_(True)
+        cam = [s[k].detach().to(device).requires_grad_(camera_grad) for k in ("viewmat", "K")]
+        out = rasterize_3dgs(*(p[k] for k in names), *cam, s["width"], s["height"], near=0.2, far=100.0)
+        loss = (out.rgb * torch.linspace(-1, 1, 3, dtype=torch.float64, device=device)).sum() + out.depth.sum()
+        return out, dict(zip(names, torch.autograd.grad(loss, [p[k] for k in names])))
+
+    cpu_out, cpu_grads = run("cpu")
+    gpu_out, gpu_grads = run("cuda")
+    assert len(calls) == (0 if camera_grad else 1)
+    for k in ("rgb", "alpha", "depth", "normal"):
+        assert_close_but_flips(getattr(gpu_out, k), getattr(cpu_out, k), 1e-9, FLIP_PIXELS, k)
+    assert torch.equal(gpu_out.radii.cpu(), cpu_out.radii)
+    for k in names:
+        assert_close_but_flips(gpu_grads[k], cpu_grads[k], 1e-9, FLIP_SURFELS, f"d/d{k}")
