@@ -297,7 +297,6 @@ class CudaKernels:
             grads=grads,
         )  # fmt: skip
 
-
     # -- the fused projection of 3D Gaussians ------------------------------------------
     def project_gaussians_forward_cuda(self, means, quats, scales, opacities, viewmat, K, K_inv, *rest):
         """Culls and projects: returns [ids, params, centre, depth, pixel_rect,

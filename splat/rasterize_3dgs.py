@@ -322,7 +322,9 @@ def _raise_not_finite(params, ids, dtype):
     )
 
 
-def _project_gaussians_fused(means, quats, scales, opacities, means2d, viewmat, K, width, height, near, far, antialiased):
+def _project_gaussians_fused(
+    means, quats, scales, opacities, means2d, viewmat, K, width, height, near, far, antialiased
+):
     """gaussian_kernel_inputs' culling and projection as one C++ or CUDA op
     (_ProjectGaussians).  K^-1 is torch's, so that its gradient (through
     torch.linalg.inv) is the reference's; the op returns dL/dK^-1 and the rest

@@ -244,8 +244,14 @@ def test_cuda_gaussian_projection_kernels_match_cpu(dtype, antialiased):
     per Gaussian, no sums across Gaussians.  The one library function, the
     float64 log of the opacity cutoff, feeds only the integer pixel
     rectangles and radii, which must be equal too."""
-    from test_cuda_emulation_project_3dgs import BACKWARD_NAMES, FORWARD_NAMES, backward_args, forward_args, scene
-    from test_cuda_emulation_project_3dgs import upstream
+    from test_cuda_emulation_project_3dgs import (
+        BACKWARD_NAMES,
+        FORWARD_NAMES,
+        backward_args,
+        forward_args,
+        scene,
+        upstream,
+    )
 
     from splat._backend import load_extension
 
@@ -270,9 +276,7 @@ def test_cuda_gaussian_projection_kernels_match_cpu(dtype, antialiased):
 
 @needs_gpu
 @pytest.mark.parametrize("camera_grad", [False, True], ids=["fused", "torch-projection"])
-def test_rasterize_3dgs_on_cuda_takes_the_fused_projection_unless_the_camera_needs_gradients(
-    camera_grad, monkeypatch
-):
+def test_rasterize_3dgs_on_cuda_takes_the_fused_projection_unless_the_camera_needs_gradients(camera_grad, monkeypatch):
     """splat.rasterize_3dgs(backend="auto") on CUDA tensors runs
     project_gaussians_forward_cuda exactly when viewmat and K need no gradient
     (the CUDA op has no camera gradient), and either way matches the CPU

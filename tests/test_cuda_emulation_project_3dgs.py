@@ -43,7 +43,8 @@ def scene(n, dtype, seed=3, width=53, height=37, culled=True):
     1/255 (culled by the projection)."""
     g = torch.Generator().manual_seed(seed)
     f64 = torch.float64
-    cam = torch.cat([(torch.rand(n, 2, generator=g, dtype=f64) * 2 - 1) * 1.5, 3 + 4 * torch.rand(n, 1, generator=g, dtype=f64)], 1)
+    xy = (torch.rand(n, 2, generator=g, dtype=f64) * 2 - 1) * 1.5
+    cam = torch.cat([xy, 3 + 4 * torch.rand(n, 1, generator=g, dtype=f64)], 1)
     cam[:4] = torch.tensor([[-4.0, 0.1, 3.0], [5.0, -0.2, 3.5], [0.2, -4.0, 3.0], [-0.1, 4.5, 4.0]], dtype=f64)
     cam[4:8, 0] += 40.0  # off screen, in the depth range: kept, draws nothing
     opacities = torch.rand(n, generator=g, dtype=f64) * 0.8 + 0.15

@@ -136,8 +136,8 @@ SPLAT_HD void gauss_project_forward(const GaussCamera<T>& cam, const T* m, const
                                     T o, GaussProjected<T>& p, T* params) {
   // quat_to_rotmat (geometry.py): rows whose |q| is not a normal number are
   // first divided by their largest component (held constant), then q / |q|.
-  const T amax =
-      gauss_max(gauss_max(std::abs(q[0]), std::abs(q[1])), gauss_max(std::abs(q[2]), std::abs(q[3])));
+  const T amax = gauss_max(gauss_max(std::abs(q[0]), std::abs(q[1])),
+                           gauss_max(std::abs(q[2]), std::abs(q[3])));
   const T norm0 = std::sqrt(q[0] * q[0] + q[1] * q[1] + q[2] * q[2] + q[3] * q[3]);
   // int32_t flags, not bool: a 1-byte type would set the vector width of the
   // loops around this to 16 or 32 lanes
@@ -209,7 +209,7 @@ SPLAT_HD void gauss_project_forward(const GaussCamera<T>& cam, const T* m, const
   for (int a = 0; a < 2; ++a) SPLAT_UNROLL
   for (int b = 0; b < 2; ++b) S[a][b] = a == b ? p.C2[a][b] + T(kEwaDilation) : p.C2[a][b];
   const T smax = gauss_max(gauss_max(std::abs(S[0][0]), std::abs(S[0][1])),
-                          gauss_max(std::abs(S[1][0]), std::abs(S[1][1])));
+                           gauss_max(std::abs(S[1][0]), std::abs(S[1][1])));
   p.sc = power_of_two_near(smax);
   SPLAT_UNROLL
   for (int a = 0; a < 2; ++a) SPLAT_UNROLL
@@ -528,7 +528,6 @@ SPLAT_HD bool gauss_kept(const T* m, T o, const T* viewmat, double near, double 
   const double z = double((m[0] * V[8] + m[1] * V[9] + m[2] * V[10]) + V[11]);
   return z > near && z < far && double(o) >= kAlphaMin;
 }
-
 
 // rasterize_3dgs.py _screen_bounds for one Gaussian, in float64: alpha >=
 // 1/255 needs delta^T C delta <= k^2 = 2 ln(255 o), an ellipse whose extent

@@ -133,9 +133,9 @@ SPLAT_INLINE int64_t forward_block(const GaussProjectArgs<T>& in_ref, const Gaus
     out.centre[2 * j + 1] = centre[1][l];
     out.depth[j] = depth[l];
     gauss_screen_bounds(double(row[kGaussConic]), double(row[kGaussConic + 1]),
-                  double(row[kGaussConic + 2]), double(row[kGaussCenter]),
-                  double(row[kGaussCenter + 1]), double(row[kGaussOpacity]), in.width, in.height,
-                  out.pixel_rect + 4 * j, out.radii[j]);
+                        double(row[kGaussConic + 2]), double(row[kGaussCenter]),
+                        double(row[kGaussCenter + 1]), double(row[kGaussOpacity]), in.width,
+                        in.height, out.pixel_rect + 4 * j, out.radii[j]);
   }
   return bad;
 }

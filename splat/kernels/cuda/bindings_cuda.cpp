@@ -217,9 +217,8 @@ std::vector<torch::Tensor> project_gaussians_forward_cuda(
     bool antialiased) {
   // the camera contiguous, as the CPU op takes it (torch.linalg.inv's K^-1 is column-major)
   const torch::Tensor V = viewmat.contiguous(), Kc = K.contiguous(), Ki = K_inv.contiguous();
-  const auto in =
-      describe_all({&means, &quats, &scales, &opacities, &V, &Kc, &Ki},
-                   {"means", "quats", "scales", "opacities", "viewmat", "K", "K_inv"});
+  const auto in = describe_all({&means, &quats, &scales, &opacities, &V, &Kc, &Ki},
+                               {"means", "quats", "scales", "opacities", "viewmat", "K", "K_inv"});
   return run(means, [&](void* stream, void* ctx, char* err) {
     return splat_project_gaussians_forward_cuda(in.data(), width, height, near, far, antialiased,
                                                 stream, allocate, ctx, err, 512);

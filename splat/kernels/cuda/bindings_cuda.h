@@ -1,9 +1,9 @@
 // Torch entry points of the CUDA backend, registered by bindings.cpp (under
 // SPLAT_WITH_CUDA) as splat._C.forward_cuda / backward_cuda,
 // forward_gaussians_cuda / backward_gaussians_cuda, project_forward_cuda /
-// project_backward_cuda and project_gaussians_forward_cuda / _backward_cuda.  The argument lists and
-// results are exactly those of the *_cpu functions (less the CPU's packed
-// records), so the Python side calls either backend the same way.
+// project_backward_cuda and project_gaussians_forward_cuda / _backward_cuda.  The argument lists
+// and results are exactly those of the *_cpu functions (less the CPU's packed records), so the
+// Python side calls either backend the same way.
 #pragma once
 
 #include <torch/types.h>

@@ -709,8 +709,7 @@ void project_gaussians_forward_impl(const Arg* in, int64_t width, int64_t height
                                    {g.n > 0 ? int64_t(gpu::gauss_cull_workspace_bytes(g.n)) : 0},
                                    "the cull's scratch");
   int64_t m = 0;
-  check_cuda(gpu::gauss_cull<T>(g, near, far, ws.data, size_t(ws.numel), &m, stream),
-             "the cull");
+  check_cuda(gpu::gauss_cull<T>(g, near, far, ws.data, size_t(ws.numel), &m, stream), "the cull");
   const Buffer ids = alloc.get<Dev>(0, SPLAT_DTYPE_INT64, {m}, "ids");
   const Buffer params = alloc.get<Dev>(1, F, {m, kGaussParams}, "params");
   const Buffer centre = alloc.get<Dev>(2, F, {m, 2}, "centre");
@@ -757,14 +756,13 @@ void project_gaussians_backward_impl(const Arg* in, int64_t width, int64_t heigh
     if (b->numel)
       check_cuda(cudaMemsetAsync(b->data, 0, size_t(b->numel) * sizeof(T), stream),
                  "zeroing the gradients");
-  const gpu::GaussCudaGrads<T> out{
-      static_cast<const T*>(grads[0].data),
-      with_centre ? static_cast<const T*>(grads[1].data) : nullptr,
-      v_means.as<T>(),
-      v_quats.as<T>(),
-      v_scales.as<T>(),
-      v_opacities.as<T>(),
-      v_means2d.as<T>()};
+  const gpu::GaussCudaGrads<T> out{static_cast<const T*>(grads[0].data),
+                                   with_centre ? static_cast<const T*>(grads[1].data) : nullptr,
+                                   v_means.as<T>(),
+                                   v_quats.as<T>(),
+                                   v_scales.as<T>(),
+                                   v_opacities.as<T>(),
+                                   v_means2d.as<T>()};
   check_cuda(gpu::launch_gauss_project_backward<T>(g, out, stream),
              "the Gaussians' projection backward kernel");
 }
@@ -790,8 +788,7 @@ void project_gaussians_backward(const Arg* in, int64_t width, int64_t height, in
   if (in[0].dtype == SPLAT_DTYPE_FLOAT64)
     return project_gaussians_backward_impl<Dev, double>(in, width, height, antialiased, grads,
                                                         alloc, stream);
-  project_gaussians_backward_impl<Dev, float>(in, width, height, antialiased, grads, alloc,
-                                              stream);
+  project_gaussians_backward_impl<Dev, float>(in, width, height, antialiased, grads, alloc, stream);
 }
 
 }  // namespace host_sequence

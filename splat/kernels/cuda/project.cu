@@ -262,12 +262,12 @@ cudaError_t launch_gauss_project_backward(const GaussCudaInputs<T>& in, const Ga
   return cudaGetLastError();
 }
 
-#define SPLAT_INSTANTIATE(T)                                                                  \
-  template cudaError_t gauss_cull<T>(const GaussCudaInputs<T>&, double, double, void*, size_t, \
-                                     int64_t*, cudaStream_t);                                  \
-  template cudaError_t launch_gauss_project_forward<T>(                                       \
+#define SPLAT_INSTANTIATE(T)                                                                     \
+  template cudaError_t gauss_cull<T>(const GaussCudaInputs<T>&, double, double, void*, size_t,   \
+                                     int64_t*, cudaStream_t);                                    \
+  template cudaError_t launch_gauss_project_forward<T>(                                          \
       const GaussCudaInputs<T>&, const GaussCudaOutputs<T>&, unsigned long long*, cudaStream_t); \
-  template cudaError_t launch_gauss_project_backward<T>(const GaussCudaInputs<T>&,             \
+  template cudaError_t launch_gauss_project_backward<T>(const GaussCudaInputs<T>&,               \
                                                         const GaussCudaGrads<T>&, cudaStream_t);
 SPLAT_INSTANTIATE(float)
 SPLAT_INSTANTIATE(double)
