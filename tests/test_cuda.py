@@ -205,22 +205,38 @@ def test_rasterize_on_cuda_takes_the_fused_projection_unless_the_camera_needs_gr
     exactly when viewmat and K need no gradient (as the CPU backend), and
     either way matches the CPU backend (SH colours of degree 3)."""
     from splat import rasterize
+
+    scene = surface_scene(4000, 96, 64, dtype=torch.float64, seed=3)
+    leaves = {k: scene[k] for k in ("means", "quats", "scales", "opacities")}
+    n = scene["means"].shape[0]
+    leaves["colors"] = 0.3 * torch.randn(n, 16, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    _check_fused_projection_choice(
+        monkeypatch,
+        "project_forward_cuda",
+        camera_grad,
+        scene,
+        leaves,
+        lambda *a: rasterize(*a, scene["width"], scene["height"], sh_degree=3),
+    )
+
+
+def _check_fused_projection_choice(monkeypatch, op_name, camera_grad, scene, leaves, render):
+    """render(*leaves, viewmat, K) on the CPU and on CUDA, the camera with a
+    gradient or not: the CUDA op `op_name` (the fused projection) must run
+    exactly when it has none, and the GPU's render and gradients must match
+    the CPU's up to flips."""
     from splat._backend import load_extension
 
     ext = load_extension()
     calls = []
-    original = ext.project_forward_cuda
-    monkeypatch.setattr(ext, "project_forward_cuda", lambda *a: (calls.append(1), original(*a))[1], raising=False)
-    scene = surface_scene(4000, 96, 64, dtype=torch.float64, seed=3)
-    n = scene["means"].shape[0]
-    sh = 0.3 * torch.randn(n, 16, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    names = ("means", "quats", "scales", "opacities", "colors")
+    original = getattr(ext, op_name)
+    monkeypatch.setattr(ext, op_name, lambda *a: (calls.append(1), original(*a))[1], raising=False)
+    names = tuple(leaves)
 
     def run(device):
-        p = {k: scene[k].detach().to(device).requires_grad_(True) for k in names[:4]}
-        p["colors"] = sh.to(device).requires_grad_(True)
+        p = {k: leaves[k].detach().to(device).requires_grad_(True) for k in names}
         cam = [scene[k].detach().to(device).requires_grad_(camera_grad) for k in ("viewmat", "K")]
-        out = rasterize(*(p[k] for k in names), *cam, scene["width"], scene["height"], sh_degree=3)
+        out = render(*(p[k] for k in names), *cam)
         loss = (out.rgb * torch.linspace(-1, 1, 3, dtype=torch.float64, device=device)).sum() + out.depth.sum()
         return out, dict(zip(names, torch.autograd.grad(loss, [p[k] for k in names])))
 
@@ -284,31 +300,15 @@ def test_rasterize_3dgs_on_cuda_takes_the_fused_projection_unless_the_camera_nee
     from test_cuda_emulation_project_3dgs import scene
 
     from splat import rasterize_3dgs
-    from splat._backend import load_extension
 
-    ext = load_extension()
-    calls = []
-    original = ext.project_gaussians_forward_cuda
-    monkeypatch.setattr(
-        ext, "project_gaussians_forward_cuda", lambda *a: (calls.append(1), original(*a))[1], raising=False
-    )
     s = scene(2000, torch.float64, width=96, height=64)
-    colors = torch.rand(2000, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    names = ("means", "quats", "scales", "opacities", "colors")
-
-    def run(device):
-        p = {k: s[k].detach().to(device).requires_grad_(True) for k in names[:4]}
-        p["colors"] = colors.to(device).requires_grad_(True)
-        cam = [s[k].detach().to(device).requires_grad_(camera_grad) for k in ("viewmat", "K")]
-        out = rasterize_3dgs(*(p[k] for k in names), *cam, s["width"], s["height"], near=0.2, far=100.0)
-        loss = (out.rgb * torch.linspace(-1, 1, 3, dtype=torch.float64, device=device)).sum() + out.depth.sum()
-        return out, dict(zip(names, torch.autograd.grad(loss, [p[k] for k in names])))
-
-    cpu_out, cpu_grads = run("cpu")
-    gpu_out, gpu_grads = run("cuda")
-    assert len(calls) == (0 if camera_grad else 1)
-    for k in ("rgb", "alpha", "depth", "normal"):
-        assert_close_but_flips(getattr(gpu_out, k), getattr(cpu_out, k), 1e-9, FLIP_PIXELS, k)
-    assert torch.equal(gpu_out.radii.cpu(), cpu_out.radii)
-    for k in names:
-        assert_close_but_flips(gpu_grads[k], cpu_grads[k], 1e-9, FLIP_SURFELS, f"d/d{k}")
+    leaves = {k: s[k] for k in ("means", "quats", "scales", "opacities")}
+    leaves["colors"] = torch.rand(2000, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    _check_fused_projection_choice(
+        monkeypatch,
+        "project_gaussians_forward_cuda",
+        camera_grad,
+        s,
+        leaves,
+        lambda *a: rasterize_3dgs(*a, s["width"], s["height"], near=0.2, far=100.0),
+    )

@@ -17,8 +17,8 @@ from __future__ import annotations
 import pytest
 import torch
 from test_cuda_emulation import emu  # noqa: F401 (fixture)
+from test_cuda_emulation_project import assert_swap_is_bitwise, random_loss, swap_kernels
 
-from splat import _backend
 from splat._backend import load_extension
 from splat.rasterize_3dgs import rasterize_3dgs
 from splat.testing import intrinsics, look_at_viewmat
@@ -177,26 +177,14 @@ def test_all_culled(emu, cpu):  # noqa: F811 (fixture)
 
 
 def _swap_projection(monkeypatch, emu):  # noqa: F811 (fixture value)
-    """rasterize_3dgs's fused projection on CPU tensors runs the emulated CUDA
-    kernels (through _native_cuda.CudaKernels, as on a GPU); the raster
-    kernels stay the CPU's.  Returns the list of calls made."""
-    real = load_extension()
-    calls = []
-
-    class Kernels:
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-        def project_gaussians_forward_cpu(self, *a):
-            calls.append("fwd")
-            return emu.project_gaussians_forward(*a)
-
-        def project_gaussians_backward_cpu(self, *a):
-            calls.append("bwd")
-            return emu.project_gaussians_backward(*a)
-
-    monkeypatch.setattr(_backend, "load_extension", Kernels)
-    return calls
+    """rasterize_3dgs's fused projection runs the emulated CUDA kernels."""
+    return swap_kernels(
+        monkeypatch,
+        "project_gaussians_forward_cpu",
+        emu.project_gaussians_forward,
+        "project_gaussians_backward_cpu",
+        emu.project_gaussians_backward,
+    )
 
 
 @pytest.mark.parametrize("antialiased", [False, True], ids=["classic", "aa"])
@@ -224,25 +212,12 @@ def test_rasterize_3dgs_with_emulated_projection_is_bitwise_the_cpu(emu, monkeyp
             backend="cpu",
         )
         out.means2d.retain_grad()
-        g = torch.Generator().manual_seed(1)
-        loss = sum(
-            ((torch.rand(t.shape, generator=g, dtype=torch.float64).to(dtype) - 0.3) * t).sum()
-            for t in (out.rgb, out.alpha, out.depth, out.normal, out.distortion)
-        )
-        loss.backward()
+        random_loss(out, dtype).backward()
         grads = {k: v.grad for k, v in leaves.items()}
         grads["means2d"] = out.means2d.grad
         return out, grads
 
-    ref_out, ref_g = run()
-    calls = _swap_projection(monkeypatch, emu)
-    emu_out, emu_g = run()
-    assert calls == ["fwd", "bwd"]  # the emulated kernels did run
-    for k in ("rgb", "alpha", "depth", "normal", "distortion", "median_depth", "radii"):
-        assert torch.equal(getattr(emu_out, k), getattr(ref_out, k)), k
-    for k, g in ref_g.items():
-        assert torch.equal(emu_g[k], g), f"d/d{k}"
-        assert float(g.abs().max()) > 0, k
+    assert_swap_is_bitwise(run, lambda: _swap_projection(monkeypatch, emu))
 
 
 def test_rasterize_3dgs_raises_for_non_finite_rows(emu, monkeypatch):  # noqa: F811 (fixture)

@@ -135,23 +135,28 @@ __global__ void __launch_bounds__(kProjectThreads)
 
 // This thread's Gaussian: index, camera (every thread reads the same numbers,
 // served by the cache; the CPU builds it once per call with the same
-// operations) and rows.
+// operations), rows, and their forward projection (p, row).
 template <typename T>
 struct GaussThread {
   int64_t i;
   GaussCamera<T> cam;
   T m[3], q[4], s[3], o;
+  GaussProjected<T> p;
+  T row[kGaussParams];
 };
 
+// Loads the j-th kept Gaussian and projects it (the backward recomputes the
+// forward, as the CPU's does).
 template <typename T>
-__device__ __forceinline__ void load_gaussian(const GaussCudaInputs<T>& in, int64_t j,
-                                              GaussThread<T>& t) {
+__device__ __forceinline__ void project_kept(const GaussCudaInputs<T>& in, int64_t j,
+                                             GaussThread<T>& t) {
   t.i = in.ids[j];
   t.cam = gauss_camera(in.viewmat, in.K, in.K_inv, in.width, in.height, in.antialiased);
   for (int k = 0; k < 3; ++k) t.m[k] = in.means[3 * t.i + k];
   for (int k = 0; k < 4; ++k) t.q[k] = in.quats[4 * t.i + k];
   for (int k = 0; k < 3; ++k) t.s[k] = in.scales[3 * t.i + k];
   t.o = in.opacities[t.i];
+  gauss_project_forward(t.cam, t.m, t.q, t.s, t.o, t.p, t.row);
 }
 
 template <typename T>
@@ -161,19 +166,17 @@ __global__ void __launch_bounds__(kProjectThreads)
   const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= in.m) return;
   GaussThread<T> t;
-  load_gaussian(in, j, t);
-  GaussProjected<T> p;
-  T row[kGaussParams];
-  gauss_project_forward(t.cam, t.m, t.q, t.s, t.o, p, row);
+  project_kept(in, j, t);
+  const T* row = t.row;
   int32_t ok = 1;
   T* dst = out.params + kGaussParams * j;
   for (int k = 0; k < kGaussParams; ++k) {
     dst[k] = row[k];
     ok &= finite_flag(row[k]);
   }
-  out.centre[2 * j] = p.centre[0];
-  out.centre[2 * j + 1] = p.centre[1];
-  out.depth[j] = p.mu[2];
+  out.centre[2 * j] = t.p.centre[0];
+  out.centre[2 * j + 1] = t.p.centre[1];
+  out.depth[j] = t.p.mu[2];
   gauss_screen_bounds(double(row[kGaussConic]), double(row[kGaussConic + 1]),
                       double(row[kGaussConic + 2]), double(row[kGaussCenter]),
                       double(row[kGaussCenter + 1]), double(row[kGaussOpacity]), in.width,
@@ -187,17 +190,14 @@ __global__ void __launch_bounds__(kProjectThreads)
   const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= in.m) return;
   GaussThread<T> t;
-  load_gaussian(in, j, t);
-  GaussProjected<T> p;
-  T row[kGaussParams];
-  gauss_project_forward(t.cam, t.m, t.q, t.s, t.o, p, row);
+  project_kept(in, j, t);
   T up[kGaussParams];
   for (int k = 0; k < kGaussParams; ++k) up[k] = g.v_params[kGaussParams * j + k];
   const T vcen[2] = {g.v_centre ? g.v_centre[2 * j] : T(0),
                      g.v_centre ? g.v_centre[2 * j + 1] : T(0)};
   T v_m[3], v_q[4], v_s[3], v_o;
   GaussCameraGrad<T> vc;  // the camera's share: not summed here (no camera gradient on CUDA)
-  gauss_project_backward(t.cam, t.m, t.s, t.o, p, up, vcen, v_m, v_q, v_s, v_o, vc);
+  gauss_project_backward(t.cam, t.m, t.s, t.o, t.p, up, vcen, v_m, v_q, v_s, v_o, vc);
   const int64_t i = t.i;
   for (int k = 0; k < 3; ++k) g.v_means[3 * i + k] = v_m[k];
   for (int k = 0; k < 4; ++k) g.v_quats[4 * i + k] = v_q[k];
