@@ -191,11 +191,16 @@ def test_cuda_projection_kernels_match_cpu(dtype, deg):
         ),
     ]
     for names, cpu, gpu in pairs:
-        for name, a, b in zip(names, cpu, gpu):
-            assert b.is_cuda and a.shape == b.shape and a.dtype == b.dtype, name
-            b = b.cpu()
-            diff = float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
-            assert torch.equal(a, b), f"{name}: largest difference {diff:.3g}"
+        _assert_bitwise_on_gpu(names, cpu, gpu)
+
+
+def _assert_bitwise_on_gpu(names, cpu, gpu):
+    """Each of `gpu` on the GPU, and bitwise the corresponding `cpu` tensor."""
+    for name, a, b in zip(names, cpu, gpu):
+        assert b.is_cuda and a.shape == b.shape and a.dtype == b.dtype, name
+        b = b.cpu()
+        diff = float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+        assert torch.equal(a, b), f"{name}: largest difference {diff:.3g}"
 
 
 @needs_gpu
@@ -282,12 +287,8 @@ def test_cuda_gaussian_projection_kernels_match_cpu(dtype, antialiased):
     gpu_bwd = ext.project_gaussians_backward_cuda(
         *backward_args(gpu, gpu_fwd[0], antialiased, v_params.cuda(), v_centre.cuda())
     )
-    for names, cpu, gpu_outs in ((FORWARD_NAMES, cpu_fwd, gpu_fwd), (BACKWARD_NAMES, cpu_bwd, gpu_bwd)):
-        for name, a, b in zip(names, cpu, gpu_outs):
-            assert b.is_cuda and a.shape == b.shape and a.dtype == b.dtype, name
-            b = b.cpu()
-            diff = float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
-            assert torch.equal(a, b), f"{name}: largest difference {diff:.3g}"
+    _assert_bitwise_on_gpu(FORWARD_NAMES, cpu_fwd, gpu_fwd)
+    _assert_bitwise_on_gpu(BACKWARD_NAMES, cpu_bwd, gpu_bwd)
 
 
 @needs_gpu

@@ -169,6 +169,21 @@ def random_loss(out, dtype):
     )
 
 
+def render_with_grads(render, s, colors, dtype, **options):
+    """render (splat.rasterize or rasterize_3dgs, backend "cpu") of scene s
+    with fresh leaves: returns (output, {input: gradient of random_loss}),
+    means2d's included."""
+    leaves = {k: s[k].detach().clone().requires_grad_(True) for k in ("means", "quats", "scales", "opacities")}
+    leaves["colors"] = colors.detach().clone().requires_grad_(True)
+    cam = {k: s[k] for k in ("viewmat", "K", "width", "height")}
+    out = render(**leaves, **cam, near=NEAR, far=FAR, backend="cpu", **options)
+    out.means2d.retain_grad()
+    random_loss(out, dtype).backward()
+    grads = {k: v.grad for k, v in leaves.items()}
+    grads["means2d"] = out.means2d.grad
+    return out, grads
+
+
 def assert_swap_is_bitwise(run, swap):
     """run() -> (render, {name: gradient}) once as is and once after swap(),
     which returns the calls list: the emulated forward and backward must run,
@@ -192,26 +207,8 @@ def test_rasterize_with_emulated_projection_is_bitwise_the_cpu(emu, monkeypatch,
     with the projection's CUDA kernels in place of the CPU op."""
     s = scene(120, dtype, seed=7, width=64, height=48)
 
-    def run():
-        leaves = {k: s[k].detach().clone().requires_grad_(True) for k in ("means", "quats", "scales", "opacities")}
-        leaves["colors"] = (s["sh"][:, :16] if deg is not None else s["colors"]).detach().clone().requires_grad_(True)
-        out = splat.rasterize(
-            **leaves,
-            viewmat=s["viewmat"],
-            K=s["K"],
-            width=s["width"],
-            height=s["height"],
-            near=NEAR,
-            far=FAR,
-            sh_degree=deg,
-            backend="cpu",
-        )
-        out.means2d.retain_grad()
-        random_loss(out, dtype).backward()
-        grads = {k: v.grad for k, v in leaves.items()}
-        grads["means2d"] = out.means2d.grad
-        return out, grads
-
+    colors = s["sh"][:, :16] if deg is not None else s["colors"]
+    run = lambda: render_with_grads(splat.rasterize, s, colors, dtype, sh_degree=deg)  # noqa: E731
     assert_swap_is_bitwise(run, lambda: _swap_projection(monkeypatch, emu))
 
 

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_cuda_emulation import emu  # noqa: F401 (fixture)
-from test_cuda_emulation_project import assert_swap_is_bitwise, random_loss, swap_kernels
+from test_cuda_emulation import FAR, NEAR, emu  # noqa: F401 (fixture)
+from test_cuda_emulation_project import assert_swap_is_bitwise, render_with_grads, swap_kernels
 
 from splat._backend import load_extension
 from splat.rasterize_3dgs import rasterize_3dgs
 from splat.testing import intrinsics, look_at_viewmat
 
-NEAR, FAR = 0.2, 100.0
 DTYPES = (torch.float64, torch.float32)
 FORWARD_NAMES = ("ids", "params", "centre", "depth", "pixel_rect", "radii", "non-finite count")
 BACKWARD_NAMES = ("v_means", "v_quats", "v_scales", "v_opacities", "v_means2d")
@@ -197,26 +196,7 @@ def test_rasterize_3dgs_with_emulated_projection_is_bitwise_the_cpu(emu, monkeyp
     s = scene(120, dtype, seed=7, width=64, height=48)
     colors = torch.rand(120, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64).to(dtype)
 
-    def run():
-        leaves = {k: s[k].detach().clone().requires_grad_(True) for k in ("means", "quats", "scales", "opacities")}
-        leaves["colors"] = colors.clone().requires_grad_(True)
-        out = rasterize_3dgs(
-            **leaves,
-            viewmat=s["viewmat"],
-            K=s["K"],
-            width=s["width"],
-            height=s["height"],
-            near=NEAR,
-            far=FAR,
-            antialiased=antialiased,
-            backend="cpu",
-        )
-        out.means2d.retain_grad()
-        random_loss(out, dtype).backward()
-        grads = {k: v.grad for k, v in leaves.items()}
-        grads["means2d"] = out.means2d.grad
-        return out, grads
-
+    run = lambda: render_with_grads(rasterize_3dgs, s, colors, dtype, antialiased=antialiased)  # noqa: E731
     assert_swap_is_bitwise(run, lambda: _swap_projection(monkeypatch, emu))
 
 
