@@ -202,6 +202,12 @@ MUTANTS = {
         "if (!ok) atomicAdd(bad, 1ull);",
         "if (!ok) *bad = 1ull;",
     ),
+    "gauss_proj_camera_sum_skips_last": (
+        "project.cu",
+        "off-by-one in a reduction (each block's last share dropped)",
+        "for (int64_t j = first; j < end; ++j) sum +=",
+        "for (int64_t j = first; j < end - 1; ++j) sum +=",
+    ),
 }
 
 

@@ -69,9 +69,10 @@ _SIGNATURES = {
     # inputs, sh_degree, width, height, near, far, then limit_finite, limit_drawn (forward) or grads
     "splat_project_forward_cuda": [_ARGS, ctypes.c_int64, *_FORWARD[1:5], *[ctypes.c_double] * 2, ctypes.c_void_p],
     "splat_project_backward_cuda": [_ARGS, ctypes.c_int64, *_FORWARD[1:5], _ARGS, ctypes.c_void_p],
-    # inputs, width, height, near, far, antialiased (forward) / inputs, width, height, antialiased, grads
+    # inputs, width, height, near, far, antialiased (forward) / inputs, width, height, antialiased, grads,
+    # with_camera
     "splat_project_gaussians_forward_cuda": [*_FORWARD[:5], ctypes.c_int64, ctypes.c_void_p],
-    "splat_project_gaussians_backward_cuda": [*_FORWARD[:3], ctypes.c_int64, _ARGS, ctypes.c_void_p],
+    "splat_project_gaussians_backward_cuda": [*_FORWARD[:3], ctypes.c_int64, _ARGS, ctypes.c_int64, ctypes.c_void_p],
 }
 _local = threading.local()
 
@@ -225,7 +226,7 @@ class CudaKernels:
             raise RuntimeError(reason)
         self._checked.add(index)
 
-    def _call(self, name, first, inputs, input_names, *rest, state=None, up=None, grads=None, grad_names=None):
+    def _call(self, name, first, inputs, input_names, *rest, state=None, up=None, grads=None, grad_names=None, tail=()):
         device = first.device if isinstance(first, torch.Tensor) else torch.device("cpu")
         if device.type == "cuda":
             self.check_device(device)
@@ -237,6 +238,7 @@ class CudaKernels:
             args += [_describe(state, _STATE_NAMES), _describe(up, _UP_NAMES)]
         if grads is not None:
             args.append(_describe(grads, grad_names or _PROJECT_GRAD_NAMES))
+        args += tail
         call, err = _Call(device), ctypes.create_string_buffer(_ERR_LEN)
         previous, _local.call = getattr(_local, "call", None), call
         try:
@@ -310,17 +312,15 @@ class CudaKernels:
         )  # fmt: skip
 
     def project_gaussians_backward_cuda(self, means, quats, scales, opacities, ids, viewmat, K, K_inv, *rest):
-        """Returns [v_means, v_quats, v_scales, v_opacities, v_means2d], as
-        project_gaussians_backward_cpu without the camera's gradients
-        (with_camera must be false); v_centre may be None."""
+        """Returns [v_means, v_quats, v_scales, v_opacities, v_means2d] and,
+        with_camera, [v_viewmat, v_K, v_K_inv], as project_gaussians_backward_cpu;
+        v_centre may be None."""
         width, height, antialiased, v_params, v_centre, with_camera = rest
-        if with_camera:
-            raise RuntimeError("with_camera: the CUDA projection of 3D Gaussians has no camera gradient")
         inputs = (means, quats, scales, opacities, ids, *_camera(viewmat, K, K_inv))
         return self._call(
             "splat_project_gaussians_backward_cuda", means, inputs, _GAUSS_PROJECT_NAMES + _GAUSS_CAMERA_NAMES,
             width, height, int(bool(antialiased)), grads=_contiguous((v_params, v_centre)),
-            grad_names=("v_params", "v_centre"),
+            grad_names=("v_params", "v_centre"), tail=(int(bool(with_camera)),),
         )  # fmt: skip
 
 

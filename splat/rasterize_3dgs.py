@@ -18,9 +18,8 @@ of the peak depth and normal) is differentiated with respect to means, quats,
 scales, opacities, viewmat and K.  On the CPU backend it is one fused C++ op
 with an exact backward (kernels/project_gaussians.h,
 cpu/project_gaussians_cpu.cpp), as the surfels' projection is, and so on the
-CUDA backend when viewmat and K need no gradient (the same maths, one thread
-per Gaussian, cuda/project.cu); elsewhere, and as its reference, plain
-PyTorch (:func:`gaussian_kernel_inputs` with ``fused=False``).  The compiled
+CUDA backend (the same maths, one thread per Gaussian, cuda/project.cu);
+elsewhere, and as its reference, plain PyTorch (:func:`gaussian_kernel_inputs` with ``fused=False``).  The compiled
 raster kernel does the per-pixel work and its exact backward.
 """
 
@@ -171,8 +170,7 @@ def rasterize_3dgs_and_inputs(
     radii = torch.zeros(n, dtype=torch.int32, device=device)
     # The fused projection takes means2d (its value is not read) and returns
     # its gradient itself; the PyTorch one gets it from _shift_footprints below.
-    # The CUDA op has no camera gradient (the CPU's sums it per block of Gaussians).
-    fused = backend == "cpu" or (backend == "cuda" and not (viewmat.requires_grad or K.requires_grad))
+    fused = backend in ("cpu", "cuda")
     means2d.requires_grad_(grad_enabled)
     with torch.set_grad_enabled(torch.is_grad_enabled() and backend != "torch"):  # the reference projects itself
         kin = gaussian_kernel_inputs(
@@ -261,8 +259,8 @@ def gaussian_kernel_inputs(
 
     ``fused``: computed by the C++ op (CPU tensors; the same maths, values
     equal up to float rounding, tests/test_project_gaussians.py), or its CUDA
-    twin on CUDA tensors (bitwise the CPU's under emulation, no viewmat or K
-    gradient: tests/test_cuda_emulation_project_3dgs.py), instead of
+    twin on CUDA tensors (bitwise the CPU's under emulation:
+    tests/test_cuda_emulation_project_3dgs.py), instead of
     the PyTorch expressions below, which stay the reference.  ``means2d``
     [N, 2] (fused only; value not read): params' centre moves with it, so
     that its gradient is dL/d(translating the footprint by one pixel).
@@ -340,7 +338,7 @@ def _project_gaussians_fused(
 
 class _ProjectGaussians(torch.autograd.Function):
     """splat's project_gaussians_forward_cpu / _backward_cpu, or their *_cuda
-    twins on CUDA tensors (no camera gradient): returns (ids [M],
+    twins on CUDA tensors: returns (ids [M],
     params [M, 27], centre [M, 2], depth [M], pixel_rect, radii, non-finite
     row count) for the Gaussians kept (``ids``); gradients flow from params and centre to means,
     quats, scales, opacities, viewmat, K and K^-1, and from params' centre to

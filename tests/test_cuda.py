@@ -225,11 +225,11 @@ def test_rasterize_on_cuda_takes_the_fused_projection_unless_the_camera_needs_gr
     )
 
 
-def _check_fused_projection_choice(monkeypatch, op_name, camera_grad, scene, leaves, render):
+def _check_fused_projection_choice(monkeypatch, op_name, camera_grad, scene, leaves, render, fused=None):
     """render(*leaves, viewmat, K) on the CPU and on CUDA, the camera with a
     gradient or not: the CUDA op `op_name` (the fused projection) must run
-    exactly when it has none, and the GPU's render and gradients must match
-    the CPU's up to flips."""
+    once if `fused` (default: exactly when the camera has no gradient), and
+    the GPU's render and gradients must match the CPU's up to flips."""
     from splat._backend import load_extension
 
     ext = load_extension()
@@ -247,7 +247,7 @@ def _check_fused_projection_choice(monkeypatch, op_name, camera_grad, scene, lea
 
     cpu_out, cpu_grads = run("cpu")
     gpu_out, gpu_grads = run("cuda")
-    assert len(calls) == (0 if camera_grad else 1)
+    assert len(calls) == (int(not camera_grad) if fused is None else int(fused))
     for k in ("rgb", "alpha", "depth", "normal"):
         assert_close_but_flips(getattr(gpu_out, k), getattr(cpu_out, k), 1e-9, FLIP_PIXELS, k)
     assert torch.equal(gpu_out.radii.cpu(), cpu_out.radii)
@@ -262,11 +262,13 @@ def test_cuda_gaussian_projection_kernels_match_cpu(dtype, antialiased):
     """The fused projection of 3D Gaussians on CUDA (cuda/project.cu) against
     the CPU op, forward (the cull's ids included) and backward, BITWISE: both
     run kernels/project_gaussians.h with IEEE +, -, *, /, sqrt and no FMA,
-    per Gaussian, no sums across Gaussians.  The one library function, the
+    per Gaussian, and the camera's gradient summed in float64 over the same
+    blocks in the same order.  The one library function, the
     float64 log of the opacity cutoff, feeds only the integer pixel
     rectangles and radii, which must be equal too."""
     from test_cuda_emulation_project_3dgs import (
         BACKWARD_NAMES,
+        CAMERA_NAMES,
         FORWARD_NAMES,
         backward_args,
         forward_args,
@@ -283,21 +285,21 @@ def test_cuda_gaussian_projection_kernels_match_cpu(dtype, antialiased):
     gpu_fwd = ext.project_gaussians_forward_cuda(*forward_args(gpu, antialiased))
     ids = cpu_fwd[0]
     v_params, v_centre = upstream(ids.shape[0], dtype)
-    cpu_bwd = ext.project_gaussians_backward_cpu(*backward_args(s, ids, antialiased, v_params, v_centre))
+    cpu_bwd = ext.project_gaussians_backward_cpu(*backward_args(s, ids, antialiased, v_params, v_centre, True))
     gpu_bwd = ext.project_gaussians_backward_cuda(
-        *backward_args(gpu, gpu_fwd[0], antialiased, v_params.cuda(), v_centre.cuda())
+        *backward_args(gpu, gpu_fwd[0], antialiased, v_params.cuda(), v_centre.cuda(), True)
     )
     _assert_bitwise_on_gpu(FORWARD_NAMES, cpu_fwd, gpu_fwd)
-    _assert_bitwise_on_gpu(BACKWARD_NAMES, cpu_bwd, gpu_bwd)
+    _assert_bitwise_on_gpu(BACKWARD_NAMES + CAMERA_NAMES, cpu_bwd, gpu_bwd)
 
 
 @needs_gpu
-@pytest.mark.parametrize("camera_grad", [False, True], ids=["fused", "torch-projection"])
-def test_rasterize_3dgs_on_cuda_takes_the_fused_projection_unless_the_camera_needs_gradients(camera_grad, monkeypatch):
+@pytest.mark.parametrize("camera_grad", [False, True], ids=["", "camera-grad"])
+def test_rasterize_3dgs_on_cuda_takes_the_fused_projection(camera_grad, monkeypatch):
     """splat.rasterize_3dgs(backend="auto") on CUDA tensors runs
-    project_gaussians_forward_cuda exactly when viewmat and K need no gradient
-    (the CUDA op has no camera gradient), and either way matches the CPU
-    backend (some Gaussians culled)."""
+    project_gaussians_forward_cuda whether or not viewmat and K need a
+    gradient (as on the CPU), and matches the CPU backend (some Gaussians
+    culled)."""
     from test_cuda_emulation_project_3dgs import scene
 
     from splat import rasterize_3dgs
@@ -312,4 +314,5 @@ def test_rasterize_3dgs_on_cuda_takes_the_fused_projection_unless_the_camera_nee
         s,
         leaves,
         lambda *a: rasterize_3dgs(*a, s["width"], s["height"], near=0.2, far=100.0),
+        fused=True,
     )

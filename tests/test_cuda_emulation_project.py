@@ -169,13 +169,14 @@ def random_loss(out, dtype):
     )
 
 
-def render_with_grads(render, s, colors, dtype, **options):
+def render_with_grads(render, s, colors, dtype, camera_grad=False, **options):
     """render (splat.rasterize or rasterize_3dgs, backend "cpu") of scene s
-    with fresh leaves: returns (output, {input: gradient of random_loss}),
-    means2d's included."""
-    leaves = {k: s[k].detach().clone().requires_grad_(True) for k in ("means", "quats", "scales", "opacities")}
+    with fresh leaves (viewmat and K too with camera_grad): returns (output,
+    {input: gradient of random_loss}), means2d's included."""
+    names = ("means", "quats", "scales", "opacities") + (("viewmat", "K") if camera_grad else ())
+    leaves = {k: s[k].detach().clone().requires_grad_(True) for k in names}
     leaves["colors"] = colors.detach().clone().requires_grad_(True)
-    cam = {k: s[k] for k in ("viewmat", "K", "width", "height")}
+    cam = {k: s[k] for k in ("viewmat", "K", "width", "height") if k not in leaves}
     out = render(**leaves, **cam, near=NEAR, far=FAR, backend="cpu", **options)
     out.means2d.retain_grad()
     random_loss(out, dtype).backward()

@@ -5,9 +5,10 @@ emulation, against the CPU's fused op (cpu/project_gaussians_cpu.cpp).
 Both run the one per-Gaussian maths of splat/kernels/project_gaussians.h
 (the CPU in vectorised blocks of 64, the GPU one Gaussian per thread) with no
 FMA contraction on either side and the same libm under emulation.  Every
-Gaussian is independent (the CUDA op computes no camera gradient, the only
-sum over Gaussians), so every output, ids included, and every gradient must
-be BITWISE equal: any difference is a bug, not rounding.  The CPU op itself
+Gaussian is independent, and the one sum over Gaussians, the camera's
+gradient, is taken in float64 over the same fixed blocks in the same order on
+both, so every output, ids included, and every gradient must be BITWISE
+equal: any difference is a bug, not rounding.  The CPU op itself
 is checked against finite differences and the torch projection in
 tests/test_project_gaussians.py.
 """
@@ -26,6 +27,7 @@ from splat.testing import intrinsics, look_at_viewmat
 DTYPES = (torch.float64, torch.float32)
 FORWARD_NAMES = ("ids", "params", "centre", "depth", "pixel_rect", "radii", "non-finite count")
 BACKWARD_NAMES = ("v_means", "v_quats", "v_scales", "v_opacities", "v_means2d")
+CAMERA_NAMES = ("v_viewmat", "v_K", "v_K_inv")
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +85,9 @@ def forward_args(s, antialiased):
     return (*tensors, s["width"], s["height"], NEAR, FAR, antialiased)
 
 
-def backward_args(s, ids, antialiased, v_params, v_centre):
+def backward_args(s, ids, antialiased, v_params, v_centre, with_camera=False):
     tensors = (s["means"], s["quats"], s["scales"], s["opacities"], ids, s["viewmat"], s["K"], s["K_inv"])
-    return (*tensors, s["width"], s["height"], antialiased, v_params, v_centre, False)
+    return (*tensors, s["width"], s["height"], antialiased, v_params, v_centre, with_camera)
 
 
 def upstream(m, dtype, seed=11):
@@ -128,15 +130,15 @@ def test_forward_and_backward_bitwise_equal_to_cpu(emu, cpu, dtype, antialiased,
     assert int(ref[6]) == 0 and out[6].dim() == 0
 
     v_params, v_centre = upstream(m, dtype)
-    for centre in (v_centre, None):
-        bargs = backward_args(s, ids, antialiased, v_params, centre)
+    for centre, with_camera in ((v_centre, True), (None, False), (None, True)):
+        bargs = backward_args(s, ids, antialiased, v_params, centre, with_camera)
         ref_b = cpu.project_gaussians_backward_cpu(*bargs)
         out_b = emu.project_gaussians_backward(*bargs)
-        assert_bitwise(out_b, ref_b, BACKWARD_NAMES)
+        assert_bitwise(out_b, ref_b, BACKWARD_NAMES + CAMERA_NAMES[: 3 * with_camera])
         assert all(float(t.abs().max()) > 0 for t in ref_b)
         kept = torch.zeros(n, dtype=torch.bool)
         kept[ids] = True
-        assert all(not t[~kept].any() for t in out_b)  # the culled get exactly zero
+        assert all(not t[~kept].any() for t in out_b[:5])  # the culled get exactly zero
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
@@ -162,8 +164,9 @@ def test_no_gaussians(emu, cpu):  # noqa: F811 (fixture)
     assert_bitwise(out, cpu.project_gaussians_forward_cpu(*args), FORWARD_NAMES)
     assert out[0].shape == (0,)
     v_params, v_centre = upstream(0, torch.float64)
-    bargs = backward_args(empty, out[0], True, v_params, v_centre)
-    assert_bitwise(emu.project_gaussians_backward(*bargs), cpu.project_gaussians_backward_cpu(*bargs), BACKWARD_NAMES)
+    bargs = backward_args(empty, out[0], True, v_params, v_centre, True)
+    ref_b = cpu.project_gaussians_backward_cpu(*bargs)
+    assert_bitwise(emu.project_gaussians_backward(*bargs), ref_b, BACKWARD_NAMES + CAMERA_NAMES)
 
 
 def test_all_culled(emu, cpu):  # noqa: F811 (fixture)
@@ -186,17 +189,18 @@ def _swap_projection(monkeypatch, emu):  # noqa: F811 (fixture value)
     )
 
 
+@pytest.mark.parametrize("camera_grad", [False, True], ids=["", "camera-grad"])
 @pytest.mark.parametrize("antialiased", [False, True], ids=["classic", "aa"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
-def test_rasterize_3dgs_with_emulated_projection_is_bitwise_the_cpu(emu, monkeypatch, dtype, antialiased):  # noqa: F811
+def test_rasterize_3dgs_with_emulated_projection_is_bitwise_the_cpu(emu, monkeypatch, dtype, antialiased, camera_grad):  # noqa: F811,E501
     """splat.rasterize_3dgs end to end (some Gaussians culled): every output
     and every input gradient (means, quats, scales, opacities, colours,
-    means2d) bitwise equal with the projection's CUDA kernels in place of the
-    CPU op."""
+    means2d, and with camera_grad viewmat and K) bitwise equal with the
+    projection's CUDA kernels in place of the CPU op."""
     s = scene(120, dtype, seed=7, width=64, height=48)
     colors = torch.rand(120, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64).to(dtype)
 
-    run = lambda: render_with_grads(rasterize_3dgs, s, colors, dtype, antialiased=antialiased)  # noqa: E731
+    run = lambda: render_with_grads(rasterize_3dgs, s, colors, dtype, camera_grad, antialiased=antialiased)  # noqa: E731
     assert_swap_is_bitwise(run, lambda: _swap_projection(monkeypatch, emu))
 
 
@@ -234,5 +238,3 @@ def test_bad_inputs_name_the_argument(emu):  # noqa: F811 (fixture)
         emu.project_gaussians_backward(*bargs[:4], ids.int(), *bargs[5:])
     with pytest.raises(RuntimeError, match=r"v_centre has shape \[3, 2\], expected \d+ rows"):
         emu.project_gaussians_backward(*bargs[:12], v_centre[:3], False)
-    with pytest.raises(RuntimeError, match="with_camera: the CUDA projection of 3D Gaussians has no camera gradient"):
-        emu.project_gaussians_backward(*bargs[:13], True)

@@ -492,6 +492,68 @@ SPLAT_HD void gauss_project_backward(const GaussCamera<T>& cam, const T* m, cons
   vc.cy = dcc[1];
 }
 
+// The camera's gradient as a flat array: W (9), t (3), fx, fy, cx, cy, lo (2),
+// hi (2), K^-1 (9).  Summed over the Gaussians in float64, per fixed block of
+// kGaussCameraBlock Gaussians in order, then over the blocks in order (the CPU's
+// blocks, cpu/project_gaussians_cpu.cpp; CUDA sums the same blocks the same way).
+constexpr int kGaussCameraGradSize = 29;
+constexpr int kGaussCameraBlock = 64;
+
+template <typename T>
+SPLAT_HD void gauss_camera_grad_flat(const GaussCameraGrad<T>& vc, T flat[kGaussCameraGradSize]) {
+  SPLAT_UNROLL
+  for (int r = 0; r < 3; ++r) {
+    SPLAT_UNROLL
+    for (int c = 0; c < 3; ++c) {
+      flat[3 * r + c] = vc.W[r][c];
+      flat[20 + 3 * r + c] = vc.Kinv[r][c];
+    }
+    flat[9 + r] = vc.t[r];
+  }
+  flat[12] = vc.fx;
+  flat[13] = vc.fy;
+  flat[14] = vc.cx;
+  flat[15] = vc.cy;
+  flat[16] = vc.lo[0];
+  flat[17] = vc.lo[1];
+  flat[18] = vc.hi[0];
+  flat[19] = vc.hi[1];
+}
+
+// The summed flat gradient v to viewmat [4, 4], K and K^-1 [3, 3] (row major).
+template <typename T>
+SPLAT_HD void gauss_camera_grad_finish(const double v[kGaussCameraGradSize],
+                                       const GaussCamera<T>& cam, T* v_viewmat, T* v_K,
+                                       T* v_K_inv) {
+  // viewmat = [W | t; 0 0 0 1]
+  for (int k = 0; k < 16; ++k) v_viewmat[k] = T(0);
+  for (int r = 0; r < 3; ++r) {
+    for (int c = 0; c < 3; ++c) v_viewmat[4 * r + c] = T(v[3 * r + c]);
+    v_viewmat[4 * r + 3] = T(v[9 + r]);
+  }
+  // The frustum limits (gauss_camera_limits) back to f and c, in float64:
+  // lo = -(c / f + 0.3 tan), hi = (size - c) / f + 0.3 tan, tan = 0.5 size / f.
+  double df[2] = {v[12], v[13]}, dc[2] = {v[14], v[15]};
+  const double f[2] = {double(cam.fx), double(cam.fy)}, c[2] = {double(cam.cx), double(cam.cy)};
+  const double size[2] = {double(cam.width), double(cam.height)};
+  for (int a = 0; a < 2; ++a) {
+    const double dlo = v[16 + a], dhi = v[18 + a];
+    const double da = -dlo;  // lo = -a, a = c / f + 0.3 tan
+    dc[a] += da / f[a] - dhi / f[a];
+    df[a] += -da * c[a] / (f[a] * f[a]) - dhi * (size[a] - c[a]) / (f[a] * f[a]);
+    const double dtan = 0.3 * da + 0.3 * dhi;
+    df[a] += -dtan * (0.5 * size[a]) / (f[a] * f[a]);
+  }
+  for (int k = 0; k < 9; ++k) {
+    v_K[k] = T(0);
+    v_K_inv[k] = T(v[20 + k]);
+  }
+  v_K[0] = T(df[0]);
+  v_K[4] = T(df[1]);
+  v_K[2] = T(dc[0]);
+  v_K[5] = T(dc[1]);
+}
+
 // ---- per call and per Gaussian, outside the vector loops ----------------------------
 // (shared with cuda/project.cu, whose threads each run them for one Gaussian)
 

@@ -15,8 +15,7 @@ namespace splat {
 
 namespace {
 
-// The camera's gradient as a flat array: W (9), t (3), fx, fy, cx, cy, lo (2), hi (2), K^-1 (9).
-constexpr int kCameraGradSize = 29;
+constexpr int kCameraGradSize = kGaussCameraGradSize;
 
 template <typename T>
 GaussCamera<T> camera_of(const GaussProjectArgs<T>& in) {
@@ -68,7 +67,7 @@ namespace {
 // block arrays (unit-stride columns) that scalar loops gather and scatter by
 // id.  Blocks are also the camera gradient's partial sums: fixed, so the sums
 // do not depend on the thread count.
-constexpr int kBlock = 64;
+constexpr int kBlock = kGaussCameraBlock;
 
 // The block's inputs gathered by id into columns (a gather inside the vector
 // loop would keep it scalar).
@@ -182,12 +181,8 @@ SPLAT_INLINE void backward_block(const GaussProjectArgs<T>& in_ref, const GaussC
     SPLAT_UNROLL
     for (int k = 0; k < 3; ++k) vs[k][l] = v_s[k];
     vo[l] = v_o;
-    const T flat[kCameraGradSize] = {
-        vc.W[0][0],    vc.W[0][1],    vc.W[0][2],    vc.W[1][0],    vc.W[1][1],    vc.W[1][2],
-        vc.W[2][0],    vc.W[2][1],    vc.W[2][2],    vc.t[0],       vc.t[1],       vc.t[2],
-        vc.fx,         vc.fy,         vc.cx,         vc.cy,         vc.lo[0],      vc.lo[1],
-        vc.hi[0],      vc.hi[1],      vc.Kinv[0][0], vc.Kinv[0][1], vc.Kinv[0][2], vc.Kinv[1][0],
-        vc.Kinv[1][1], vc.Kinv[1][2], vc.Kinv[2][0], vc.Kinv[2][1], vc.Kinv[2][2]};
+    T flat[kCameraGradSize];
+    gauss_camera_grad_flat(vc, flat);
     SPLAT_UNROLL
     for (int k = 0; k < kCameraGradSize; ++k) vcam[k][l] = flat[k];
   }
@@ -279,33 +274,7 @@ void project_gaussians_backward_cpu(const GaussProjectArgs<T>& in, const GaussPr
   double v[kCameraGradSize] = {};
   for (int64_t b = 0; b < blocks; ++b)
     for (int k = 0; k < kCameraGradSize; ++k) v[k] += partial[size_t(b) * kCameraGradSize + k];
-  // viewmat = [W | t; 0 0 0 1]
-  for (int k = 0; k < 16; ++k) g.v_viewmat[k] = T(0);
-  for (int r = 0; r < 3; ++r) {
-    for (int c = 0; c < 3; ++c) g.v_viewmat[4 * r + c] = T(v[3 * r + c]);
-    g.v_viewmat[4 * r + 3] = T(v[9 + r]);
-  }
-  // The frustum limits (gauss_camera_limits) back to f and c, in float64:
-  // lo = -(c / f + 0.3 tan), hi = (size - c) / f + 0.3 tan, tan = 0.5 size / f.
-  double df[2] = {v[12], v[13]}, dc[2] = {v[14], v[15]};
-  const double f[2] = {double(cam.fx), double(cam.fy)}, c[2] = {double(cam.cx), double(cam.cy)};
-  const double size[2] = {double(in.width), double(in.height)};
-  for (int a = 0; a < 2; ++a) {
-    const double dlo = v[16 + a], dhi = v[18 + a];
-    const double da = -dlo;  // lo = -a, a = c / f + 0.3 tan
-    dc[a] += da / f[a] - dhi / f[a];
-    df[a] += -da * c[a] / (f[a] * f[a]) - dhi * (size[a] - c[a]) / (f[a] * f[a]);
-    const double dtan = 0.3 * da + 0.3 * dhi;
-    df[a] += -dtan * (0.5 * size[a]) / (f[a] * f[a]);
-  }
-  for (int k = 0; k < 9; ++k) {
-    g.v_K[k] = T(0);
-    g.v_K_inv[k] = T(v[20 + k]);
-  }
-  g.v_K[0] = T(df[0]);
-  g.v_K[4] = T(df[1]);
-  g.v_K[2] = T(dc[0]);
-  g.v_K[5] = T(dc[1]);
+  gauss_camera_grad_finish(v, cam, g.v_viewmat, g.v_K, g.v_K_inv);
 }
 
 template int64_t cull_gaussians_cpu<float>(const GaussProjectArgs<float>&, double, double,

@@ -231,8 +231,6 @@ std::vector<torch::Tensor> project_gaussians_backward_cuda(
     const torch::Tensor& K, const torch::Tensor& K_inv, int64_t width, int64_t height,
     bool antialiased, const torch::Tensor& v_params, const std::optional<torch::Tensor>& v_centre,
     bool with_camera) {
-  TORCH_CHECK(!with_camera,
-              "with_camera: the CUDA projection of 3D Gaussians has no camera gradient");
   const torch::Tensor V = viewmat.contiguous(), Kc = K.contiguous(), Ki = K_inv.contiguous();
   const auto in =
       describe_all({&means, &quats, &scales, &opacities, &ids, &V, &Kc, &Ki},
@@ -243,7 +241,7 @@ std::vector<torch::Tensor> project_gaussians_backward_cuda(
   const auto g = describe_all({&vp, &vc}, {"v_params", "v_centre"});
   return run(means, [&](void* stream, void* ctx, char* err) {
     return splat_project_gaussians_backward_cuda(in.data(), width, height, antialiased, g.data(),
-                                                 stream, allocate, ctx, err, 512);
+                                                 with_camera, stream, allocate, ctx, err, 512);
   });
 }
 

@@ -51,8 +51,7 @@ std::vector<torch::Tensor> project_backward_cuda(
 // The fused projection of 3D Gaussians (../project_gaussians.h): arguments
 // and results as splat/_native.py's project_gaussians_forward_cpu /
 // _backward_cpu, except that the non-finite row count stays on the device
-// (int64 []), the upstream gradients are made contiguous, and there is no
-// camera gradient (with_camera must be false).
+// (int64 []) and the upstream gradients are made contiguous.
 std::vector<torch::Tensor> project_gaussians_forward_cuda(
     const torch::Tensor& means, const torch::Tensor& quats, const torch::Tensor& scales,
     const torch::Tensor& opacities, const torch::Tensor& viewmat, const torch::Tensor& K,

@@ -729,11 +729,12 @@ void project_gaussians_forward_impl(const Arg* in, int64_t width, int64_t height
 
 // grads[2]: v_params [M, kGaussParams], v_centre [M, 2] (undefined: zero),
 // contiguous.  Outputs (slots 0..4): v_means [N,3], v_quats [N,4], v_scales
-// [N,3], v_opacities [N], v_means2d [N,2]; zero for the Gaussians not in ids.
+// [N,3], v_opacities [N], v_means2d [N,2]; zero for the Gaussians not in ids;
+// with_camera, also (slots 5..7) v_viewmat [4,4], v_K [3,3], v_K_inv [3,3].
 template <class Dev, typename T>
 void project_gaussians_backward_impl(const Arg* in, int64_t width, int64_t height,
-                                     int64_t antialiased, const Arg* grads, const Allocator& alloc,
-                                     cudaStream_t stream) {
+                                     int64_t antialiased, const Arg* grads, int64_t with_camera,
+                                     const Allocator& alloc, cudaStream_t stream) {
   constexpr int32_t F = dtype_of<T>();
   const gpu::GaussCudaInputs<T> g =
       gauss_project_inputs<Dev, T>(in, true, width, height, antialiased);
@@ -756,13 +757,30 @@ void project_gaussians_backward_impl(const Arg* in, int64_t width, int64_t heigh
     if (b->numel)
       check_cuda(cudaMemsetAsync(b->data, 0, size_t(b->numel) * sizeof(T), stream),
                  "zeroing the gradients");
-  const gpu::GaussCudaGrads<T> out{static_cast<const T*>(grads[0].data),
-                                   with_centre ? static_cast<const T*>(grads[1].data) : nullptr,
-                                   v_means.as<T>(),
-                                   v_quats.as<T>(),
-                                   v_scales.as<T>(),
-                                   v_opacities.as<T>(),
-                                   v_means2d.as<T>()};
+  gpu::GaussCudaGrads<T> out{};
+  out.v_params = static_cast<const T*>(grads[0].data);
+  out.v_centre = with_centre ? static_cast<const T*>(grads[1].data) : nullptr;
+  out.v_means = v_means.as<T>();
+  out.v_quats = v_quats.as<T>();
+  out.v_scales = v_scales.as<T>();
+  out.v_opacities = v_opacities.as<T>();
+  out.v_means2d = v_means2d.as<T>();
+  if (with_camera) {
+    const Buffer v_viewmat = alloc.get<Dev>(5, F, {4, 4}, "v_viewmat");
+    const Buffer v_K = alloc.get<Dev>(6, F, {3, 3}, "v_K");
+    const Buffer v_K_inv = alloc.get<Dev>(7, F, {3, 3}, "v_K_inv");
+    // every Gaussian's share, then the per-block sums (the CPU's blocks)
+    const int64_t blocks = (g.m + kGaussCameraBlock - 1) / kGaussCameraBlock;
+    const Buffer shares =
+        alloc.get<Dev>(-1, F, {g.m, kGaussCameraGradSize}, "the camera gradient's scratch");
+    const Buffer partial = alloc.get<Dev>(-1, SPLAT_DTYPE_FLOAT64, {blocks, kGaussCameraGradSize},
+                                          "the camera gradient's scratch");
+    out.v_viewmat = v_viewmat.as<T>();
+    out.v_K = v_K.as<T>();
+    out.v_K_inv = v_K_inv.as<T>();
+    out.v_camera = shares.as<T>();
+    out.partial = partial.as<double>();
+  }
   check_cuda(gpu::launch_gauss_project_backward<T>(g, out, stream),
              "the Gaussians' projection backward kernel");
 }
@@ -782,13 +800,15 @@ void project_gaussians_forward(const Arg* in, int64_t width, int64_t height, dou
 
 template <class Dev>
 void project_gaussians_backward(const Arg* in, int64_t width, int64_t height, int64_t antialiased,
-                                const Arg* grads, cudaStream_t stream, const Allocator& alloc) {
+                                const Arg* grads, int64_t with_camera, cudaStream_t stream,
+                                const Allocator& alloc) {
   check_first_input<Dev>(in[0], "means", "[N, 3]", width, height);
   const typename Dev::Guard device_guard(in[0].device_id);
   if (in[0].dtype == SPLAT_DTYPE_FLOAT64)
     return project_gaussians_backward_impl<Dev, double>(in, width, height, antialiased, grads,
-                                                        alloc, stream);
-  project_gaussians_backward_impl<Dev, float>(in, width, height, antialiased, grads, alloc, stream);
+                                                        with_camera, alloc, stream);
+  project_gaussians_backward_impl<Dev, float>(in, width, height, antialiased, grads, with_camera,
+                                              alloc, stream);
 }
 
 }  // namespace host_sequence

@@ -196,8 +196,9 @@ __global__ void __launch_bounds__(kProjectThreads)
   const T vcen[2] = {g.v_centre ? g.v_centre[2 * j] : T(0),
                      g.v_centre ? g.v_centre[2 * j + 1] : T(0)};
   T v_m[3], v_q[4], v_s[3], v_o;
-  GaussCameraGrad<T> vc;  // the camera's share: not summed here (no camera gradient on CUDA)
+  GaussCameraGrad<T> vc;  // this Gaussian's share of the camera's gradient
   gauss_project_backward(t.cam, t.m, t.s, t.o, t.p, up, vcen, v_m, v_q, v_s, v_o, vc);
+  if (g.v_camera) gauss_camera_grad_flat(vc, g.v_camera + int64_t(kGaussCameraGradSize) * j);
   const int64_t i = t.i;
   for (int k = 0; k < 3; ++k) g.v_means[3 * i + k] = v_m[k];
   for (int k = 0; k < 4; ++k) g.v_quats[4 * i + k] = v_q[k];
@@ -206,6 +207,36 @@ __global__ void __launch_bounds__(kProjectThreads)
   // params' centre = centre + (means2d - means2d.detach()): identity
   g.v_means2d[2 * i] = up[kGaussCenter];
   g.v_means2d[2 * i + 1] = up[kGaussCenter + 1];
+}
+
+// The camera's gradient, as the CPU sums it: one thread per block of
+// kGaussCameraBlock kept Gaussians sums their shares in float64 in order
+// (one column per loop, the CPU's order for each column)...
+template <typename T>
+__global__ void __launch_bounds__(kProjectThreads)
+    gauss_camera_partial_kernel(const T* __restrict__ v_camera, int64_t m, double* partial) {
+  const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t first = b * kGaussCameraBlock;
+  if (first >= m) return;
+  const int64_t end = first + kGaussCameraBlock < m ? first + kGaussCameraBlock : m;
+  for (int k = 0; k < kGaussCameraGradSize; ++k) {
+    double sum = 0.0;
+    for (int64_t j = first; j < end; ++j) sum += double(v_camera[kGaussCameraGradSize * j + k]);
+    partial[kGaussCameraGradSize * b + k] = sum;
+  }
+}
+
+// ... and one thread the blocks in order, then chains them to viewmat, K, K^-1.
+template <typename T>
+__global__ void gauss_camera_finish_kernel(const GaussCudaInputs<T> in, const double* partial,
+                                           int64_t blocks, T* v_viewmat, T* v_K, T* v_K_inv) {
+  double v[kGaussCameraGradSize];
+  for (int k = 0; k < kGaussCameraGradSize; ++k) v[k] = 0.0;
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int k = 0; k < kGaussCameraGradSize; ++k) v[k] += partial[kGaussCameraGradSize * b + k];
+  const GaussCamera<T> cam =
+      gauss_camera(in.viewmat, in.K, in.K_inv, in.width, in.height, in.antialiased);
+  gauss_camera_grad_finish(v, cam, v_viewmat, v_K, v_K_inv);
 }
 
 }  // namespace
@@ -257,8 +288,21 @@ cudaError_t launch_gauss_project_forward(const GaussCudaInputs<T>& in,
 template <typename T>
 cudaError_t launch_gauss_project_backward(const GaussCudaInputs<T>& in, const GaussCudaGrads<T>& g,
                                           cudaStream_t stream) {
-  if (in.m <= 0) return cudaSuccess;
-  gauss_backward_kernel<T><<<grid_for(in.m), kProjectThreads, 0, stream>>>(in, g);
+  if (in.m > 0) {
+    gauss_backward_kernel<T><<<grid_for(in.m), kProjectThreads, 0, stream>>>(in, g);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess || !g.v_viewmat) return e;
+  }
+  if (!g.v_viewmat) return cudaSuccess;
+  const int64_t blocks = (in.m + kGaussCameraBlock - 1) / kGaussCameraBlock;
+  if (blocks > 0) {
+    gauss_camera_partial_kernel<T>
+        <<<grid_for(blocks), kProjectThreads, 0, stream>>>(g.v_camera, in.m, g.partial);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  gauss_camera_finish_kernel<T>
+      <<<1, 1, 0, stream>>>(in, g.partial, blocks, g.v_viewmat, g.v_K, g.v_K_inv);
   return cudaGetLastError();
 }
 

@@ -35,8 +35,8 @@ cudaError_t launch_project_backward(const ProjectInputs<T>& in, const T* viewmat
                                     const ProjectGrads<T>& g, cudaStream_t stream);
 
 // ---- the fused projection of 3D Gaussians (../project_gaussians.h) -------------------
-// The CPU's op (cpu/project_gaussians_cpu.h) on the GPU, less the camera's
-// gradients: cull, then one thread per kept Gaussian each way.
+// The CPU's op (cpu/project_gaussians_cpu.h) on the GPU: cull, then one
+// thread per kept Gaussian each way; the camera's gradient summed as the CPU's.
 
 // The inputs: means [N,3], quats [N,4], scales [N,3], opacities [N]; ids [M]
 // (the kept, increasing; unused by the cull); viewmat [4,4], K, K^-1 [3,3],
@@ -61,10 +61,16 @@ struct GaussCudaOutputs {
 
 // v_params [M, kGaussParams] and v_centre [M, 2] (or nullptr) contiguous; the
 // outputs [N, ...], rows of the Gaussians not kept left as the caller set them.
+// With v_viewmat (else all four nullptr): v_camera [M, kGaussCameraGradSize]
+// and partial [ceil(M / kGaussCameraBlock), kGaussCameraGradSize] scratch, and
+// the camera's gradients v_viewmat [16], v_K [9], v_K_inv [9].
 template <typename T>
 struct GaussCudaGrads {
   const T *v_params, *v_centre;
   T *v_means, *v_quats, *v_scales, *v_opacities, *v_means2d;
+  T* v_camera;
+  double* partial;
+  T *v_viewmat, *v_K, *v_K_inv;
 };
 
 // Bytes of the cull's workspace for n Gaussians (n < 2^31).
@@ -90,7 +96,9 @@ cudaError_t launch_gauss_project_forward(const GaussCudaInputs<T>& in,
                                          cudaStream_t stream);
 
 // Backward: writes the kept Gaussians' rows of every gradient in `g` (no
-// atomics: ids are distinct).  No host sync.
+// atomics: ids are distinct), and with g.v_viewmat the camera's gradients,
+// summed as the CPU's (per block of kGaussCameraBlock Gaussians in float64 in
+// order, then the blocks in order).  No host sync.
 template <typename T>
 cudaError_t launch_gauss_project_backward(const GaussCudaInputs<T>& in, const GaussCudaGrads<T>& g,
                                           cudaStream_t stream);
