@@ -5,7 +5,8 @@ needs only the driver that torch's CUDA needs anyway.
 
 ``cuda_kernels()`` returns the CUDA operations (forward_cuda, backward_cuda,
 forward_gaussians_cuda, backward_gaussians_cuda, project_forward_cuda,
-project_backward_cuda, with the arguments and results of the torch
+project_backward_cuda, project_gaussians_forward_cuda,
+project_gaussians_backward_cuda, with the arguments and results of the torch
 extension's) or None.  It looks for them only when
 torch is a CUDA build and a GPU is present: a CPU-only torch never opens the
 library.  Before the first call on a device, the GPU's compute capability is

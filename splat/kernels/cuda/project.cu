@@ -226,14 +226,25 @@ __global__ void __launch_bounds__(kProjectThreads)
   }
 }
 
-// ... and one thread the blocks in order, then chains them to viewmat, K, K^-1.
+// ... and one thread per column the blocks in order (one block of 32 threads;
+// a column's sum is one thread's, in the CPU's order), then one thread chains
+// them to viewmat, K, K^-1.
+constexpr int kCameraThreads = 32;
+static_assert(kGaussCameraGradSize <= kCameraThreads, "one thread per column");
+
 template <typename T>
-__global__ void gauss_camera_finish_kernel(const GaussCudaInputs<T> in, const double* partial,
-                                           int64_t blocks, T* v_viewmat, T* v_K, T* v_K_inv) {
-  double v[kGaussCameraGradSize];
-  for (int k = 0; k < kGaussCameraGradSize; ++k) v[k] = 0.0;
-  for (int64_t b = 0; b < blocks; ++b)
-    for (int k = 0; k < kGaussCameraGradSize; ++k) v[k] += partial[kGaussCameraGradSize * b + k];
+__global__ void __launch_bounds__(kCameraThreads)
+    gauss_camera_finish_kernel(const GaussCudaInputs<T> in, const double* partial, int64_t blocks,
+                               T* v_viewmat, T* v_K, T* v_K_inv) {
+  __shared__ double v[kGaussCameraGradSize];
+  const int k = threadIdx.x;
+  if (k < kGaussCameraGradSize) {
+    double sum = 0.0;
+    for (int64_t b = 0; b < blocks; ++b) sum += partial[kGaussCameraGradSize * b + k];
+    v[k] = sum;
+  }
+  __syncthreads();
+  if (k != 0) return;
   const GaussCamera<T> cam =
       gauss_camera(in.viewmat, in.K, in.K_inv, in.width, in.height, in.antialiased);
   gauss_camera_grad_finish(v, cam, v_viewmat, v_K, v_K_inv);
@@ -302,7 +313,7 @@ cudaError_t launch_gauss_project_backward(const GaussCudaInputs<T>& in, const Ga
     if (e != cudaSuccess) return e;
   }
   gauss_camera_finish_kernel<T>
-      <<<1, 1, 0, stream>>>(in, g.partial, blocks, g.v_viewmat, g.v_K, g.v_K_inv);
+      <<<1, kCameraThreads, 0, stream>>>(in, g.partial, blocks, g.v_viewmat, g.v_K, g.v_K_inv);
   return cudaGetLastError();
 }
 
