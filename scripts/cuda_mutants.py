@@ -9,7 +9,8 @@ headers surfel_batch.cuh, gaussian_batch.cuh) gets exactly one edit (the script 
 match exactly once, so a kernel change cannot silently turn a mutant into the
 original), and the emulation tests (``tests/test_cuda_emulation.py`` for
 surfels, ``tests/test_cuda_emulation_3dgs.py`` for 3D Gaussians,
-``tests/test_cuda_emulation_project.py`` for the fused surfel projection) run against that copy
+``tests/test_cuda_emulation_project.py`` and ``tests/test_cuda_emulation_project_3dgs.py`` for
+the fused projections) run against that copy
 (``SPLAT_CUDAEMU_KERNELS``).  A mutant is CAUGHT when the tests fail, by a
 mismatch against the CPU backend or by a cudaemu abort naming the .cu line.
 Out-of-bounds reads whose value is never used change no output; those
@@ -48,6 +49,7 @@ KERNELS = _KERNEL_ROOT / "cuda"
 # The projection's tests first: quick, so that its mutants fail fast under -x.
 TEST_FILES = (
     "tests/test_cuda_emulation_project.py",
+    "tests/test_cuda_emulation_project_3dgs.py",
     "tests/test_cuda_emulation.py",
     "tests/test_cuda_emulation_3dgs.py",
 )
@@ -186,6 +188,25 @@ MUTANTS = {
         "if (i > args.n) return;\n  ProjectInputs<T> in = args;\n  T campos[3];\n  "
         "load_camera(in, viewmat, K, campos);\n  const int64_t bad",
         "asan",
+    ),
+    # The fused projection of 3D Gaussians (project.cu).
+    "gauss_proj_ids_rank_off_by_one": (
+        "project.cu",
+        "off-by-one in a compaction (inclusive scan used as exclusive)",
+        "ids[rank[i] - 1] = i;",
+        "ids[rank[i]] = i;",
+    ),
+    "gauss_proj_count_stored_not_added": (
+        "project.cu",
+        "a plain store where an atomic add is needed",
+        "if (!ok) atomicAdd(bad, 1ull);",
+        "if (!ok) *bad = 1ull;",
+    ),
+    "gauss_proj_camera_sum_skips_last": (
+        "project.cu",
+        "off-by-one in a reduction (each block's last share dropped)",
+        "for (int64_t j = first; j < end; ++j) sum +=",
+        "for (int64_t j = first; j < end - 1; ++j) sum +=",
     ),
 }
 

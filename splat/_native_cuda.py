@@ -5,7 +5,8 @@ needs only the driver that torch's CUDA needs anyway.
 
 ``cuda_kernels()`` returns the CUDA operations (forward_cuda, backward_cuda,
 forward_gaussians_cuda, backward_gaussians_cuda, project_forward_cuda,
-project_backward_cuda, with the arguments and results of the torch
+project_backward_cuda, project_gaussians_forward_cuda,
+project_gaussians_backward_cuda, with the arguments and results of the torch
 extension's) or None.  It looks for them only when
 torch is a CUDA build and a GPU is present: a CPU-only torch never opens the
 library.  Before the first call on a device, the GPU's compute capability is
@@ -31,7 +32,7 @@ from pathlib import Path
 import torch
 
 _HERE = Path(__file__).resolve().parent
-_API_VERSION = 2
+_API_VERSION = 3
 _ERR_LEN = 512
 
 
@@ -69,6 +70,10 @@ _SIGNATURES = {
     # inputs, sh_degree, width, height, near, far, then limit_finite, limit_drawn (forward) or grads
     "splat_project_forward_cuda": [_ARGS, ctypes.c_int64, *_FORWARD[1:5], *[ctypes.c_double] * 2, ctypes.c_void_p],
     "splat_project_backward_cuda": [_ARGS, ctypes.c_int64, *_FORWARD[1:5], _ARGS, ctypes.c_void_p],
+    # inputs, width, height, near, far, antialiased (forward) / inputs, width, height, antialiased, grads,
+    # with_camera
+    "splat_project_gaussians_forward_cuda": [*_FORWARD[:5], ctypes.c_int64, ctypes.c_void_p],
+    "splat_project_gaussians_backward_cuda": [*_FORWARD[:3], ctypes.c_int64, _ARGS, ctypes.c_int64, ctypes.c_void_p],
 }
 _local = threading.local()
 
@@ -222,7 +227,7 @@ class CudaKernels:
             raise RuntimeError(reason)
         self._checked.add(index)
 
-    def _call(self, name, first, inputs, input_names, *rest, state=None, up=None, grads=None):
+    def _call(self, name, first, inputs, input_names, *rest, state=None, up=None, grads=None, grad_names=None, tail=()):
         device = first.device if isinstance(first, torch.Tensor) else torch.device("cpu")
         if device.type == "cuda":
             self.check_device(device)
@@ -233,7 +238,8 @@ class CudaKernels:
         if state is not None:
             args += [_describe(state, _STATE_NAMES), _describe(up, _UP_NAMES)]
         if grads is not None:
-            args.append(_describe(grads, _PROJECT_GRAD_NAMES))
+            args.append(_describe(grads, grad_names or _PROJECT_GRAD_NAMES))
+        args += tail
         call, err = _Call(device), ctypes.create_string_buffer(_ERR_LEN)
         previous, _local.call = getattr(_local, "call", None), call
         try:
@@ -294,13 +300,44 @@ class CudaKernels:
             grads=grads,
         )  # fmt: skip
 
+    # -- the fused projection of 3D Gaussians ------------------------------------------
+    def project_gaussians_forward_cuda(self, means, quats, scales, opacities, viewmat, K, K_inv, *rest):
+        """Culls and projects: returns [ids, params, centre, depth, pixel_rect,
+        radii, non-finite row count (int64 [], on the device)], as
+        project_gaussians_forward_cpu."""
+        width, height, near, far, antialiased = rest
+        inputs = (means, quats, scales, opacities, *_camera(viewmat, K, K_inv))
+        return self._call(
+            "splat_project_gaussians_forward_cuda", means, inputs, _GAUSS_PROJECT_NAMES[:4] + _GAUSS_CAMERA_NAMES,
+            width, height, near, far, int(bool(antialiased)),
+        )  # fmt: skip
 
+    def project_gaussians_backward_cuda(self, means, quats, scales, opacities, ids, viewmat, K, K_inv, *rest):
+        """Returns [v_means, v_quats, v_scales, v_opacities, v_means2d] and,
+        with_camera, [v_viewmat, v_K, v_K_inv], as project_gaussians_backward_cpu;
+        v_centre may be None."""
+        width, height, antialiased, v_params, v_centre, with_camera = rest
+        inputs = (means, quats, scales, opacities, ids, *_camera(viewmat, K, K_inv))
+        return self._call(
+            "splat_project_gaussians_backward_cuda", means, inputs, _GAUSS_PROJECT_NAMES + _GAUSS_CAMERA_NAMES,
+            width, height, int(bool(antialiased)), grads=_contiguous((v_params, v_centre)),
+            grad_names=("v_params", "v_centre"), tail=(int(bool(with_camera)),),
+        )  # fmt: skip
+
+
+_GAUSS_PROJECT_NAMES = ("means", "quats", "scales", "opacities", "ids")
+_GAUSS_CAMERA_NAMES = ("viewmat", "K", "K_inv")
 _PROJECT_NAMES = ("means", "quats", "scales", "opacities", "coeffs", "viewmat", "K")
 _PROJECT_GRAD_NAMES = ("v_Tuvw", "v_center", "v_normal", "v_color")
 _SURFEL_NAMES = ("Tuvw", "center", "normal", "color", "opacity", "depth", "pixel_rect")
 _GAUSSIAN_NAMES = ("params", "color", "depth", "pixel_rect")
 _STATE_NAMES = ("tile_offsets", "point_list", "end", "median_index", "transmittance", "totals")
 _UP_NAMES = ("v_color_sum", "v_transmittance", "v_depth_sum", "v_normal_sum", "v_distortion", "v_median_depth")
+
+
+def _camera(*tensors):
+    # contiguous as the CPU op takes them (torch.linalg.inv returns K^-1 column-major)
+    return [t.detach().contiguous() if isinstance(t, torch.Tensor) else t for t in tensors]
 
 
 def _contiguous(tensors):

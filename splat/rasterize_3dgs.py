@@ -17,10 +17,10 @@ Projection (EWA, the antialiasing compensation, and the per-Gaussian terms
 of the peak depth and normal) is differentiated with respect to means, quats,
 scales, opacities, viewmat and K.  On the CPU backend it is one fused C++ op
 with an exact backward (kernels/project_gaussians.h,
-cpu/project_gaussians_cpu.cpp), as the surfels' projection is; elsewhere,
-and as its reference, plain PyTorch (:func:`gaussian_kernel_inputs` with
-``fused=False``).  The compiled raster kernel does the per-pixel work and its
-exact backward.
+cpu/project_gaussians_cpu.cpp), as the surfels' projection is, and so on the
+CUDA backend (the same maths, one thread per Gaussian, cuda/project.cu);
+elsewhere, and as its reference, plain PyTorch (:func:`gaussian_kernel_inputs` with ``fused=False``).  The compiled
+raster kernel does the per-pixel work and its exact backward.
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def rasterize_3dgs_and_inputs(
     radii = torch.zeros(n, dtype=torch.int32, device=device)
     # The fused projection takes means2d (its value is not read) and returns
     # its gradient itself; the PyTorch one gets it from _shift_footprints below.
-    fused = backend == "cpu"
+    fused = backend in ("cpu", "cuda")
     means2d.requires_grad_(grad_enabled)
     with torch.set_grad_enabled(torch.is_grad_enabled() and backend != "torch"):  # the reference projects itself
         kin = gaussian_kernel_inputs(
@@ -258,7 +258,9 @@ def gaussian_kernel_inputs(
     Gaussians that are not culled.
 
     ``fused``: computed by the C++ op (CPU tensors; the same maths, values
-    equal up to float rounding, tests/test_project_gaussians.py) instead of
+    equal up to float rounding, tests/test_project_gaussians.py), or its CUDA
+    twin on CUDA tensors (bitwise the CPU's under emulation:
+    tests/test_cuda_emulation_project_3dgs.py), instead of
     the PyTorch expressions below, which stay the reference.  ``means2d``
     [N, 2] (fused only; value not read): params' centre moves with it, so
     that its gradient is dL/d(translating the footprint by one pixel).
@@ -270,8 +272,8 @@ def gaussian_kernel_inputs(
     Culled Gaussians are left out *before* the projection divides by their
     depth, so they receive exactly zero gradient, never 0 * inf.
     """
-    if fused:  # culls as below, in C++
-        return _project_gaussians_cpu(
+    if fused:  # culls as below, in C++ or CUDA
+        return _project_gaussians_fused(
             means, quats, scales, opacities, means2d, viewmat, K, width, height, near, far, antialiased
         )
     depth_all = means.detach() @ viewmat.detach()[2, :3] + viewmat.detach()[2, 3]
@@ -318,8 +320,10 @@ def _raise_not_finite(params, ids, dtype):
     )
 
 
-def _project_gaussians_cpu(means, quats, scales, opacities, means2d, viewmat, K, width, height, near, far, antialiased):
-    """gaussian_kernel_inputs' culling and projection as one C++ op
+def _project_gaussians_fused(
+    means, quats, scales, opacities, means2d, viewmat, K, width, height, near, far, antialiased
+):
+    """gaussian_kernel_inputs' culling and projection as one C++ or CUDA op
     (_ProjectGaussians).  K^-1 is torch's, so that its gradient (through
     torch.linalg.inv) is the reference's; the op returns dL/dK^-1 and the rest
     of dL/dK itself."""
@@ -327,13 +331,14 @@ def _project_gaussians_cpu(means, quats, scales, opacities, means2d, viewmat, K,
     ids, params, centre, depth, rect, radii, bad = _ProjectGaussians.apply(
         means, quats, scales, opacities, means2d, viewmat, K, K_inv, width, height, near, far, antialiased
     )
-    if int(bad):
+    if int(bad):  # on CUDA a wait for the projection kernel (the cull has synced once already)
         _raise_not_finite(params, ids, means.dtype)
     return {"ids": ids, "params": params, "centre": centre, "depth": depth, "pixel_rect": rect, "radii": radii}
 
 
 class _ProjectGaussians(torch.autograd.Function):
-    """splat's project_gaussians_forward_cpu / _backward_cpu: returns (ids [M],
+    """splat's project_gaussians_forward_cpu / _backward_cpu, or their *_cuda
+    twins on CUDA tensors: returns (ids [M],
     params [M, 27], centre [M, 2], depth [M], pixel_rect, radii, non-finite
     row count) for the Gaussians kept (``ids``); gradients flow from params and centre to means,
     quats, scales, opacities, viewmat, K and K^-1, and from params' centre to
@@ -346,7 +351,8 @@ class _ProjectGaussians(torch.autograd.Function):
         ext = _backend.load_extension()  # not this module's name, which tests swap for the raster kernels
         args = [t.contiguous() for t in (means, quats, scales, opacities)]
         cam = [t.detach().contiguous() for t in (viewmat, K, K_inv)]
-        outs = ext.project_gaussians_forward_cpu(*args, *cam, width, height, near, far, antialiased)
+        project = ext.project_gaussians_forward_cuda if means.is_cuda else ext.project_gaussians_forward_cpu
+        outs = project(*args, *cam, width, height, near, far, antialiased)
         ctx.save_for_backward(*args, outs[0], *cam)
         ctx.image = (width, height, antialiased)
         ctx.set_materialize_grads(False)
@@ -362,7 +368,8 @@ class _ProjectGaussians(torch.autograd.Function):
         if v_params is None:
             v_params = v_centre.new_zeros(ids.shape[0], ext.gauss_params_size)
         with_camera = any(ctx.needs_input_grad[5:8])
-        grads = ext.project_gaussians_backward_cpu(
+        project = ext.project_gaussians_backward_cuda if means.is_cuda else ext.project_gaussians_backward_cpu
+        grads = project(
             means, quats, scales, opacities, ids, viewmat, K, K_inv, *ctx.image,
             _rows(v_params), None if v_centre is None else _rows(v_centre), with_camera,
         )  # fmt: skip

@@ -191,11 +191,16 @@ def test_cuda_projection_kernels_match_cpu(dtype, deg):
         ),
     ]
     for names, cpu, gpu in pairs:
-        for name, a, b in zip(names, cpu, gpu):
-            assert b.is_cuda and a.shape == b.shape and a.dtype == b.dtype, name
-            b = b.cpu()
-            diff = float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
-            assert torch.equal(a, b), f"{name}: largest difference {diff:.3g}"
+        _assert_bitwise_on_gpu(names, cpu, gpu)
+
+
+def _assert_bitwise_on_gpu(names, cpu, gpu):
+    """Each of `gpu` on the GPU, and bitwise the corresponding `cpu` tensor."""
+    for name, a, b in zip(names, cpu, gpu):
+        assert b.is_cuda and a.shape == b.shape and a.dtype == b.dtype, name
+        b = b.cpu()
+        diff = float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+        assert torch.equal(a, b), f"{name}: largest difference {diff:.3g}"
 
 
 @needs_gpu
@@ -205,30 +210,109 @@ def test_rasterize_on_cuda_takes_the_fused_projection_unless_the_camera_needs_gr
     exactly when viewmat and K need no gradient (as the CPU backend), and
     either way matches the CPU backend (SH colours of degree 3)."""
     from splat import rasterize
+
+    scene = surface_scene(4000, 96, 64, dtype=torch.float64, seed=3)
+    leaves = {k: scene[k] for k in ("means", "quats", "scales", "opacities")}
+    n = scene["means"].shape[0]
+    leaves["colors"] = 0.3 * torch.randn(n, 16, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    _check_fused_projection_choice(
+        monkeypatch,
+        "project_forward_cuda",
+        camera_grad,
+        scene,
+        leaves,
+        lambda *a: rasterize(*a, scene["width"], scene["height"], sh_degree=3),
+    )
+
+
+def _check_fused_projection_choice(monkeypatch, op_name, camera_grad, scene, leaves, render, fused=None):
+    """render(*leaves, viewmat, K) on the CPU and on CUDA, the camera with a
+    gradient or not: the CUDA op `op_name` (the fused projection) must run
+    once if `fused` (default: exactly when the camera has no gradient), and
+    the GPU's render and gradients must match the CPU's up to flips."""
     from splat._backend import load_extension
 
     ext = load_extension()
     calls = []
-    original = ext.project_forward_cuda
-    monkeypatch.setattr(ext, "project_forward_cuda", lambda *a: (calls.append(1), original(*a))[1], raising=False)
-    scene = surface_scene(4000, 96, 64, dtype=torch.float64, seed=3)
-    n = scene["means"].shape[0]
-    sh = 0.3 * torch.randn(n, 16, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    names = ("means", "quats", "scales", "opacities", "colors")
+    original = getattr(ext, op_name)
+    monkeypatch.setattr(ext, op_name, lambda *a: (calls.append(1), original(*a))[1], raising=False)
+    names = tuple(leaves)
 
     def run(device):
-        p = {k: scene[k].detach().to(device).requires_grad_(True) for k in names[:4]}
-        p["colors"] = sh.to(device).requires_grad_(True)
+        p = {k: leaves[k].detach().to(device).requires_grad_(True) for k in names}
         cam = [scene[k].detach().to(device).requires_grad_(camera_grad) for k in ("viewmat", "K")]
-        out = rasterize(*(p[k] for k in names), *cam, scene["width"], scene["height"], sh_degree=3)
+        out = render(*(p[k] for k in names), *cam)
         loss = (out.rgb * torch.linspace(-1, 1, 3, dtype=torch.float64, device=device)).sum() + out.depth.sum()
         return out, dict(zip(names, torch.autograd.grad(loss, [p[k] for k in names])))
 
     cpu_out, cpu_grads = run("cpu")
     gpu_out, gpu_grads = run("cuda")
-    assert len(calls) == (0 if camera_grad else 1)
+    assert len(calls) == (int(not camera_grad) if fused is None else int(fused))
     for k in ("rgb", "alpha", "depth", "normal"):
         assert_close_but_flips(getattr(gpu_out, k), getattr(cpu_out, k), 1e-9, FLIP_PIXELS, k)
     assert torch.equal(gpu_out.radii.cpu(), cpu_out.radii)
     for k in names:
         assert_close_but_flips(gpu_grads[k], cpu_grads[k], 1e-9, FLIP_SURFELS, f"d/d{k}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("antialiased", [False, True], ids=["classic", "antialiased"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_cuda_gaussian_projection_kernels_match_cpu(dtype, antialiased):
+    """The fused projection of 3D Gaussians on CUDA (cuda/project.cu) against
+    the CPU op, forward (the cull's ids included) and backward, BITWISE: both
+    run kernels/project_gaussians.h with IEEE +, -, *, /, sqrt and no FMA,
+    per Gaussian, and the camera's gradient summed in float64 over the same
+    blocks in the same order.  The one library function, the
+    float64 log of the opacity cutoff, feeds only the integer pixel
+    rectangles and radii, which must be equal too."""
+    from test_cuda_emulation_project_3dgs import (
+        BACKWARD_NAMES,
+        CAMERA_NAMES,
+        FORWARD_NAMES,
+        backward_args,
+        forward_args,
+        scene,
+        upstream,
+    )
+
+    from splat._backend import load_extension
+
+    ext = load_extension()
+    s = scene(3001, dtype)
+    gpu = {k: (v.cuda() if torch.is_tensor(v) else v) for k, v in s.items()}
+    cpu_fwd = ext.project_gaussians_forward_cpu(*forward_args(s, antialiased))
+    gpu_fwd = ext.project_gaussians_forward_cuda(*forward_args(gpu, antialiased))
+    ids = cpu_fwd[0]
+    v_params, v_centre = upstream(ids.shape[0], dtype)
+    cpu_bwd = ext.project_gaussians_backward_cpu(*backward_args(s, ids, antialiased, v_params, v_centre, True))
+    gpu_bwd = ext.project_gaussians_backward_cuda(
+        *backward_args(gpu, gpu_fwd[0], antialiased, v_params.cuda(), v_centre.cuda(), True)
+    )
+    _assert_bitwise_on_gpu(FORWARD_NAMES, cpu_fwd, gpu_fwd)
+    _assert_bitwise_on_gpu(BACKWARD_NAMES + CAMERA_NAMES, cpu_bwd, gpu_bwd)
+
+
+@needs_gpu
+@pytest.mark.parametrize("camera_grad", [False, True], ids=["", "camera-grad"])
+def test_rasterize_3dgs_on_cuda_takes_the_fused_projection(camera_grad, monkeypatch):
+    """splat.rasterize_3dgs(backend="auto") on CUDA tensors runs
+    project_gaussians_forward_cuda whether or not viewmat and K need a
+    gradient (as on the CPU), and matches the CPU backend (some Gaussians
+    culled)."""
+    from test_cuda_emulation_project_3dgs import scene
+
+    from splat import rasterize_3dgs
+
+    s = scene(2000, torch.float64, width=96, height=64)
+    leaves = {k: s[k] for k in ("means", "quats", "scales", "opacities")}
+    leaves["colors"] = torch.rand(2000, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    _check_fused_projection_choice(
+        monkeypatch,
+        "project_gaussians_forward_cuda",
+        camera_grad,
+        s,
+        leaves,
+        lambda *a: rasterize_3dgs(*a, s["width"], s["height"], near=0.2, far=100.0),
+        fused=True,
+    )

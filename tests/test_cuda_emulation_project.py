@@ -133,27 +133,71 @@ def test_over_limit_surfels_are_counted_like_the_cpu(emu, cpu, dtype):  # noqa: 
     assert int(ref[7]) == 3 and out[7].dtype == torch.int64 and out[7].dim() == 0
 
 
-def _swap_projection(monkeypatch, emu):  # noqa: F811 (fixture value)
-    """splat.rasterize's fused projection on CPU tensors runs the emulated CUDA
-    kernels (through _native_cuda.CudaKernels, as on a GPU); the raster kernels
-    stay the CPU's.  Returns the list of calls made."""
+def swap_kernels(monkeypatch, forward_name, forward, backward_name, backward):
+    """The kernels load_extension() returns become the CPU's with
+    forward_name and backward_name replaced (by emulated CUDA kernels: the
+    fused projections' on CPU tensors run as on a GPU, the raster kernels stay
+    the CPU's).  Returns the list of calls made ("fwd", "bwd")."""
     real = load_extension()
     calls = []
+    swapped = {forward_name: ("fwd", forward), backward_name: ("bwd", backward)}
 
     class Kernels:
         def __getattr__(self, name):
-            return getattr(real, name)
-
-        def project_forward_cpu(self, *a):
-            calls.append("fwd")
-            return emu.project_forward(*a)
-
-        def project_backward_cpu(self, *a):
-            calls.append("bwd")
-            return emu.project_backward(*a)
+            if name not in swapped:
+                return getattr(real, name)
+            label, op = swapped[name]
+            return lambda *a: (calls.append(label), op(*a))[1]
 
     monkeypatch.setattr(_backend, "load_extension", Kernels)
     return calls
+
+
+def _swap_projection(monkeypatch, emu):  # noqa: F811 (fixture value)
+    """splat.rasterize's fused projection runs the emulated CUDA kernels."""
+    return swap_kernels(
+        monkeypatch, "project_forward_cpu", emu.project_forward, "project_backward_cpu", emu.project_backward
+    )
+
+
+def random_loss(out, dtype):
+    """A fixed random weighting of every image output (so that every gradient path is taken)."""
+    g = torch.Generator().manual_seed(1)
+    return sum(
+        ((torch.rand(t.shape, generator=g, dtype=torch.float64).to(dtype) - 0.3) * t).sum()
+        for t in (out.rgb, out.alpha, out.depth, out.normal, out.distortion)
+    )
+
+
+def render_with_grads(render, s, colors, dtype, camera_grad=False, **options):
+    """render (splat.rasterize or rasterize_3dgs, backend "cpu") of scene s
+    with fresh leaves (viewmat and K too with camera_grad): returns (output,
+    {input: gradient of random_loss}), means2d's included."""
+    names = ("means", "quats", "scales", "opacities") + (("viewmat", "K") if camera_grad else ())
+    leaves = {k: s[k].detach().clone().requires_grad_(True) for k in names}
+    leaves["colors"] = colors.detach().clone().requires_grad_(True)
+    cam = {k: s[k] for k in ("viewmat", "K", "width", "height") if k not in leaves}
+    out = render(**leaves, **cam, near=NEAR, far=FAR, backend="cpu", **options)
+    out.means2d.retain_grad()
+    random_loss(out, dtype).backward()
+    grads = {k: v.grad for k, v in leaves.items()}
+    grads["means2d"] = out.means2d.grad
+    return out, grads
+
+
+def assert_swap_is_bitwise(run, swap):
+    """run() -> (render, {name: gradient}) once as is and once after swap(),
+    which returns the calls list: the emulated forward and backward must run,
+    and every output and gradient must be bitwise the same (and non-zero)."""
+    ref_out, ref_g = run()
+    calls = swap()
+    emu_out, emu_g = run()
+    assert calls == ["fwd", "bwd"]  # the emulated kernels did run
+    for k in ("rgb", "alpha", "depth", "normal", "distortion", "median_depth", "radii"):
+        assert torch.equal(getattr(emu_out, k), getattr(ref_out, k)), k
+    for k, g in ref_g.items():
+        assert torch.equal(emu_g[k], g), f"d/d{k}"
+        assert float(g.abs().max()) > 0, k
 
 
 @pytest.mark.parametrize("deg", [None, 3], ids=["rgb", "sh3"])
@@ -164,40 +208,9 @@ def test_rasterize_with_emulated_projection_is_bitwise_the_cpu(emu, monkeypatch,
     with the projection's CUDA kernels in place of the CPU op."""
     s = scene(120, dtype, seed=7, width=64, height=48)
 
-    def run():
-        leaves = {k: s[k].detach().clone().requires_grad_(True) for k in ("means", "quats", "scales", "opacities")}
-        leaves["colors"] = (s["sh"][:, :16] if deg is not None else s["colors"]).detach().clone().requires_grad_(True)
-        out = splat.rasterize(
-            **leaves,
-            viewmat=s["viewmat"],
-            K=s["K"],
-            width=s["width"],
-            height=s["height"],
-            near=NEAR,
-            far=FAR,
-            sh_degree=deg,
-            backend="cpu",
-        )
-        out.means2d.retain_grad()
-        g = torch.Generator().manual_seed(1)
-        loss = sum(
-            ((torch.rand(t.shape, generator=g, dtype=torch.float64).to(dtype) - 0.3) * t).sum()
-            for t in (out.rgb, out.alpha, out.depth, out.normal, out.distortion)
-        )
-        loss.backward()
-        grads = {k: v.grad for k, v in leaves.items()}
-        grads["means2d"] = out.means2d.grad
-        return out, grads
-
-    ref_out, ref_g = run()
-    calls = _swap_projection(monkeypatch, emu)
-    emu_out, emu_g = run()
-    assert calls == ["fwd", "bwd"]  # the emulated kernels did run
-    for k in ("rgb", "alpha", "depth", "normal", "distortion", "median_depth", "radii"):
-        assert torch.equal(getattr(emu_out, k), getattr(ref_out, k)), k
-    for k, g in ref_g.items():
-        assert torch.equal(emu_g[k], g), f"d/d{k}"
-        assert float(g.abs().max()) > 0, k
+    colors = s["sh"][:, :16] if deg is not None else s["colors"]
+    run = lambda: render_with_grads(splat.rasterize, s, colors, dtype, sh_degree=deg)  # noqa: E731
+    assert_swap_is_bitwise(run, lambda: _swap_projection(monkeypatch, emu))
 
 
 def test_rasterize_raises_the_torch_error_for_over_limit_surfels(emu, monkeypatch):  # noqa: F811 (fixture)

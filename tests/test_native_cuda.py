@@ -286,6 +286,8 @@ def test_the_real_library_links_no_torch_python_or_cuda_runtime(real_library):
         "splat_backward_gaussians_cuda",
         "splat_project_forward_cuda",
         "splat_project_backward_cuda",
+        "splat_project_gaussians_forward_cuda",
+        "splat_project_gaussians_backward_cuda",
     }
 
 
@@ -301,3 +303,5 @@ def test_the_real_library_records_its_archs_and_validates_without_a_gpu(real_lib
     means = torch.zeros(4, 3)
     with pytest.raises(RuntimeError, match=r"^means must be a CUDA tensor for the CUDA backend, got one on cpu$"):
         k.project_forward_cuda(means, means, means, means, means, 0, means, means, 16, 16, 0.2, 100.0, 1.0, 1.0)
+    with pytest.raises(RuntimeError, match=r"^means must be a CUDA tensor for the CUDA backend, got one on cpu$"):
+        k.project_gaussians_forward_cuda(means, means, means, means[:, 0], means, means, means, 16, 16, 0.2, 100.0, 0)

@@ -528,6 +528,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("project_forward_cuda", &splat::project_forward_cuda,
         "fused per-surfel projection on the GPU");
   m.def("project_backward_cuda", &splat::project_backward_cuda, "its exact backward");
+  m.def("project_gaussians_forward_cuda", &splat::project_gaussians_forward_cuda,
+        "fused culling and projection of 3D Gaussians on the GPU");
+  m.def("project_gaussians_backward_cuda", &splat::project_gaussians_backward_cuda,
+        "its exact backward");
   m.attr("with_cuda") = true;
 #else
   m.attr("with_cuda") = false;

@@ -176,4 +176,29 @@ SPLAT_API int splat_project_backward_cuda(const SplatTensorArg* inputs, int64_t 
   });
 }
 
+SPLAT_API int splat_project_gaussians_forward_cuda(const SplatTensorArg* inputs, int64_t width,
+                                                   int64_t height, double near_plane,
+                                                   double far_plane, int64_t antialiased,
+                                                   void* stream, SplatAllocFn alloc,
+                                                   void* alloc_ctx, char* err, size_t err_len) {
+  return guarded(err, err_len, [&] {
+    hs::project_gaussians_forward<SplatDevice>(inputs, width, height, near_plane, far_plane,
+                                               antialiased, static_cast<cudaStream_t>(stream),
+                                               allocator(alloc, alloc_ctx));
+  });
+}
+
+SPLAT_API int splat_project_gaussians_backward_cuda(const SplatTensorArg* inputs, int64_t width,
+                                                    int64_t height, int64_t antialiased,
+                                                    const SplatTensorArg* grads,
+                                                    int64_t with_camera, void* stream,
+                                                    SplatAllocFn alloc, void* alloc_ctx, char* err,
+                                                    size_t err_len) {
+  return guarded(err, err_len, [&] {
+    hs::project_gaussians_backward<SplatDevice>(inputs, width, height, antialiased, grads,
+                                                with_camera, static_cast<cudaStream_t>(stream),
+                                                allocator(alloc, alloc_ctx));
+  });
+}
+
 }  // extern "C"

@@ -15,8 +15,9 @@
 // through torch.linalg.inv, stays in Python).
 #pragma once
 
+#include <cfloat>
+#include <cmath>
 #include <cstring>
-#include <limits>
 #include <type_traits>
 
 #include "core.h"
@@ -57,7 +58,18 @@ SPLAT_HD T power_of_two_near(T x) {
 // from vectorising the loops around it).
 template <typename T>
 SPLAT_HD int32_t finite_flag(T x) {
-  return int32_t(std::abs(x) <= std::numeric_limits<T>::max());
+  // FLT_MAX / DBL_MAX, exact in T (numeric_limits is host-only for nvcc)
+  return int32_t(std::abs(x) <= T(sizeof(T) == 4 ? double(FLT_MAX) : DBL_MAX));
+}
+
+// std::max / std::min exactly (NaN handling included), callable on the device.
+template <typename V>
+SPLAT_HD V gauss_max(V a, V b) {
+  return a < b ? b : a;
+}
+template <typename V>
+SPLAT_HD V gauss_min(V a, V b) {
+  return b < a ? b : a;
 }
 
 // The camera of one projection, per call.
@@ -124,8 +136,8 @@ SPLAT_HD void gauss_project_forward(const GaussCamera<T>& cam, const T* m, const
                                     T o, GaussProjected<T>& p, T* params) {
   // quat_to_rotmat (geometry.py): rows whose |q| is not a normal number are
   // first divided by their largest component (held constant), then q / |q|.
-  const T amax =
-      std::max(std::max(std::abs(q[0]), std::abs(q[1])), std::max(std::abs(q[2]), std::abs(q[3])));
+  const T amax = gauss_max(gauss_max(std::abs(q[0]), std::abs(q[1])),
+                           gauss_max(std::abs(q[2]), std::abs(q[3])));
   const T norm0 = std::sqrt(q[0] * q[0] + q[1] * q[1] + q[2] * q[2] + q[3] * q[3]);
   // int32_t flags, not bool: a 1-byte type would set the vector width of the
   // loops around this to 16 or 32 lanes
@@ -158,7 +170,7 @@ SPLAT_HD void gauss_project_forward(const GaussCamera<T>& cam, const T* m, const
   }
   // Sigma_c, and the precision normalised to largest eigenvalue 1 (the factor
   // s_min^2 is held constant: the exact gradient through it is zero).
-  const T s_min = std::min(std::min(s[0], s[1]), s[2]);
+  const T s_min = gauss_min(gauss_min(s[0], s[1]), s[2]);
   SPLAT_UNROLL
   for (int k = 0; k < 3; ++k) {
     p.s2[k] = s[k] * s[k];
@@ -179,7 +191,7 @@ SPLAT_HD void gauss_project_forward(const GaussCamera<T>& cam, const T* m, const
   SPLAT_UNROLL
   for (int a = 0; a < 2; ++a) {
     p.uv[a] = p.mu[a] / zc;
-    p.tuv[a] = zc * std::min(std::max(p.uv[a], cam.lo[a]), cam.hi[a]);
+    p.tuv[a] = zc * gauss_min(gauss_max(p.uv[a], cam.lo[a]), cam.hi[a]);
     p.J0[a] = f[a] / zc;
     p.J2[a] = -f[a] * p.tuv[a] / (zc * zc);
   }
@@ -196,8 +208,8 @@ SPLAT_HD void gauss_project_forward(const GaussCamera<T>& cam, const T* m, const
   SPLAT_UNROLL
   for (int a = 0; a < 2; ++a) SPLAT_UNROLL
   for (int b = 0; b < 2; ++b) S[a][b] = a == b ? p.C2[a][b] + T(kEwaDilation) : p.C2[a][b];
-  const T smax = std::max(std::max(std::abs(S[0][0]), std::abs(S[0][1])),
-                          std::max(std::abs(S[1][0]), std::abs(S[1][1])));
+  const T smax = gauss_max(gauss_max(std::abs(S[0][0]), std::abs(S[0][1])),
+                           gauss_max(std::abs(S[1][0]), std::abs(S[1][1])));
   p.sc = power_of_two_near(smax);
   SPLAT_UNROLL
   for (int a = 0; a < 2; ++a) SPLAT_UNROLL
@@ -207,7 +219,7 @@ SPLAT_HD void gauss_project_forward(const GaussCamera<T>& cam, const T* m, const
   }
   p.det = p.Sn[0][0] * p.Sn[1][1] - p.Sn[0][1] * p.Sn[1][0];
   p.det_orig = p.cn[0][0] * p.cn[1][1] - p.cn[0][1] * p.cn[1][0];
-  p.factor = cam.antialiased ? std::sqrt(std::max(p.det_orig / p.det, T(0))) : T(1);
+  p.factor = cam.antialiased ? std::sqrt(gauss_max(p.det_orig / p.det, T(0))) : T(1);
   const T c[2] = {cam.cx, cam.cy};
   SPLAT_UNROLL
   for (int a = 0; a < 2; ++a) p.centre[a] = f[a] * p.mu[a] / zc + c[a];
@@ -394,7 +406,7 @@ SPLAT_HD void gauss_project_backward(const GaussCamera<T>& cam, const T* m, cons
     dz -= T(2) * zc * (dJ2[a] * nn / (zz * zz));
     df[a] -= dnn * p.tuv[a];
     const T dt = -dnn * f[a];
-    const T u = p.uv[a], uc = std::min(std::max(u, cam.lo[a]), cam.hi[a]);
+    const T u = p.uv[a], uc = gauss_min(gauss_max(u, cam.lo[a]), cam.hi[a]);
     dz += dt * uc;
     const T duc = dt * zc;
     const T du = (int32_t(u >= cam.lo[a]) & int32_t(u <= cam.hi[a])) ? duc : T(0);
@@ -435,7 +447,7 @@ SPLAT_HD void gauss_project_backward(const GaussCamera<T>& cam, const T* m, cons
     }
     dRc[r][k] = a * p.s2[k] + b * p.pw[k];
   }
-  const T s_min = std::min(std::min(s[0], s[1]), s[2]);
+  const T s_min = gauss_min(gauss_min(s[0], s[1]), s[2]);
   SPLAT_UNROLL
   for (int k = 0; k < 3; ++k) {
     // s2 = s s; pw = (s_min / s)^2 with s_min constant
@@ -478,6 +490,138 @@ SPLAT_HD void gauss_project_backward(const GaussCamera<T>& cam, const T* m, cons
   vc.fy = df[1];
   vc.cx = dcc[0];
   vc.cy = dcc[1];
+}
+
+// The camera's gradient as a flat array: W (9), t (3), fx, fy, cx, cy, lo (2),
+// hi (2), K^-1 (9).  Summed over the Gaussians in float64, per fixed block of
+// kGaussCameraBlock Gaussians in order, then over the blocks in order (the CPU's
+// blocks, cpu/project_gaussians_cpu.cpp; CUDA sums the same blocks the same way).
+constexpr int kGaussCameraGradSize = 29;
+constexpr int kGaussCameraBlock = 64;
+
+template <typename T>
+SPLAT_HD void gauss_camera_grad_flat(const GaussCameraGrad<T>& vc, T flat[kGaussCameraGradSize]) {
+  SPLAT_UNROLL
+  for (int r = 0; r < 3; ++r) {
+    SPLAT_UNROLL
+    for (int c = 0; c < 3; ++c) {
+      flat[3 * r + c] = vc.W[r][c];
+      flat[20 + 3 * r + c] = vc.Kinv[r][c];
+    }
+    flat[9 + r] = vc.t[r];
+  }
+  flat[12] = vc.fx;
+  flat[13] = vc.fy;
+  flat[14] = vc.cx;
+  flat[15] = vc.cy;
+  flat[16] = vc.lo[0];
+  flat[17] = vc.lo[1];
+  flat[18] = vc.hi[0];
+  flat[19] = vc.hi[1];
+}
+
+// The summed flat gradient v to viewmat [4, 4], K and K^-1 [3, 3] (row major).
+template <typename T>
+SPLAT_HD void gauss_camera_grad_finish(const double v[kGaussCameraGradSize],
+                                       const GaussCamera<T>& cam, T* v_viewmat, T* v_K,
+                                       T* v_K_inv) {
+  // viewmat = [W | t; 0 0 0 1]
+  for (int k = 0; k < 16; ++k) v_viewmat[k] = T(0);
+  for (int r = 0; r < 3; ++r) {
+    for (int c = 0; c < 3; ++c) v_viewmat[4 * r + c] = T(v[3 * r + c]);
+    v_viewmat[4 * r + 3] = T(v[9 + r]);
+  }
+  // The frustum limits (gauss_camera_limits) back to f and c, in float64:
+  // lo = -(c / f + 0.3 tan), hi = (size - c) / f + 0.3 tan, tan = 0.5 size / f.
+  double df[2] = {v[12], v[13]}, dc[2] = {v[14], v[15]};
+  const double f[2] = {double(cam.fx), double(cam.fy)}, c[2] = {double(cam.cx), double(cam.cy)};
+  const double size[2] = {double(cam.width), double(cam.height)};
+  for (int a = 0; a < 2; ++a) {
+    const double dlo = v[16 + a], dhi = v[18 + a];
+    const double da = -dlo;  // lo = -a, a = c / f + 0.3 tan
+    dc[a] += da / f[a] - dhi / f[a];
+    df[a] += -da * c[a] / (f[a] * f[a]) - dhi * (size[a] - c[a]) / (f[a] * f[a]);
+    const double dtan = 0.3 * da + 0.3 * dhi;
+    df[a] += -dtan * (0.5 * size[a]) / (f[a] * f[a]);
+  }
+  for (int k = 0; k < 9; ++k) {
+    v_K[k] = T(0);
+    v_K_inv[k] = T(v[20 + k]);
+  }
+  v_K[0] = T(df[0]);
+  v_K[4] = T(df[1]);
+  v_K[2] = T(dc[0]);
+  v_K[5] = T(dc[1]);
+}
+
+// ---- per call and per Gaussian, outside the vector loops ----------------------------
+// (shared with cuda/project.cu, whose threads each run them for one Gaussian)
+
+// The camera of a call: viewmat [4, 4] row major, K and K^-1 [3, 3].
+template <typename T>
+SPLAT_HD GaussCamera<T> gauss_camera(const T* viewmat, const T* K, const T* K_inv, int width,
+                                     int height, int antialiased) {
+  GaussCamera<T> cam{};
+  for (int r = 0; r < 3; ++r) {
+    for (int c = 0; c < 3; ++c) {
+      cam.W[r][c] = viewmat[4 * r + c];
+      cam.Kinv[r][c] = K_inv[3 * r + c];
+    }
+    cam.t[r] = viewmat[4 * r + 3];
+  }
+  cam.fx = K[0];
+  cam.fy = K[4];
+  cam.cx = K[2];
+  cam.cy = K[5];
+  cam.width = width;
+  cam.height = height;
+  cam.antialiased = antialiased;
+  gauss_camera_limits(cam);
+  return cam;
+}
+
+// Whether gaussian_kernel_inputs keeps a Gaussian (mean m, opacity o): camera
+// depth of the mean (W_z . m + t_z, in the dtype, summed in the order of
+// torch's means @ viewmat[2, :3] + viewmat[2, 3]) strictly inside (near, far)
+// and opacity >= kAlphaMin, both compared in float64.
+template <typename T>
+SPLAT_HD bool gauss_kept(const T* m, T o, const T* viewmat, double near, double far) {
+  const T* V = viewmat;
+  const double z = double((m[0] * V[8] + m[1] * V[9] + m[2] * V[10]) + V[11]);
+  return z > near && z < far && double(o) >= kAlphaMin;
+}
+
+// rasterize_3dgs.py _screen_bounds for one Gaussian, in float64: alpha >=
+// 1/255 needs delta^T C delta <= k^2 = 2 ln(255 o), an ellipse whose extent
+// along x is k sqrt(S_xx) (S = C^-1), with a one-pixel margin.  (c0, c1, c2):
+// the conic, (mx, my) the centre, o the row's opacity.
+SPLAT_HD void gauss_screen_bounds(double c0, double c1, double c2, double mx, double my, double o,
+                                  int width, int height, int32_t rect[4], int32_t& radius) {
+  const double k2 = 2.0 * std::log(gauss_max(o * 255.0, 1e-30));
+  const double det = c0 * c2 - c1 * c1;
+  bool visible = o >= kAlphaMin && k2 > 1e-12 && det > 0;
+  const double safe_det = visible ? det : 1.0;
+  const double kk = gauss_max(k2, 0.0);
+  const double half[2] = {std::sqrt(kk * c2 / safe_det), std::sqrt(kk * c0 / safe_det)};
+  // a NaN extent (a conic that is not positive definite) draws nothing
+  visible = visible && half[0] == half[0] && half[1] == half[1];
+  const double mid[2] = {mx, my};
+  const int screen[2] = {width, height};
+  const double side = double(gauss_max(width, height));
+  int64_t first[2] = {0, 0}, last[2] = {0, 0};
+  for (int a = 0; a < 2 && visible; ++a) {
+    const double f = gauss_min(gauss_max(std::ceil(mid[a] - half[a] - 0.5 - 1.0), -1.0), side + 1);
+    const double l = gauss_min(gauss_max(std::floor(mid[a] + half[a] - 0.5 + 1.0), -1.0), side + 1);
+    first[a] = gauss_min<int64_t>(gauss_max<int64_t>(int64_t(f), 0), screen[a]);
+    last[a] = gauss_min<int64_t>(gauss_max<int64_t>(int64_t(l) + 1, 0), screen[a]);
+    visible = last[a] > first[a];
+  }
+  rect[0] = visible ? int32_t(first[0]) : 0;
+  rect[1] = visible ? int32_t(first[1]) : 0;
+  rect[2] = visible ? int32_t(last[0]) : 0;
+  rect[3] = visible ? int32_t(last[1]) : 0;
+  const double r = visible ? std::ceil(gauss_max(half[0], half[1])) : 0.0;
+  radius = int32_t(gauss_min(r, kRadiusMax));  // conventions.radii_int32
 }
 
 }  // namespace splat

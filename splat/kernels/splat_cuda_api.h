@@ -70,7 +70,7 @@ typedef int (*SplatAllocFn)(void* ctx, int32_t slot, int32_t dtype, int32_t ndim
                             const int64_t* shape, void** data);
 
 /* ABI version: bump on any signature change (Python checks it at load). */
-#define SPLAT_CUDA_API_VERSION 2
+#define SPLAT_CUDA_API_VERSION 3
 SPLAT_API int splat_cuda_api_version(void);
 
 /* The kernels' images, as nvcc names them, space-separated: "sm_75 sm_80 ...
@@ -139,6 +139,34 @@ SPLAT_API int splat_project_backward_cuda(const SplatTensorArg* inputs, int64_t 
                                           double far_plane, const SplatTensorArg* grads,
                                           void* stream, SplatAllocFn alloc, void* alloc_ctx,
                                           char* err, size_t err_len);
+
+/* The fused projection of 3D Gaussians (project_gaussians.h, cuda/project.cu),
+ * with the results of the CPU's (splat_api.h splat_project_gaussians_*_cpu).
+ * inputs[7]: means [N,3], quats [N,4], scales
+ * [N,3], opacities [N], viewmat [4,4], K [3,3], K_inv [3,3] (torch's
+ * inverse of K), all on one CUDA device, one float dtype, contiguous.
+ * Culls (camera depth of the mean in (near, far), opacity >= 1/255) and
+ * projects the kept.  Outputs (slots 0..6): ids int64 [M] (the kept,
+ * increasing), params [M,27], centre [M,2], depth [M], pixel_rect int32
+ * [M,4], radii int32 [M], and the number of rows with a non-finite
+ * parameter as an int64 [] on the device.  One host sync (M). */
+SPLAT_API int splat_project_gaussians_forward_cuda(const SplatTensorArg* inputs, int64_t width,
+                                                   int64_t height, double near_plane,
+                                                   double far_plane, int64_t antialiased,
+                                                   void* stream, SplatAllocFn alloc,
+                                                   void* alloc_ctx, char* err, size_t err_len);
+/* inputs[8]: means, quats, scales, opacities, ids [M] (the forward's), viewmat,
+ * K, K_inv.  grads[2]: v_params [M,27], v_centre [M,2] (undefined: zero),
+ * contiguous.  Outputs (slots 0..4): v_means [N,3], v_quats [N,4], v_scales
+ * [N,3], v_opacities [N], v_means2d [N,2] (dL/d screen translation); zero
+ * for the Gaussians not in ids; with_camera, also (slots 5..7) v_viewmat
+ * [4,4], v_K [3,3], v_K_inv [3,3], summed as the CPU's.  No host sync. */
+SPLAT_API int splat_project_gaussians_backward_cuda(const SplatTensorArg* inputs, int64_t width,
+                                                    int64_t height, int64_t antialiased,
+                                                    const SplatTensorArg* grads,
+                                                    int64_t with_camera, void* stream,
+                                                    SplatAllocFn alloc, void* alloc_ctx, char* err,
+                                                    size_t err_len);
 
 #ifdef __cplusplus
 }

@@ -184,9 +184,9 @@ def build_library(verbose: bool = False) -> Path:
 
 class Emulator:
     """The emulated CUDA kernels, called like the real ones: forward, backward,
-    forward_gaussians, backward_gaussians, project_forward, project_backward
-    take and return what forward_cuda ... project_backward_cuda do (on CPU
-    tensors), through
+    forward_gaussians, backward_gaussians, project_forward, project_backward,
+    project_gaussians_forward, project_gaussians_backward take and return what
+    forward_cuda ... project_gaussians_backward_cuda do (on CPU tensors), through
     splat._native_cuda.CudaKernels; plus the harness's controls."""
 
     def __init__(self, path: Path):
@@ -206,6 +206,8 @@ class Emulator:
         self.backward_gaussians = self.kernels.backward_gaussians_cuda
         self.project_forward = self.kernels.project_forward_cuda
         self.project_backward = self.kernels.project_backward_cuda
+        self.project_gaussians_forward = self.kernels.project_gaussians_forward_cuda
+        self.project_gaussians_backward = self.kernels.project_gaussians_backward_cuda
 
     def configure(self, thread_order: str, block_order: str, poison: int, seed: int) -> None:
         """Thread order, block order (fwd|rev|rand), the shared-memory poison byte, seed."""

@@ -1,6 +1,6 @@
 // The fused EWA projection of 3D Gaussians (see project_gaussians_cpu.h):
-// ../project_gaussians.h per Gaussian, in the dtype, and the screen bounds of
-// rasterize_3dgs.py _screen_bounds in float64.
+// ../project_gaussians.h per Gaussian (the maths, in the dtype, and the screen
+// bounds of rasterize_3dgs.py _screen_bounds in float64), run over blocks here.
 #include "project_gaussians_cpu.h"
 
 #include <algorithm>
@@ -15,60 +15,11 @@ namespace splat {
 
 namespace {
 
-// The camera's gradient as a flat array: W (9), t (3), fx, fy, cx, cy, lo (2), hi (2), K^-1 (9).
-constexpr int kCameraGradSize = 29;
+constexpr int kCameraGradSize = kGaussCameraGradSize;
 
 template <typename T>
 GaussCamera<T> camera_of(const GaussProjectArgs<T>& in) {
-  GaussCamera<T> cam{};
-  for (int r = 0; r < 3; ++r) {
-    for (int c = 0; c < 3; ++c) {
-      cam.W[r][c] = in.viewmat[4 * r + c];
-      cam.Kinv[r][c] = in.K_inv[3 * r + c];
-    }
-    cam.t[r] = in.viewmat[4 * r + 3];
-  }
-  cam.fx = in.K[0];
-  cam.fy = in.K[4];
-  cam.cx = in.K[2];
-  cam.cy = in.K[5];
-  cam.width = in.width;
-  cam.height = in.height;
-  cam.antialiased = in.antialiased;
-  gauss_camera_limits(cam);
-  return cam;
-}
-
-// rasterize_3dgs.py _screen_bounds for one Gaussian, in float64: alpha >=
-// 1/255 needs delta^T C delta <= k^2 = 2 ln(255 o), an ellipse whose extent
-// along x is k sqrt(S_xx) (S = C^-1), with a one-pixel margin.
-void screen_bounds(double c0, double c1, double c2, double mx, double my, double o, int width,
-                   int height, int32_t rect[4], int32_t& radius) {
-  const double k2 = 2.0 * std::log(std::max(o * 255.0, 1e-30));
-  const double det = c0 * c2 - c1 * c1;
-  bool visible = o >= kAlphaMin && k2 > 1e-12 && det > 0;
-  const double safe_det = visible ? det : 1.0;
-  const double kk = std::max(k2, 0.0);
-  const double half[2] = {std::sqrt(kk * c2 / safe_det), std::sqrt(kk * c0 / safe_det)};
-  // a NaN extent (a conic that is not positive definite) draws nothing
-  visible = visible && !std::isnan(half[0]) && !std::isnan(half[1]);
-  const double mid[2] = {mx, my};
-  const int screen[2] = {width, height};
-  const double side = double(std::max(width, height));
-  int64_t first[2] = {0, 0}, last[2] = {0, 0};
-  for (int a = 0; a < 2 && visible; ++a) {
-    const double f = std::min(std::max(std::ceil(mid[a] - half[a] - 0.5 - 1.0), -1.0), side + 1);
-    const double l = std::min(std::max(std::floor(mid[a] + half[a] - 0.5 + 1.0), -1.0), side + 1);
-    first[a] = std::min<int64_t>(std::max<int64_t>(int64_t(f), 0), screen[a]);
-    last[a] = std::min<int64_t>(std::max<int64_t>(int64_t(l) + 1, 0), screen[a]);
-    visible = last[a] > first[a];
-  }
-  rect[0] = visible ? int32_t(first[0]) : 0;
-  rect[1] = visible ? int32_t(first[1]) : 0;
-  rect[2] = visible ? int32_t(last[0]) : 0;
-  rect[3] = visible ? int32_t(last[1]) : 0;
-  const double r = visible ? std::ceil(std::max(half[0], half[1])) : 0.0;
-  radius = int32_t(std::min(r, kRadiusMax));  // conventions.radii_int32
+  return gauss_camera(in.viewmat, in.K, in.K_inv, in.width, in.height, in.antialiased);
 }
 
 }  // namespace
@@ -81,12 +32,8 @@ int64_t cull_gaussians_cpu(const GaussProjectArgs<T>& in, double near, double fa
   constexpr int64_t kBlock = 4096;
   const int64_t blocks = (in.n + kBlock - 1) / kBlock;
   std::vector<int64_t> offsets(size_t(blocks) + 1, 0);
-  const T* V = in.viewmat;
   auto kept = [&](int64_t i) {
-    const T* m = in.means + 3 * i;
-    // the sum in the order of torch's means @ viewmat[2, :3] + viewmat[2, 3]
-    const double z = double((m[0] * V[8] + m[1] * V[9] + m[2] * V[10]) + V[11]);
-    return z > near && z < far && double(in.opacities[i]) >= kAlphaMin;
+    return gauss_kept(in.means + 3 * i, in.opacities[i], in.viewmat, near, far);
   };
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
@@ -120,7 +67,7 @@ namespace {
 // block arrays (unit-stride columns) that scalar loops gather and scatter by
 // id.  Blocks are also the camera gradient's partial sums: fixed, so the sums
 // do not depend on the thread count.
-constexpr int kBlock = 64;
+constexpr int kBlock = kGaussCameraBlock;
 
 // The block's inputs gathered by id into columns (a gather inside the vector
 // loop would keep it scalar).
@@ -184,10 +131,10 @@ SPLAT_INLINE int64_t forward_block(const GaussProjectArgs<T>& in_ref, const Gaus
     out.centre[2 * j] = centre[0][l];
     out.centre[2 * j + 1] = centre[1][l];
     out.depth[j] = depth[l];
-    screen_bounds(double(row[kGaussConic]), double(row[kGaussConic + 1]),
-                  double(row[kGaussConic + 2]), double(row[kGaussCenter]),
-                  double(row[kGaussCenter + 1]), double(row[kGaussOpacity]), in.width, in.height,
-                  out.pixel_rect + 4 * j, out.radii[j]);
+    gauss_screen_bounds(double(row[kGaussConic]), double(row[kGaussConic + 1]),
+                        double(row[kGaussConic + 2]), double(row[kGaussCenter]),
+                        double(row[kGaussCenter + 1]), double(row[kGaussOpacity]), in.width,
+                        in.height, out.pixel_rect + 4 * j, out.radii[j]);
   }
   return bad;
 }
@@ -234,12 +181,8 @@ SPLAT_INLINE void backward_block(const GaussProjectArgs<T>& in_ref, const GaussC
     SPLAT_UNROLL
     for (int k = 0; k < 3; ++k) vs[k][l] = v_s[k];
     vo[l] = v_o;
-    const T flat[kCameraGradSize] = {
-        vc.W[0][0],    vc.W[0][1],    vc.W[0][2],    vc.W[1][0],    vc.W[1][1],    vc.W[1][2],
-        vc.W[2][0],    vc.W[2][1],    vc.W[2][2],    vc.t[0],       vc.t[1],       vc.t[2],
-        vc.fx,         vc.fy,         vc.cx,         vc.cy,         vc.lo[0],      vc.lo[1],
-        vc.hi[0],      vc.hi[1],      vc.Kinv[0][0], vc.Kinv[0][1], vc.Kinv[0][2], vc.Kinv[1][0],
-        vc.Kinv[1][1], vc.Kinv[1][2], vc.Kinv[2][0], vc.Kinv[2][1], vc.Kinv[2][2]};
+    T flat[kCameraGradSize];
+    gauss_camera_grad_flat(vc, flat);
     SPLAT_UNROLL
     for (int k = 0; k < kCameraGradSize; ++k) vcam[k][l] = flat[k];
   }
@@ -331,33 +274,7 @@ void project_gaussians_backward_cpu(const GaussProjectArgs<T>& in, const GaussPr
   double v[kCameraGradSize] = {};
   for (int64_t b = 0; b < blocks; ++b)
     for (int k = 0; k < kCameraGradSize; ++k) v[k] += partial[size_t(b) * kCameraGradSize + k];
-  // viewmat = [W | t; 0 0 0 1]
-  for (int k = 0; k < 16; ++k) g.v_viewmat[k] = T(0);
-  for (int r = 0; r < 3; ++r) {
-    for (int c = 0; c < 3; ++c) g.v_viewmat[4 * r + c] = T(v[3 * r + c]);
-    g.v_viewmat[4 * r + 3] = T(v[9 + r]);
-  }
-  // The frustum limits (gauss_camera_limits) back to f and c, in float64:
-  // lo = -(c / f + 0.3 tan), hi = (size - c) / f + 0.3 tan, tan = 0.5 size / f.
-  double df[2] = {v[12], v[13]}, dc[2] = {v[14], v[15]};
-  const double f[2] = {double(cam.fx), double(cam.fy)}, c[2] = {double(cam.cx), double(cam.cy)};
-  const double size[2] = {double(in.width), double(in.height)};
-  for (int a = 0; a < 2; ++a) {
-    const double dlo = v[16 + a], dhi = v[18 + a];
-    const double da = -dlo;  // lo = -a, a = c / f + 0.3 tan
-    dc[a] += da / f[a] - dhi / f[a];
-    df[a] += -da * c[a] / (f[a] * f[a]) - dhi * (size[a] - c[a]) / (f[a] * f[a]);
-    const double dtan = 0.3 * da + 0.3 * dhi;
-    df[a] += -dtan * (0.5 * size[a]) / (f[a] * f[a]);
-  }
-  for (int k = 0; k < 9; ++k) {
-    g.v_K[k] = T(0);
-    g.v_K_inv[k] = T(v[20 + k]);
-  }
-  g.v_K[0] = T(df[0]);
-  g.v_K[4] = T(df[1]);
-  g.v_K[2] = T(dc[0]);
-  g.v_K[5] = T(dc[1]);
+  gauss_camera_grad_finish(v, cam, g.v_viewmat, g.v_K, g.v_K_inv);
 }
 
 template int64_t cull_gaussians_cpu<float>(const GaussProjectArgs<float>&, double, double,

@@ -210,4 +210,39 @@ std::vector<torch::Tensor> project_backward_cuda(
   });
 }
 
+std::vector<torch::Tensor> project_gaussians_forward_cuda(
+    const torch::Tensor& means, const torch::Tensor& quats, const torch::Tensor& scales,
+    const torch::Tensor& opacities, const torch::Tensor& viewmat, const torch::Tensor& K,
+    const torch::Tensor& K_inv, int64_t width, int64_t height, double near, double far,
+    bool antialiased) {
+  // the camera contiguous, as the CPU op takes it (torch.linalg.inv's K^-1 is column-major)
+  const torch::Tensor V = viewmat.contiguous(), Kc = K.contiguous(), Ki = K_inv.contiguous();
+  const auto in = describe_all({&means, &quats, &scales, &opacities, &V, &Kc, &Ki},
+                               {"means", "quats", "scales", "opacities", "viewmat", "K", "K_inv"});
+  return run(means, [&](void* stream, void* ctx, char* err) {
+    return splat_project_gaussians_forward_cuda(in.data(), width, height, near, far, antialiased,
+                                                stream, allocate, ctx, err, 512);
+  });
+}
+
+std::vector<torch::Tensor> project_gaussians_backward_cuda(
+    const torch::Tensor& means, const torch::Tensor& quats, const torch::Tensor& scales,
+    const torch::Tensor& opacities, const torch::Tensor& ids, const torch::Tensor& viewmat,
+    const torch::Tensor& K, const torch::Tensor& K_inv, int64_t width, int64_t height,
+    bool antialiased, const torch::Tensor& v_params, const std::optional<torch::Tensor>& v_centre,
+    bool with_camera) {
+  const torch::Tensor V = viewmat.contiguous(), Kc = K.contiguous(), Ki = K_inv.contiguous();
+  const auto in =
+      describe_all({&means, &quats, &scales, &opacities, &ids, &V, &Kc, &Ki},
+                   {"means", "quats", "scales", "opacities", "ids", "viewmat", "K", "K_inv"});
+  // the rasterizer's gradients may arrive as column slices of its records
+  const torch::Tensor vp = v_params.contiguous();
+  const torch::Tensor vc = v_centre.has_value() ? v_centre->contiguous() : torch::Tensor();
+  const auto g = describe_all({&vp, &vc}, {"v_params", "v_centre"});
+  return run(means, [&](void* stream, void* ctx, char* err) {
+    return splat_project_gaussians_backward_cuda(in.data(), width, height, antialiased, g.data(),
+                                                 with_camera, stream, allocate, ctx, err, 512);
+  });
+}
+
 }  // namespace splat

@@ -1,14 +1,15 @@
 // Torch entry points of the CUDA backend, registered by bindings.cpp (under
 // SPLAT_WITH_CUDA) as splat._C.forward_cuda / backward_cuda,
-// forward_gaussians_cuda / backward_gaussians_cuda and project_forward_cuda /
-// project_backward_cuda.  The argument lists and
-// results are exactly those of the *_cpu functions (less the CPU's packed
-// records), so the Python side calls either backend the same way.
+// forward_gaussians_cuda / backward_gaussians_cuda, project_forward_cuda /
+// project_backward_cuda and project_gaussians_forward_cuda / _backward_cuda.  The argument lists
+// and results are exactly those of the *_cpu functions (less the CPU's packed records), so the
+// Python side calls either backend the same way.
 #pragma once
 
 #include <torch/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "../op_signatures.h"
@@ -46,5 +47,21 @@ std::vector<torch::Tensor> project_backward_cuda(
     const torch::Tensor& viewmat, const torch::Tensor& K, int64_t width, int64_t height,
     double near, double far, const torch::Tensor& v_Tuvw, const torch::Tensor& v_center,
     const torch::Tensor& v_normal, const torch::Tensor& v_color);
+
+// The fused projection of 3D Gaussians (../project_gaussians.h): arguments
+// and results as splat/_native.py's project_gaussians_forward_cpu /
+// _backward_cpu, except that the non-finite row count stays on the device
+// (int64 []) and the upstream gradients are made contiguous.
+std::vector<torch::Tensor> project_gaussians_forward_cuda(
+    const torch::Tensor& means, const torch::Tensor& quats, const torch::Tensor& scales,
+    const torch::Tensor& opacities, const torch::Tensor& viewmat, const torch::Tensor& K,
+    const torch::Tensor& K_inv, int64_t width, int64_t height, double near, double far,
+    bool antialiased);
+std::vector<torch::Tensor> project_gaussians_backward_cuda(
+    const torch::Tensor& means, const torch::Tensor& quats, const torch::Tensor& scales,
+    const torch::Tensor& opacities, const torch::Tensor& ids, const torch::Tensor& viewmat,
+    const torch::Tensor& K, const torch::Tensor& K_inv, int64_t width, int64_t height,
+    bool antialiased, const torch::Tensor& v_params, const std::optional<torch::Tensor>& v_centre,
+    bool with_camera);
 
 }  // namespace splat

@@ -646,5 +646,170 @@ void project_backward(const Arg* in, int64_t sh_degree, int64_t width, int64_t h
                                     stream);
 }
 
+// ---- the fused projection of 3D Gaussians (project_cuda.h) ---------------------------
+// in: means [N,3], quats [N,4], scales [N,3], opacities [N], then (backward
+// only) ids int64 [M], then viewmat [4,4], K [3,3], K_inv [3,3].
+template <class Dev, typename T>
+gpu::GaussCudaInputs<T> gauss_project_inputs(const Arg* in, bool with_ids, int64_t width,
+                                             int64_t height, int64_t antialiased) {
+  const int64_t n = check_first_input<Dev>(in[0], "means", "[N, 3]", width, height);
+  const Device device = device_of(in[0]);
+  const int32_t dtype = in[0].dtype;
+  const char* names[4] = {"means", "quats", "scales", "opacities"};
+  const int64_t cols[4] = {3, 4, 3, 0};
+  for (int i = 0; i < 4; ++i) {
+    check_tensor<Dev>(in[i], names[i], device, dtype);
+    check_rows(in[i], names[i], n, cols[i]);
+  }
+  int64_t m = 0;
+  const Arg* cam = in + 4;
+  if (with_ids) {
+    check_tensor<Dev>(in[4], "ids", device, SPLAT_DTYPE_INT64);
+    SPLAT_CHECK(in[4].ndim == 1 && in[4].shape[0] <= n, "ids has shape ", Sizes{in[4]},
+                ", expected [M] with M <= ", n);
+    m = in[4].shape[0];
+    cam = in + 5;
+  }
+  const char* cam_names[3] = {"viewmat", "K", "K_inv"};
+  const int64_t side[3] = {4, 3, 3};
+  for (int i = 0; i < 3; ++i) {
+    check_tensor<Dev>(cam[i], cam_names[i], device, dtype);
+    SPLAT_CHECK(cam[i].ndim == 2 && cam[i].shape[0] == side[i] && cam[i].shape[1] == side[i],
+                cam_names[i], " has shape ", Sizes{cam[i]}, ", expected [", side[i], ", ", side[i],
+                "]");
+  }
+  gpu::GaussCudaInputs<T> g{};
+  g.means = static_cast<const T*>(in[0].data);
+  g.quats = static_cast<const T*>(in[1].data);
+  g.scales = static_cast<const T*>(in[2].data);
+  g.opacities = static_cast<const T*>(in[3].data);
+  g.ids = with_ids ? static_cast<const int64_t*>(in[4].data) : nullptr;
+  g.n = n;
+  g.m = m;
+  g.viewmat = static_cast<const T*>(cam[0].data);
+  g.K = static_cast<const T*>(cam[1].data);
+  g.K_inv = static_cast<const T*>(cam[2].data);
+  g.width = static_cast<int>(width);
+  g.height = static_cast<int>(height);
+  g.antialiased = antialiased ? 1 : 0;
+  return g;
+}
+
+// Outputs (slots 0..6): ids int64 [M], params [M, kGaussParams], centre [M,2],
+// depth [M], pixel_rect int32 [M,4], radii int32 [M], and the number of rows
+// with a non-finite parameter, int64 [] on the device.  One host sync (M).
+template <class Dev, typename T>
+void project_gaussians_forward_impl(const Arg* in, int64_t width, int64_t height, double near,
+                                    double far, int64_t antialiased, const Allocator& alloc,
+                                    cudaStream_t stream) {
+  constexpr int32_t F = dtype_of<T>();
+  constexpr int32_t I32 = SPLAT_DTYPE_INT32;
+  gpu::GaussCudaInputs<T> g = gauss_project_inputs<Dev, T>(in, false, width, height, antialiased);
+  const Buffer ws = alloc.get<Dev>(-1, SPLAT_DTYPE_UINT8,
+                                   {g.n > 0 ? int64_t(gpu::gauss_cull_workspace_bytes(g.n)) : 0},
+                                   "the cull's scratch");
+  int64_t m = 0;
+  check_cuda(gpu::gauss_cull<T>(g, near, far, ws.data, size_t(ws.numel), &m, stream), "the cull");
+  const Buffer ids = alloc.get<Dev>(0, SPLAT_DTYPE_INT64, {m}, "ids");
+  const Buffer params = alloc.get<Dev>(1, F, {m, kGaussParams}, "params");
+  const Buffer centre = alloc.get<Dev>(2, F, {m, 2}, "centre");
+  const Buffer depth = alloc.get<Dev>(3, F, {m}, "depth");
+  const Buffer rect = alloc.get<Dev>(4, I32, {m, 4}, "pixel_rect");
+  const Buffer radii = alloc.get<Dev>(5, I32, {m}, "radii");
+  const Buffer bad = alloc.get<Dev>(6, SPLAT_DTYPE_INT64, {}, "the non-finite row count");
+  check_cuda(cudaMemsetAsync(bad.data, 0, sizeof(int64_t), stream), "zeroing the row count");
+  check_cuda(gpu::gauss_cull_ids(ws.data, g.n, ids.as<int64_t>(), stream), "the cull's ids");
+  g.ids = ids.as<int64_t>();
+  g.m = m;
+  const gpu::GaussCudaOutputs<T> out{params.as<T>(), centre.as<T>(), depth.as<T>(),
+                                     rect.as<int32_t>(), radii.as<int32_t>()};
+  check_cuda(gpu::launch_gauss_project_forward<T>(g, out, bad.as<unsigned long long>(), stream),
+             "the Gaussians' projection kernel");
+}
+
+// grads[2]: v_params [M, kGaussParams], v_centre [M, 2] (undefined: zero),
+// contiguous.  Outputs (slots 0..4): v_means [N,3], v_quats [N,4], v_scales
+// [N,3], v_opacities [N], v_means2d [N,2]; zero for the Gaussians not in ids;
+// with_camera, also (slots 5..7) v_viewmat [4,4], v_K [3,3], v_K_inv [3,3].
+template <class Dev, typename T>
+void project_gaussians_backward_impl(const Arg* in, int64_t width, int64_t height,
+                                     int64_t antialiased, const Arg* grads, int64_t with_camera,
+                                     const Allocator& alloc, cudaStream_t stream) {
+  constexpr int32_t F = dtype_of<T>();
+  const gpu::GaussCudaInputs<T> g =
+      gauss_project_inputs<Dev, T>(in, true, width, height, antialiased);
+  const Device device = device_of(in[0]);
+  check_tensor<Dev>(grads[0], "v_params", device, F);
+  check_rows(grads[0], "v_params", g.m, kGaussParams);
+  const bool with_centre = grads[1].ndim >= 0;
+  if (with_centre) {
+    check_tensor<Dev>(grads[1], "v_centre", device, F);
+    check_rows(grads[1], "v_centre", g.m, 2);
+  }
+  const int64_t n = g.n;
+  const Buffer v_means = alloc.get<Dev>(0, F, {n, 3}, "v_means");
+  const Buffer v_quats = alloc.get<Dev>(1, F, {n, 4}, "v_quats");
+  const Buffer v_scales = alloc.get<Dev>(2, F, {n, 3}, "v_scales");
+  const Buffer v_opacities = alloc.get<Dev>(3, F, {n}, "v_opacities");
+  const Buffer v_means2d = alloc.get<Dev>(4, F, {n, 2}, "v_means2d");
+  // the Gaussians not kept get exactly zero (all-zero bits: +0.0, as the CPU's T(0))
+  for (const Buffer* b : {&v_means, &v_quats, &v_scales, &v_opacities, &v_means2d})
+    if (b->numel)
+      check_cuda(cudaMemsetAsync(b->data, 0, size_t(b->numel) * sizeof(T), stream),
+                 "zeroing the gradients");
+  gpu::GaussCudaGrads<T> out{};
+  out.v_params = static_cast<const T*>(grads[0].data);
+  out.v_centre = with_centre ? static_cast<const T*>(grads[1].data) : nullptr;
+  out.v_means = v_means.as<T>();
+  out.v_quats = v_quats.as<T>();
+  out.v_scales = v_scales.as<T>();
+  out.v_opacities = v_opacities.as<T>();
+  out.v_means2d = v_means2d.as<T>();
+  if (with_camera) {
+    const Buffer v_viewmat = alloc.get<Dev>(5, F, {4, 4}, "v_viewmat");
+    const Buffer v_K = alloc.get<Dev>(6, F, {3, 3}, "v_K");
+    const Buffer v_K_inv = alloc.get<Dev>(7, F, {3, 3}, "v_K_inv");
+    // every Gaussian's share, then the per-block sums (the CPU's blocks)
+    const int64_t blocks = (g.m + kGaussCameraBlock - 1) / kGaussCameraBlock;
+    const Buffer shares =
+        alloc.get<Dev>(-1, F, {g.m, kGaussCameraGradSize}, "the camera gradient's scratch");
+    const Buffer partial = alloc.get<Dev>(-1, SPLAT_DTYPE_FLOAT64, {blocks, kGaussCameraGradSize},
+                                          "the camera gradient's scratch");
+    out.v_viewmat = v_viewmat.as<T>();
+    out.v_K = v_K.as<T>();
+    out.v_K_inv = v_K_inv.as<T>();
+    out.v_camera = shares.as<T>();
+    out.partial = partial.as<double>();
+  }
+  check_cuda(gpu::launch_gauss_project_backward<T>(g, out, stream),
+             "the Gaussians' projection backward kernel");
+}
+
+template <class Dev>
+void project_gaussians_forward(const Arg* in, int64_t width, int64_t height, double near,
+                               double far, int64_t antialiased, cudaStream_t stream,
+                               const Allocator& alloc) {
+  check_first_input<Dev>(in[0], "means", "[N, 3]", width, height);
+  const typename Dev::Guard device_guard(in[0].device_id);
+  if (in[0].dtype == SPLAT_DTYPE_FLOAT64)
+    return project_gaussians_forward_impl<Dev, double>(in, width, height, near, far, antialiased,
+                                                       alloc, stream);
+  project_gaussians_forward_impl<Dev, float>(in, width, height, near, far, antialiased, alloc,
+                                             stream);
+}
+
+template <class Dev>
+void project_gaussians_backward(const Arg* in, int64_t width, int64_t height, int64_t antialiased,
+                                const Arg* grads, int64_t with_camera, cudaStream_t stream,
+                                const Allocator& alloc) {
+  check_first_input<Dev>(in[0], "means", "[N, 3]", width, height);
+  const typename Dev::Guard device_guard(in[0].device_id);
+  if (in[0].dtype == SPLAT_DTYPE_FLOAT64)
+    return project_gaussians_backward_impl<Dev, double>(in, width, height, antialiased, grads,
+                                                        with_camera, alloc, stream);
+  project_gaussians_backward_impl<Dev, float>(in, width, height, antialiased, grads, with_camera,
+                                              alloc, stream);
+}
+
 }  // namespace host_sequence
 }  // namespace splat
