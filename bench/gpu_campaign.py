@@ -78,6 +78,8 @@ sys.path.insert(1, str(ROOT))  # this checkout's splat (the GPU machine gets a b
 CAMPAIGN = ROOT / ".gpu_campaign"  # ignored by git; prepared by scripts/gpu_campaign.sh prepare
 WHEELS, PEERS, SCENES = CAMPAIGN / "wheels", CAMPAIGN / "peers", CAMPAIGN / "scenes"
 BUILD, SITE = CAMPAIGN / "build", CAMPAIGN / "site"
+# The stages' scratch files (JUnit reports, workload results, training runs).
+SCRATCH = BUILD / "scratch"
 DSR_BUILD = BUILD / "diff-surfel-rasterization"
 # splat's CUDA extension built with nvcc's fast flags (SPLAT_CUDA_EXACT=0): build_fast/splat/_C*.so.
 FAST_BUILD = CAMPAIGN / "build_fast"
@@ -135,7 +137,7 @@ class Campaign:
         self.logs = out / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         # The dry run writes nothing into the checkout (CI runs it).
-        self.work = Path(tempfile.mkdtemp(prefix="gpu_campaign_")) if dry_run else BUILD / "work"
+        self.work = Path(tempfile.mkdtemp(prefix="gpu_campaign_")) if dry_run else SCRATCH
         self.work.mkdir(parents=True, exist_ok=True)
         self.scenes = scenes or (SCENES if SCENES.is_dir() else ROOT.parent / "shared" / "scenes")
         import torch
@@ -924,7 +926,7 @@ def build_peers() -> int:
     """gsplat's JIT build and diff-surfel-rasterization's setup.py, into
     .gpu_campaign/build; writes build/peers_status.json.  Exit 0 if both built."""
     BUILD.mkdir(parents=True, exist_ok=True)
-    env = child_env(BUILD / "work", gpu=True, dry_run=False)
+    env = child_env(SCRATCH, gpu=True, dry_run=False)
     status = {}
     wheels = sorted(PEERS.glob("gsplat-*.whl"))
     start = time.monotonic()
@@ -1001,7 +1003,7 @@ def build_fast() -> int:
     """splat's CUDA extension with nvcc's fast flags into .gpu_campaign/build_fast;
     writes build/fast_status.json.  Exit 0 if it built."""
     BUILD.mkdir(parents=True, exist_ok=True)
-    env = child_env(BUILD / "work", gpu=True, dry_run=False, SPLAT_BUILD_CUDA="1", SPLAT_CUDA_EXACT="0")
+    env = child_env(SCRATCH, gpu=True, dry_run=False, SPLAT_BUILD_CUDA="1", SPLAT_CUDA_EXACT="0")
     start = time.monotonic()
     p = subprocess.run(fast_build_command(), cwd=ROOT, env=env)
     so = sorted((FAST_BUILD / "splat").glob("_C*.so"))

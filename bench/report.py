@@ -14,8 +14,10 @@ from pathlib import Path
 #: The repository this script runs from: paths inside it are recorded relative to it.
 ROOT = Path(__file__).resolve().parents[1]
 #: An absolute POSIX path inside a string: a "/" that starts a token (not one
-#: inside "bench/results", "../shared", "it/s" or a URL), then path characters.
-_ABSOLUTE_PATH = re.compile(r"(?<![\w.~/:-])/[\w.+@%-]+(?:/[\w.+@%-]+)*/?")
+#: inside "bench/results", "../shared", "it/s" or a URL), or that follows a
+#: one-letter option glued to it (a compiler's "-I/usr/include"), then path
+#: characters.
+_ABSOLUTE_PATH = re.compile(r"(?:(?<=^-[A-Za-z])|(?<=[\s\"'=]-[A-Za-z])|(?<![\w.~/:-]))/[\w.+@%-]+(?:/[\w.+@%-]+)*/?")
 
 
 def machine(**extra) -> dict:

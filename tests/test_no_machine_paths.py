@@ -26,8 +26,9 @@ from report import portable, portable_path  # noqa: E402
 #: A machine's folder followed by a name inside it (so that a test asserting
 #: the bare prefix is absent, like ``"/work/" not in text``, is not one).
 MACHINE_PATH = re.compile(r"(?<![\w.])/(?:work|root|home)/[\w.+-]|\.mirror/[\w.+-]")
-#: Any absolute POSIX path: a "/" that starts a token, then a name.
-ABSOLUTE_PATH = re.compile(r"(?<![\w.~/:-])/[\w.+@%-]+")
+#: Any absolute POSIX path: a "/" that starts a token, or follows a one-letter
+#: option glued to it ("-I/usr/include"), then a name.
+ABSOLUTE_PATH = re.compile(r"(?:(?<=^-[A-Za-z])|(?<=[\s\"'=]-[A-Za-z])|(?<![\w.~/:-]))/[\w.+@%-]+")
 
 
 def _tracked_text_files():
@@ -90,6 +91,7 @@ def test_portable_paths_name_no_machine_folder():
     report = {
         "command": "python bench/quality.py --shared /srv/data --out /scratch/q/fast.json -- "
         "data.path=/srv/data/scenes/fox",
+        "compile": f"g++ -I{root}/splat/kernels -I/usr/local/cuda/include -O3 -fPIC",
         "commits": {root: "abc1234", "/scratch/old": "c95de2c"},
         "rate": "3.1 it/s",
         "url": "https://github.com/hbb1/diff-surfel-rasterization",
@@ -97,6 +99,7 @@ def test_portable_paths_name_no_machine_folder():
     }
     assert portable(report, root) == {
         "command": "python bench/quality.py --shared data --out q/fast.json -- data.path=fox",
+        "compile": "g++ -Isplat/kernels -Iinclude -O3 -fPIC",
         "commits": {".": "abc1234", "old": "c95de2c"},
         "rate": "3.1 it/s",
         "url": "https://github.com/hbb1/diff-surfel-rasterization",
