@@ -3,7 +3,7 @@
 * No tracked text file holds a development machine's absolute path: a path
   inside a home or work folder (under ``/work``, ``/root`` or ``/home``) or
   inside a git mirror's ``.mirror`` folder.  Example commands may still use
-  ``/tmp/old`` or ``/shared/scenes/mine``: those name no machine.
+  ``/tmp/old`` or ``/data/scenes/mine``: those name no machine.
 * Recorded results (``bench/results/``) hold no absolute path at all: the
   bench scripts record paths relative to the repository, or a scene's or
   output folder's name (``bench/report.py``'s ``portable``).
@@ -87,7 +87,7 @@ def test_portable_paths_name_no_machine_folder():
     assert portable_path(f"{root}/bench/results/x.json", root) == "bench/results/x.json"
     assert portable_path("/srv/data/scenes/still_life", root) == "still_life"
     assert portable_path("/scratch/runs/fast/mesh.ply", root) == "fast/mesh.ply"
-    assert portable_path("../shared/scenes/still_life", root) == "../shared/scenes/still_life"
+    assert portable_path("../scenes/still_life", root) == "../scenes/still_life"
     report = {
         "command": "python bench/quality.py --shared /srv/data --out /scratch/q/fast.json -- "
         "data.path=/srv/data/scenes/fox",
