@@ -40,6 +40,36 @@
 
 namespace splat {
 
+// std::max and std::min, spelt out: nvcc does not let device code call them
+// (constexpr host functions) without --expt-relaxed-constexpr.  The same
+// expressions as libstdc++'s (NaN handling included), so the CPU build
+// compiles the same code.
+template <typename V>
+SPLAT_HD V hd_max(V a, V b) {
+  return (a < b) ? b : a;
+}
+template <typename V>
+SPLAT_HD V hd_min(V a, V b) {
+  return (b < a) ? b : a;
+}
+
+// The rotation matrix of a unit quaternion qn = (w, x, y, z), row major
+// (reference.quat_to_rotmat after its normalisation): the one copy of these
+// expressions for the surfels' and the 3D Gaussians' projections.
+template <typename T>
+SPLAT_HD void unit_quat_to_rotmat(const T qn[4], T R[3][3]) {
+  const T w = qn[0], x = qn[1], y = qn[2], z = qn[3];
+  R[0][0] = 1 - 2 * (y * y + z * z);
+  R[0][1] = 2 * (x * y - w * z);
+  R[0][2] = 2 * (x * z + w * y);
+  R[1][0] = 2 * (x * y + w * z);
+  R[1][1] = 1 - 2 * (x * x + z * z);
+  R[1][2] = 2 * (y * z - w * x);
+  R[2][0] = 2 * (x * z - w * y);
+  R[2][1] = 2 * (y * z + w * x);
+  R[2][2] = 1 - 2 * (x * x + y * y);
+}
+
 // ---- constants: the single C++ home (mirrors splat/conventions.py) ---------
 constexpr double kAlphaMax = 0.99;
 constexpr double kAlphaMin = 1.0 / 255.0;

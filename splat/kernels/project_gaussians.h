@@ -62,16 +62,6 @@ SPLAT_HD int32_t finite_flag(T x) {
   return int32_t(std::abs(x) <= T(sizeof(T) == 4 ? double(FLT_MAX) : DBL_MAX));
 }
 
-// std::max / std::min exactly (NaN handling included), callable on the device.
-template <typename V>
-SPLAT_HD V gauss_max(V a, V b) {
-  return a < b ? b : a;
-}
-template <typename V>
-SPLAT_HD V gauss_min(V a, V b) {
-  return b < a ? b : a;
-}
-
 // The camera of one projection, per call.
 template <typename T>
 struct GaussCamera {
@@ -136,8 +126,8 @@ SPLAT_HD void gauss_project_forward(const GaussCamera<T>& cam, const T* m, const
                                     T o, GaussProjected<T>& p, T* params) {
   // quat_to_rotmat (geometry.py): rows whose |q| is not a normal number are
   // first divided by their largest component (held constant), then q / |q|.
-  const T amax = gauss_max(gauss_max(std::abs(q[0]), std::abs(q[1])),
-                           gauss_max(std::abs(q[2]), std::abs(q[3])));
+  const T amax =
+      hd_max(hd_max(std::abs(q[0]), std::abs(q[1])), hd_max(std::abs(q[2]), std::abs(q[3])));
   const T norm0 = std::sqrt(q[0] * q[0] + q[1] * q[1] + q[2] * q[2] + q[3] * q[3]);
   // int32_t flags, not bool: a 1-byte type would set the vector width of the
   // loops around this to 16 or 32 lanes
@@ -151,16 +141,7 @@ SPLAT_HD void gauss_project_forward(const GaussCamera<T>& cam, const T* m, const
   p.qlen = p.qclamped ? T(1e-12) : len;
   SPLAT_UNROLL
   for (int k = 0; k < 4; ++k) p.qn[k] = qs[k] / p.qlen;
-  const T w = p.qn[0], x = p.qn[1], y = p.qn[2], z = p.qn[3];
-  p.R[0][0] = 1 - 2 * (y * y + z * z);
-  p.R[0][1] = 2 * (x * y - w * z);
-  p.R[0][2] = 2 * (x * z + w * y);
-  p.R[1][0] = 2 * (x * y + w * z);
-  p.R[1][1] = 1 - 2 * (x * x + z * z);
-  p.R[1][2] = 2 * (y * z - w * x);
-  p.R[2][0] = 2 * (x * z - w * y);
-  p.R[2][1] = 2 * (y * z + w * x);
-  p.R[2][2] = 1 - 2 * (x * x + y * y);
+  unit_quat_to_rotmat(p.qn, p.R);
   SPLAT_UNROLL
   for (int r = 0; r < 3; ++r) {
     SPLAT_UNROLL
@@ -170,7 +151,7 @@ SPLAT_HD void gauss_project_forward(const GaussCamera<T>& cam, const T* m, const
   }
   // Sigma_c, and the precision normalised to largest eigenvalue 1 (the factor
   // s_min^2 is held constant: the exact gradient through it is zero).
-  const T s_min = gauss_min(gauss_min(s[0], s[1]), s[2]);
+  const T s_min = hd_min(hd_min(s[0], s[1]), s[2]);
   SPLAT_UNROLL
   for (int k = 0; k < 3; ++k) {
     p.s2[k] = s[k] * s[k];
@@ -191,7 +172,7 @@ SPLAT_HD void gauss_project_forward(const GaussCamera<T>& cam, const T* m, const
   SPLAT_UNROLL
   for (int a = 0; a < 2; ++a) {
     p.uv[a] = p.mu[a] / zc;
-    p.tuv[a] = zc * gauss_min(gauss_max(p.uv[a], cam.lo[a]), cam.hi[a]);
+    p.tuv[a] = zc * hd_min(hd_max(p.uv[a], cam.lo[a]), cam.hi[a]);
     p.J0[a] = f[a] / zc;
     p.J2[a] = -f[a] * p.tuv[a] / (zc * zc);
   }
@@ -208,8 +189,8 @@ SPLAT_HD void gauss_project_forward(const GaussCamera<T>& cam, const T* m, const
   SPLAT_UNROLL
   for (int a = 0; a < 2; ++a) SPLAT_UNROLL
   for (int b = 0; b < 2; ++b) S[a][b] = a == b ? p.C2[a][b] + T(kEwaDilation) : p.C2[a][b];
-  const T smax = gauss_max(gauss_max(std::abs(S[0][0]), std::abs(S[0][1])),
-                           gauss_max(std::abs(S[1][0]), std::abs(S[1][1])));
+  const T smax = hd_max(hd_max(std::abs(S[0][0]), std::abs(S[0][1])),
+                        hd_max(std::abs(S[1][0]), std::abs(S[1][1])));
   p.sc = power_of_two_near(smax);
   SPLAT_UNROLL
   for (int a = 0; a < 2; ++a) SPLAT_UNROLL
@@ -219,7 +200,7 @@ SPLAT_HD void gauss_project_forward(const GaussCamera<T>& cam, const T* m, const
   }
   p.det = p.Sn[0][0] * p.Sn[1][1] - p.Sn[0][1] * p.Sn[1][0];
   p.det_orig = p.cn[0][0] * p.cn[1][1] - p.cn[0][1] * p.cn[1][0];
-  p.factor = cam.antialiased ? std::sqrt(gauss_max(p.det_orig / p.det, T(0))) : T(1);
+  p.factor = cam.antialiased ? std::sqrt(hd_max(p.det_orig / p.det, T(0))) : T(1);
   const T c[2] = {cam.cx, cam.cy};
   SPLAT_UNROLL
   for (int a = 0; a < 2; ++a) p.centre[a] = f[a] * p.mu[a] / zc + c[a];
@@ -406,7 +387,7 @@ SPLAT_HD void gauss_project_backward(const GaussCamera<T>& cam, const T* m, cons
     dz -= T(2) * zc * (dJ2[a] * nn / (zz * zz));
     df[a] -= dnn * p.tuv[a];
     const T dt = -dnn * f[a];
-    const T u = p.uv[a], uc = gauss_min(gauss_max(u, cam.lo[a]), cam.hi[a]);
+    const T u = p.uv[a], uc = hd_min(hd_max(u, cam.lo[a]), cam.hi[a]);
     dz += dt * uc;
     const T duc = dt * zc;
     const T du = (int32_t(u >= cam.lo[a]) & int32_t(u <= cam.hi[a])) ? duc : T(0);
@@ -447,7 +428,7 @@ SPLAT_HD void gauss_project_backward(const GaussCamera<T>& cam, const T* m, cons
     }
     dRc[r][k] = a * p.s2[k] + b * p.pw[k];
   }
-  const T s_min = gauss_min(gauss_min(s[0], s[1]), s[2]);
+  const T s_min = hd_min(hd_min(s[0], s[1]), s[2]);
   SPLAT_UNROLL
   for (int k = 0; k < 3; ++k) {
     // s2 = s s; pw = (s_min / s)^2 with s_min constant
@@ -597,31 +578,31 @@ SPLAT_HD bool gauss_kept(const T* m, T o, const T* viewmat, double near, double 
 // the conic, (mx, my) the centre, o the row's opacity.
 SPLAT_HD void gauss_screen_bounds(double c0, double c1, double c2, double mx, double my, double o,
                                   int width, int height, int32_t rect[4], int32_t& radius) {
-  const double k2 = 2.0 * std::log(gauss_max(o * 255.0, 1e-30));
+  const double k2 = 2.0 * std::log(hd_max(o * 255.0, 1e-30));
   const double det = c0 * c2 - c1 * c1;
   bool visible = o >= kAlphaMin && k2 > 1e-12 && det > 0;
   const double safe_det = visible ? det : 1.0;
-  const double kk = gauss_max(k2, 0.0);
+  const double kk = hd_max(k2, 0.0);
   const double half[2] = {std::sqrt(kk * c2 / safe_det), std::sqrt(kk * c0 / safe_det)};
   // a NaN extent (a conic that is not positive definite) draws nothing
   visible = visible && half[0] == half[0] && half[1] == half[1];
   const double mid[2] = {mx, my};
   const int screen[2] = {width, height};
-  const double side = double(gauss_max(width, height));
+  const double side = double(hd_max(width, height));
   int64_t first[2] = {0, 0}, last[2] = {0, 0};
   for (int a = 0; a < 2 && visible; ++a) {
-    const double f = gauss_min(gauss_max(std::ceil(mid[a] - half[a] - 0.5 - 1.0), -1.0), side + 1);
-    const double l = gauss_min(gauss_max(std::floor(mid[a] + half[a] - 0.5 + 1.0), -1.0), side + 1);
-    first[a] = gauss_min<int64_t>(gauss_max<int64_t>(int64_t(f), 0), screen[a]);
-    last[a] = gauss_min<int64_t>(gauss_max<int64_t>(int64_t(l) + 1, 0), screen[a]);
+    const double f = hd_min(hd_max(std::ceil(mid[a] - half[a] - 0.5 - 1.0), -1.0), side + 1);
+    const double l = hd_min(hd_max(std::floor(mid[a] + half[a] - 0.5 + 1.0), -1.0), side + 1);
+    first[a] = hd_min<int64_t>(hd_max<int64_t>(int64_t(f), 0), screen[a]);
+    last[a] = hd_min<int64_t>(hd_max<int64_t>(int64_t(l) + 1, 0), screen[a]);
     visible = last[a] > first[a];
   }
   rect[0] = visible ? int32_t(first[0]) : 0;
   rect[1] = visible ? int32_t(first[1]) : 0;
   rect[2] = visible ? int32_t(last[0]) : 0;
   rect[3] = visible ? int32_t(last[1]) : 0;
-  const double r = visible ? std::ceil(gauss_max(half[0], half[1])) : 0.0;
-  radius = int32_t(gauss_min(r, kRadiusMax));  // conventions.radii_int32
+  const double r = visible ? std::ceil(hd_max(half[0], half[1])) : 0.0;
+  radius = int32_t(hd_min(r, kRadiusMax));  // conventions.radii_int32
 }
 
 }  // namespace splat

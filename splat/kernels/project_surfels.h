@@ -86,18 +86,6 @@ struct ProjectGrads {
           v_color_row_stride = 3;
 };
 
-// std::max and std::min, spelt out: nvcc does not let device code call them
-// (constexpr host functions) without --expt-relaxed-constexpr.  The same
-// expressions as libstdc++'s, so the CPU build compiles the same code.
-template <typename V>
-SPLAT_HD V hd_max(V a, V b) {
-  return (a < b) ? b : a;
-}
-template <typename V>
-SPLAT_HD V hd_min(V a, V b) {
-  return (b < a) ? b : a;
-}
-
 // Real SH constants (splat/sh.py), as scalars: nvcc's device code may use a
 // namespace-scope constexpr scalar, not an array (host memory to it).
 constexpr double kSH_C0 = 0.28209479177387814;
@@ -152,16 +140,7 @@ SPLAT_HD void project_one(const ProjectInputs<T>& in, const T campos[3], int64_t
   for (int k = 0; k < 4; ++k) qs[k] = q[k] / p.qmax;
   p.qnorm = std::sqrt(qs[0] * qs[0] + qs[1] * qs[1] + qs[2] * qs[2] + qs[3] * qs[3]);
   for (int k = 0; k < 4; ++k) p.qn[k] = qs[k] / p.qnorm;
-  const T w = p.qn[0], x = p.qn[1], y = p.qn[2], z = p.qn[3];
-  p.R[0][0] = 1 - 2 * (y * y + z * z);
-  p.R[0][1] = 2 * (x * y - w * z);
-  p.R[0][2] = 2 * (x * z + w * y);
-  p.R[1][0] = 2 * (x * y + w * z);
-  p.R[1][1] = 1 - 2 * (x * x + z * z);
-  p.R[1][2] = 2 * (y * z - w * x);
-  p.R[2][0] = 2 * (x * z - w * y);
-  p.R[2][1] = 2 * (y * z + w * x);
-  p.R[2][2] = 1 - 2 * (x * x + y * y);
+  unit_quat_to_rotmat(p.qn, p.R);
   for (int r = 0; r < 3; ++r)
     for (int c = 0; c < 3; ++c)
       p.Rc[r][c] = V[r * 4 + 0] * p.R[0][c] + V[r * 4 + 1] * p.R[1][c] + V[r * 4 + 2] * p.R[2][c];
