@@ -19,6 +19,7 @@ import importlib
 import pytest
 import torch
 from test_cuda_emulation import FAR, NEAR, emu  # noqa: F401 (fixture)
+from test_projection import forward_args
 
 import splat
 from splat import _backend
@@ -56,24 +57,6 @@ def scene(n, dtype, seed=3, width=53, height=37):
     s["sh"][:, 0] += 0.2
     s["sh"][::5, 0] -= 3.0  # some colours clamped at 0 (their gradient stops)
     return {k: (v.to(dtype) if torch.is_tensor(v) else v) for k, v in s.items()}
-
-
-def forward_args(s, deg):
-    coeffs = s["sh"] if deg is not None else s["sh"].new_zeros(0, 0, 3)
-    return (
-        s["means"],
-        s["quats"],
-        s["scales"],
-        s["opacities"],
-        coeffs,
-        -1 if deg is None else deg,
-        s["viewmat"],
-        s["K"],
-        s["width"],
-        s["height"],
-        NEAR,
-        FAR,
-    )
 
 
 def upstream(n, dtype, seed=11):

@@ -41,6 +41,27 @@ def _scene(n=12, dtype=torch.float64, seed=3):
     return s
 
 
+def forward_args(s, deg):
+    """The fused projection op's arguments up to its upstream gradients (the
+    forward takes the magnitude limits after them, the backward the gradients),
+    for a scene with SH coefficients in s["sh"]; deg None: no SH colour."""
+    coeffs = s["sh"] if deg is not None else s["sh"].new_zeros(0, 0, 3)
+    return (
+        s["means"],
+        s["quats"],
+        s["scales"],
+        s["opacities"],
+        coeffs,
+        -1 if deg is None else deg,
+        s["viewmat"],
+        s["K"],
+        s["width"],
+        s["height"],
+        0.2,
+        100.0,
+    )
+
+
 def _fused(s, params, deg, means2d):
     coeffs = params["sh"] if deg is not None else params["sh"].new_zeros(0, 0, 3)
     return R._ProjectSurfels.apply(
@@ -256,24 +277,10 @@ def test_backward_reads_strided_upstream_rows_in_place(deg):
     ext = load_extension()
     s = _scene(20)
     n = s["means"].shape[0]
-    coeffs = s["sh"] if deg is not None else s["sh"].new_zeros(0, 0, 3)
     records = torch.randn(n, 18, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     slices = (records[:, 0:9], records[:, 9:11], records[:, 11:14], records[:, 14:17])
     assert slices[0].stride() == (18, 1)
-    args = (
-        s["means"],
-        s["quats"],
-        s["scales"],
-        s["opacities"],
-        coeffs,
-        -1 if deg is None else deg,
-        s["viewmat"],
-        s["K"],
-        s["width"],
-        s["height"],
-        0.2,
-        100.0,
-    )
+    args = forward_args(s, deg)
     strided = ext.project_backward_cpu(*args, *slices)
     copied = ext.project_backward_cpu(*args, *(t.contiguous() for t in slices))
     for a, b in zip(strided, copied):
