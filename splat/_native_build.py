@@ -3,7 +3,7 @@ system compiler: no torch, no Python headers.  Used by setup.py (read with
 runpy, without importing splat) and as the just-in-time fallback of
 splat/_native.py when the package holds no built library.
 
-    libsplat_cpu.so   every CPU kernel, OpenMP (g++ or $CXX)
+    libsplat_cpu.so   every CPU kernel, OpenMP (toolchain(): g++ on Linux, clang++ elsewhere, or $CXX)
     libsplat_cuda.so  the CUDA kernels and their C ABI (nvcc; see build_cuda_library)
 """
 
@@ -105,11 +105,49 @@ def build_cuda_library(out: Path, build_dir: Path, archs: str = "all", jobs: int
     return out
 
 
-def _flags() -> tuple[list[str], list[str]]:
+# The C++ compiler of each platform.  The kernels use GCC/Clang vector
+# extensions (kernels/cpu/simd.h), so MSVC cannot build them: Windows uses
+# LLVM's clang++.  Only the Linux build has run; the others compile the same
+# sources (scripts/cross_compile_check.sh) but have not been linked or run.
+DEFAULT_CXX = {"linux": "g++", "darwin": "clang++", "win32": "clang++"}
+
+
+def _openmp_flags(platform: str) -> tuple[list[str], list[str]]:
+    """OpenMP's compile and link flags.  GCC and LLVM's clang take -fopenmp;
+    Apple's clang has no OpenMP runtime of its own and takes Homebrew's libomp
+    ($SPLAT_OPENMP_PREFIX, else `brew --prefix libomp`).  Without one the
+    library is built serial (kernels/cpu/tiles.h), and says so."""
+    if platform != "darwin":
+        return ["-fopenmp"], ["-fopenmp"]
+    prefix = os.environ.get("SPLAT_OPENMP_PREFIX")
+    if not prefix:
+        try:
+            prefix = subprocess.run(["brew", "--prefix", "libomp"], capture_output=True, text=True).stdout.strip()
+        except OSError:
+            prefix = ""
+    if prefix and (Path(prefix) / "include" / "omp.h").is_file():
+        return ["-Xpreprocessor", "-fopenmp", f"-I{prefix}/include"], [f"-L{prefix}/lib", "-lomp"]
+    print(
+        "splat: no libomp (brew install libomp, or set SPLAT_OPENMP_PREFIX): the CPU kernels are built for one thread",
+        file=sys.stderr,
+    )
+    return [], []
+
+
+def toolchain(platform: str = sys.platform) -> tuple[str, list[str], list[str]]:
+    """(compiler, compile flags, link flags) of the CPU library on ``platform``."""
     flags = runpy.run_path(str(Path(__file__).resolve().parent / "_compile_flags.py"))
+    cxx = os.environ.get("CXX") or DEFAULT_CXX.get(platform, "c++")
+    omp_compile, omp_link = _openmp_flags(platform)
+    cflags = [f for f in flags["CXX_FLAGS"] if f != "-fopenmp"] + omp_compile
+    lflags = [f for f in flags["LINK_FLAGS"] if f != "-fopenmp"] + omp_link
     # -DNDEBUG -fwrapv -O3: what Python's sysconfig added to the torch extension
     # build, so that the code generated is that of today's splat._C.
-    return ["-DNDEBUG", "-fwrapv", "-fPIC", "-fvisibility=hidden", *flags["CXX_FLAGS"]], flags["LINK_FLAGS"]
+    if platform == "win32":  # PE: every symbol is hidden unless SPLAT_API exports it
+        return cxx, ["-DNDEBUG", "-fwrapv", *cflags], lflags
+    if platform == "darwin":
+        lflags = [*lflags, f"-Wl,-install_name,@rpath/{CPU_LIBRARY['darwin']}"]
+    return cxx, ["-DNDEBUG", "-fwrapv", "-fPIC", "-fvisibility=hidden", *cflags], lflags
 
 
 def _run(command: list[str]) -> None:
@@ -120,8 +158,7 @@ def _run(command: list[str]) -> None:
 
 def build_cpu_library(out: Path, build_dir: Path, jobs: int | None = None) -> Path:
     """Compiles cpu_sources() into the shared library `out` (objects in build_dir)."""
-    cxx = os.environ.get("CXX", "g++")
-    cflags, lflags = _flags()
+    cxx, cflags, lflags = toolchain()
     build_dir.mkdir(parents=True, exist_ok=True)
     objects = [build_dir / (p.stem + ".o") for p in cpu_sources()]
 

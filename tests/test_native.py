@@ -5,8 +5,10 @@ Python; a CPU-only torch never imports the CUDA extension."""
 
 from __future__ import annotations
 
+import platform
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -82,3 +84,52 @@ def test_the_library_links_neither_torch_nor_python():
     dump = subprocess.run(["objdump", "-p", kernels().__file__], capture_output=True, text=True, check=True).stdout
     needed = [line.split()[-1] for line in dump.splitlines() if line.strip().startswith("NEEDED")]
     assert needed and not [n for n in needed if "torch" in n or "c10" in n or "python" in n], needed
+
+
+@pytest.mark.skipif(
+    shutil.which("nm") is None or platform.machine() != "x86_64" or sys.platform != "linux",
+    reason="needs nm and a Linux x86-64 build",
+)
+def test_the_linux_x86_64_build_dispatches_over_instruction_sets():
+    # kernels/cpu/dispatch.h: with GCC on x86-64 ELF each hot entry point gets
+    # AVX2 and baseline clones picked at load time; losing them (a macro test
+    # gone wrong) costs about half the CPU speed and changes no result, so only
+    # this test would notice.
+    symbols = subprocess.run(["nm", kernels().__file__], capture_output=True, text=True, check=True).stdout
+    cloned = {line.split()[-1].split(".avx2")[0] for line in symbols.splitlines() if ".avx2" in line}
+    for entry in ("forward_tile_simd_surfels", "backward_tile_simd_gaussians", "project_forward_block_f32"):
+        assert any(entry in name for name in cloned), (entry, sorted(cloned))
+
+
+def test_each_platform_builds_with_its_own_compiler_and_flags(monkeypatch, tmp_path):
+    from splat._native_build import toolchain
+
+    monkeypatch.delenv("CXX", raising=False)
+    cxx, cflags, lflags = toolchain("linux")
+    assert cxx == "g++" and "-fPIC" in cflags and "-fopenmp" in cflags and "-fopenmp" in lflags
+    # Windows: the kernels' vector extensions need clang, and PE has no -fPIC
+    cxx, cflags, lflags = toolchain("win32")
+    assert cxx == "clang++" and "-fPIC" not in cflags and "-fvisibility=hidden" not in cflags
+    # macOS: Apple clang takes OpenMP from libomp, found by its prefix
+    (tmp_path / "include").mkdir()
+    (tmp_path / "include" / "omp.h").write_text("")
+    monkeypatch.setenv("SPLAT_OPENMP_PREFIX", str(tmp_path))
+    cxx, cflags, lflags = toolchain("darwin")
+    assert cxx == "clang++" and cflags.count("-fopenmp") == 1  # only after -Xpreprocessor
+    assert cflags[-3:] == ["-Xpreprocessor", "-fopenmp", f"-I{tmp_path}/include"]
+    assert lflags[:2] == [f"-L{tmp_path}/lib", "-lomp"] and lflags[-1].endswith("@rpath/libsplat_cpu.dylib")
+    # every platform keeps the flags that make the kernels round like the GPU build
+    for name in ("linux", "darwin", "win32"):
+        assert "-ffp-contract=off" in toolchain(name)[1]
+    monkeypatch.setenv("CXX", "my-clang++")
+    assert toolchain("linux")[0] == "my-clang++"
+
+
+def test_macos_without_libomp_builds_serial_and_says_so(monkeypatch, tmp_path, capsys):
+    import splat._native_build as native_build
+
+    monkeypatch.setenv("SPLAT_OPENMP_PREFIX", str(tmp_path / "nowhere"))
+    _, cflags, lflags = native_build.toolchain("darwin")
+    assert not [f for f in cflags + lflags if "openmp" in f or f == "-lomp"]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "brew install libomp" in err

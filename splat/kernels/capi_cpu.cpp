@@ -5,7 +5,9 @@
 // file checks the scalars and never lets an exception cross the C boundary.
 #include "splat_api.h"
 
+#ifdef _OPENMP  // absent where the library is built serial (_native_build.py)
 #include <omp.h>
+#endif
 
 #include <cstdio>
 #include <cstring>
@@ -124,7 +126,11 @@ void set_message(char* err, size_t err_len, const char* text) {
 template <class F>
 int guarded(char* err, size_t err_len, int num_threads, F&& body) {
   try {
+#ifdef _OPENMP
     if (num_threads > 0) omp_set_num_threads(num_threads);
+#else
+    (void)num_threads;
+#endif
     body();
     return 0;
   } catch (const std::bad_alloc&) {

@@ -16,6 +16,7 @@
 #include "simd.h"
 #include "tile_loop.h"
 #include "tiles.h"
+#include "dispatch.h"
 
 namespace splat {
 namespace {
@@ -183,17 +184,18 @@ struct GaussianTiles {
 }  // namespace
 
 // Not in the anonymous namespace: target_clones needs external linkage.
-__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void
-forward_tile_simd_gaussians(const GaussianArrays<float>& g, const PackedGaussian* packed,
-                            const TileBins& bins, int tile, const ForwardOutputs<float>& out) {
+SPLAT_CLONES_V4 void forward_tile_simd_gaussians(const GaussianArrays<float>& g,
+                                                 const PackedGaussian* packed, const TileBins& bins,
+                                                 int tile, const ForwardOutputs<float>& out) {
   tiles::forward_tile_simd<GaussianTiles>(g, packed, bins, tile, out);
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void
-backward_tile_simd_gaussians(const GaussianArrays<float>& g, const PackedGaussian* packed,
-                             const TileBins& bins, int tile, const int32_t* end,
-                             const int32_t* median_index, const float* transmittance,
-                             const float* totals, const UpstreamGrads<float>& up, float* records) {
+SPLAT_CLONES_V4 void backward_tile_simd_gaussians(const GaussianArrays<float>& g,
+                                                  const PackedGaussian* packed,
+                                                  const TileBins& bins, int tile,
+                                                  const int32_t* end, const int32_t* median_index,
+                                                  const float* transmittance, const float* totals,
+                                                  const UpstreamGrads<float>& up, float* records) {
   tiles::backward_tile_simd<GaussianTiles>(g, packed, bins, tile, end, median_index, transmittance,
                                            totals, up, records);
 }

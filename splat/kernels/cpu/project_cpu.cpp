@@ -8,6 +8,7 @@
 
 #include "../core.h"
 #include "../project_surfels.h"
+#include "dispatch.h"
 
 namespace splat {
 
@@ -27,14 +28,14 @@ constexpr int kBlock = 64;
 // (caught by test_projection.py's vector-against-scalar test and by
 // test_cpu_kernels.py's scan of the built extension for FMA instructions).
 // Not in the anonymous namespace: target_clones needs external linkage.
-__attribute__((target_clones("avx2", "default"))) int64_t
-project_forward_block_f32(const ProjectInputs<float>& in, const ProjectOutputs<float>& out,
-                          const float campos[3], int64_t b0, int len) {
+SPLAT_CLONES_AVX2 int64_t project_forward_block_f32(const ProjectInputs<float>& in,
+                                                    const ProjectOutputs<float>& out,
+                                                    const float campos[3], int64_t b0, int len) {
   return project_forward_block<kBlock>(in, out, campos, b0, len);
 }
-__attribute__((target_clones("avx2", "default"))) void project_backward_block_f32(
-    const ProjectInputs<float>& in, const ProjectGrads<float>& g, const float campos[3], int64_t b0,
-    int len) {
+SPLAT_CLONES_AVX2 void project_backward_block_f32(const ProjectInputs<float>& in,
+                                                  const ProjectGrads<float>& g,
+                                                  const float campos[3], int64_t b0, int len) {
   project_backward_block<kBlock>(in, g, campos, b0, len);
 }
 

@@ -10,6 +10,7 @@
 
 #include "../core.h"
 #include "../project_gaussians.h"
+#include "dispatch.h"
 
 namespace splat {
 
@@ -207,14 +208,16 @@ SPLAT_INLINE void backward_block(const GaussProjectArgs<T>& in_ref, const GaussC
 // surfels' projection's (project_cpu.cpp, which says why there is no AVX-512
 // clone); float64 runs the baseline build.  Not in the anonymous namespace:
 // target_clones needs external linkage.
-__attribute__((target_clones("avx2", "default"))) int64_t
-gauss_forward_block_f32(const GaussProjectArgs<float>& in, const GaussCamera<float>& cam,
-                        const GaussProjectOutputs<float>& out, int64_t b0, int len) {
+SPLAT_CLONES_AVX2 int64_t gauss_forward_block_f32(const GaussProjectArgs<float>& in,
+                                                  const GaussCamera<float>& cam,
+                                                  const GaussProjectOutputs<float>& out, int64_t b0,
+                                                  int len) {
   return forward_block(in, cam, out, b0, len);
 }
-__attribute__((target_clones("avx2", "default"))) void gauss_backward_block_f32(
-    const GaussProjectArgs<float>& in, const GaussCamera<float>& cam,
-    const GaussProjectGrads<float>& g, int64_t b0, int len, double* sum) {
+SPLAT_CLONES_AVX2 void gauss_backward_block_f32(const GaussProjectArgs<float>& in,
+                                                const GaussCamera<float>& cam,
+                                                const GaussProjectGrads<float>& g, int64_t b0,
+                                                int len, double* sum) {
   backward_block(in, cam, g, b0, len, sum);
 }
 

@@ -39,6 +39,7 @@
 #include "simd.h"
 #include "tile_loop.h"
 #include "tiles.h"
+#include "dispatch.h"
 
 namespace splat {
 
@@ -405,16 +406,18 @@ struct SurfelTiles {
 }  // namespace
 
 // Not in the anonymous namespace: target_clones needs external linkage.
-__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void forward_tile_simd_surfels(
-    const SurfelArrays<float>& s, const PackedSurfel* packed, const TileBins& bins, int tile,
-    const ForwardOutputs<float>& out) {
+SPLAT_CLONES_V4 void forward_tile_simd_surfels(const SurfelArrays<float>& s,
+                                               const PackedSurfel* packed, const TileBins& bins,
+                                               int tile, const ForwardOutputs<float>& out) {
   tiles::forward_tile_simd<SurfelTiles>(s, packed, bins, tile, out);
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void backward_tile_simd_surfels(
-    const SurfelArrays<float>& s, const PackedSurfel* packed, const TileBins& bins, int tile,
-    const int32_t* end, const int32_t* median_index, const float* transmittance,
-    const float* totals, const UpstreamGrads<float>& up, float* records) {
+SPLAT_CLONES_V4 void backward_tile_simd_surfels(const SurfelArrays<float>& s,
+                                                const PackedSurfel* packed, const TileBins& bins,
+                                                int tile, const int32_t* end,
+                                                const int32_t* median_index,
+                                                const float* transmittance, const float* totals,
+                                                const UpstreamGrads<float>& up, float* records) {
   tiles::backward_tile_simd<SurfelTiles>(s, packed, bins, tile, end, median_index, transmittance,
                                          totals, up, records);
 }

@@ -7,11 +7,36 @@
 #include <new>
 #include <unordered_map>
 
+#if defined(_WIN32)
+#include <malloc.h>  // _aligned_malloc
+#endif
+
 namespace splat {
 
 namespace {
 
 constexpr size_t kAlign = 64;
+
+// 64-byte aligned blocks of a multiple of 64 bytes.  The Windows C runtime has
+// no aligned_alloc: its aligned blocks come from _aligned_malloc and go back
+// through _aligned_free.
+void* aligned_block(size_t size) {
+#if defined(_WIN32)
+  void* p = _aligned_malloc(size, kAlign);
+#else
+  void* p = std::aligned_alloc(kAlign, size);
+#endif
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+
+void free_aligned_block(void* p) {
+#if defined(_WIN32)
+  _aligned_free(p);
+#else
+  std::free(p);
+#endif
+}
 
 struct ScratchCache {
   std::mutex mutex;
@@ -22,7 +47,7 @@ struct ScratchCache {
   void free_block(std::multimap<size_t, void*>::iterator it) {
     cached_bytes -= it->first;
     sizes.erase(it->second);
-    std::free(it->second);
+    free_aligned_block(it->second);
     free_blocks.erase(it);
   }
 };
@@ -39,9 +64,7 @@ ScratchCache& cache() {
 void* scratch_acquire(size_t bytes) {
   if (bytes == 0) return nullptr;
   if (bytes < kScratchMinBytes) {
-    void* p = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
-    if (!p) throw std::bad_alloc();
-    return p;
+    return aligned_block((bytes + kAlign - 1) / kAlign * kAlign);
   }
   ScratchCache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
@@ -57,8 +80,7 @@ void* scratch_acquire(size_t bytes) {
   while (!c.free_blocks.empty() && c.free_blocks.begin()->first < bytes)
     c.free_block(c.free_blocks.begin());
   const size_t size = (bytes + kAlign - 1) / kAlign * kAlign;
-  void* p = std::aligned_alloc(kAlign, size);
-  if (!p) throw std::bad_alloc();
+  void* p = aligned_block(size);
   c.sizes.emplace(p, size);
   return p;
 }
@@ -78,7 +100,7 @@ void scratch_release(void* block) {
       return;
     }
   }
-  std::free(block);  // a small block, never cached
+  free_aligned_block(block);  // a small block, never cached
 }
 
 size_t release_scratch_cache() {

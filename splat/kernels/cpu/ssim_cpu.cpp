@@ -1,5 +1,6 @@
 // Fused SSIM on the CPU: the maths is in ssim_cpu.h.
 #include "ssim_cpu.h"
+#include "dispatch.h"
 
 #include <algorithm>
 #include <vector>
@@ -122,14 +123,13 @@ __attribute__((always_inline)) inline void ssim_backward(const SsimArgs<T>& a, c
 
 // Compiled for AVX2 and for baseline x86-64, chosen at run time: the filter
 // loops are plain loops the compiler vectorises to the target's width.
-#define SPLAT_SSIM_ENTRY_POINTS(T)                                                                \
-  __attribute__((target_clones("avx2", "default"))) double ssim_forward_cpu(const SsimArgs<T>& a, \
-                                                                            T* grad_maps) {       \
-    return ssim_forward(a, grad_maps);                                                            \
-  }                                                                                               \
-  __attribute__((target_clones("avx2", "default"))) void ssim_backward_cpu(                       \
-      const SsimArgs<T>& a, const T* grad_maps, double scale, T* dx) {                            \
-    ssim_backward(a, grad_maps, scale, dx);                                                       \
+#define SPLAT_SSIM_ENTRY_POINTS(T)                                                                 \
+  SPLAT_CLONES_AVX2 double ssim_forward_cpu(const SsimArgs<T>& a, T* grad_maps) {                  \
+    return ssim_forward(a, grad_maps);                                                             \
+  }                                                                                                \
+  SPLAT_CLONES_AVX2 void ssim_backward_cpu(const SsimArgs<T>& a, const T* grad_maps, double scale, \
+                                           T* dx) {                                                \
+    ssim_backward(a, grad_maps, scale, dx);                                                        \
   }
 SPLAT_SSIM_ENTRY_POINTS(float)
 SPLAT_SSIM_ENTRY_POINTS(double)

@@ -423,10 +423,12 @@ SPLAT_ALWAYS_INLINE void backward_tile_simd(const typename P::template Arrays<fl
 }
 
 // ---- drivers -----------------------------------------------------------------
+// inline: one definition across the translation units that include this
+// header (clang gives the explicit specialization external linkage).
 template <typename T>
-constexpr bool kHasSimd = false;
+inline constexpr bool kHasSimd = false;
 template <>
-constexpr bool kHasSimd<float> = true;
+inline constexpr bool kHasSimd<float> = true;
 
 // Renders every tile (longest lists first) with the SIMD loop `simd_tile`
 // (float32 in kModeSimd, given the packed records) or the scalar one.
