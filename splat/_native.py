@@ -107,6 +107,8 @@ def _check_input(t, name, n, cols, dtype):
 
 def _check_rows(t, name, n, cols, dtype):
     """An [n, cols] matrix with unit column stride (rows may be strided)."""
+    if t.dtype == dtype and t.shape == (n, cols) and t.stride(1) == 1 and t.stride(0) >= cols:
+        return  # the fast path
     if t.dtype != dtype:
         raise RuntimeError(f"{name} has dtype {t.dtype}, expected {dtype}")
     if t.dim() != 2 or t.shape[0] != n or t.shape[1] != cols:
@@ -126,6 +128,12 @@ def _upstream(ups, dtype, width, height):
     """The six upstream gradients' pointers and strides (raster_args.h UpstreamGrads):
     each contiguous, or broadcast to every pixel (stride 0)."""
     strides = (ctypes.c_int64 * 8)()
+    image, rgb = (height, width), (height, width, 3)
+    if all(t.dtype == dtype and t.is_contiguous() for t in ups) and all(
+        t.shape == (rgb if a in (0, 3) else image) for a, t in enumerate(ups)
+    ):  # the fast path: every gradient a whole contiguous image
+        strides[:] = (3, 1, 1, 3, 1, 1, 1, 1)
+        return _pointers(ups), strides
     for a, t in enumerate(ups):
         channels = 3 if a in (0, 3) else 0
         if (
@@ -167,6 +175,27 @@ def _state(state, dtype, width, height):
     if totals.dtype != dtype or not totals.is_contiguous() or totals.shape[:2] != (height, width):
         raise RuntimeError(f"totals must be a contiguous [{height}, {width}, 4] tensor of the input dtype")
     return _pointers(state)
+
+
+def _camera(viewmat, K, dtype):
+    """viewmat [4, 4] and K [3, 3] as contiguous CPU tensors of ``dtype``."""
+    if (
+        viewmat.dtype == dtype
+        and K.dtype == dtype
+        and viewmat.is_cpu
+        and K.is_cpu
+        and viewmat.is_contiguous()
+        and K.is_contiguous()
+        and viewmat.numel() == 16
+        and K.numel() == 9
+    ):
+        return viewmat, K  # the fast path: no copies
+    if viewmat.numel() != 16 or K.numel() != 9:
+        raise RuntimeError("viewmat must be [4, 4] and K [3, 3]")
+    cam = [m.to("cpu").contiguous() for m in (viewmat, K)]
+    if cam[0].dtype != dtype or cam[1].dtype != dtype:
+        raise RuntimeError(f"viewmat and K must have dtype {dtype}")
+    return cam
 
 
 def _threads():
@@ -350,11 +379,7 @@ class CpuKernels(_GaussianProjection):
                 raise RuntimeError("coeffs must be [N, K, 3]")
             if not (0 <= sh_degree <= 3 and coeffs.shape[1] >= (sh_degree + 1) ** 2):
                 raise RuntimeError(f"coeffs has too few SH coefficients for sh_degree {sh_degree}")
-        if viewmat.numel() != 16 or K.numel() != 9:
-            raise RuntimeError("viewmat must be [4, 4] and K [3, 3]")
-        cam = [m.to("cpu").contiguous() for m in (viewmat, K)]
-        if cam[0].dtype != dtype or cam[1].dtype != dtype:
-            raise RuntimeError(f"viewmat and K must have dtype {dtype}")
+        cam = _camera(viewmat, K, dtype)
         ins = (ctypes.c_void_p * 5)(
             means.data_ptr(),
             quats.data_ptr(),
