@@ -128,11 +128,11 @@ def no_clones_tree(tree: Path) -> dict:
         for src in cpu_sources():
             obj = Path(tmp) / (src.stem + ".o")
             subprocess.run(
-                [cxx, *cflags, "-DSPLAT_NO_CLONES", f"-I{KERNELS}", "-c", str(src), "-o", str(obj)], check=True
+                [*cxx, *cflags, "-DSPLAT_NO_CLONES", f"-I{KERNELS}", "-c", str(src), "-o", str(obj)], check=True
             )
             objects.append(str(obj))
         library = tree / "splat" / "libsplat_cpu.so"
-        subprocess.run([cxx, "-shared", *objects, *lflags, "-o", str(library)], check=True)
+        subprocess.run([*cxx, "-shared", *objects, *lflags, "-o", str(library)], check=True)
     clones = subprocess.run(["nm", str(library)], capture_output=True, text=True).stdout.count(".avx2")
     return {"tree": str(tree), "avx2_clones_in_library": clones}
 

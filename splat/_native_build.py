@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import runpy
+import shlex
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -134,10 +135,11 @@ def _openmp_flags(platform: str) -> tuple[list[str], list[str]]:
     return [], []
 
 
-def toolchain(platform: str = sys.platform) -> tuple[str, list[str], list[str]]:
-    """(compiler, compile flags, link flags) of the CPU library on ``platform``."""
+def toolchain(platform: str = sys.platform) -> tuple[list[str], list[str], list[str]]:
+    """(compiler command, compile flags, link flags) of the CPU library on
+    ``platform``.  $CXX may hold a launcher too ("ccache g++")."""
     flags = runpy.run_path(str(Path(__file__).resolve().parent / "_compile_flags.py"))
-    cxx = os.environ.get("CXX") or DEFAULT_CXX.get(platform, "c++")
+    cxx = shlex.split(os.environ.get("CXX", "")) or [DEFAULT_CXX.get(platform, "c++")]
     omp_compile, omp_link = _openmp_flags(platform)
     cflags = [f for f in flags["CXX_FLAGS"] if f != "-fopenmp"] + omp_compile
     lflags = [f for f in flags["LINK_FLAGS"] if f != "-fopenmp"] + omp_link
@@ -151,7 +153,10 @@ def toolchain(platform: str = sys.platform) -> tuple[str, list[str], list[str]]:
 
 
 def _run(command: list[str]) -> None:
-    done = subprocess.run(command, capture_output=True, text=True)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise RuntimeError(f"splat: the compiler '{command[0]}' was not found (install it, or set CXX/NVCC)") from None
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-4000:]}")
 
@@ -164,13 +169,13 @@ def build_cpu_library(out: Path, build_dir: Path, jobs: int | None = None) -> Pa
 
     def compile_one(pair):
         src, obj = pair
-        _run([cxx, *cflags, f"-I{KERNELS}", "-c", str(src), "-o", str(obj)])
+        _run([*cxx, *cflags, f"-I{KERNELS}", "-c", str(src), "-o", str(obj)])
 
     with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
         list(pool.map(compile_one, zip(cpu_sources(), objects)))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
-    _run([cxx, "-shared", *[str(o) for o in objects], *lflags, "-o", str(tmp)])
+    _run([*cxx, "-shared", *[str(o) for o in objects], *lflags, "-o", str(tmp)])
     os.replace(tmp, out)  # atomic: a concurrent loader never sees half a file
     return out
 

@@ -106,23 +106,32 @@ def test_each_platform_builds_with_its_own_compiler_and_flags(monkeypatch, tmp_p
 
     monkeypatch.delenv("CXX", raising=False)
     cxx, cflags, lflags = toolchain("linux")
-    assert cxx == "g++" and "-fPIC" in cflags and "-fopenmp" in cflags and "-fopenmp" in lflags
+    assert cxx == ["g++"] and "-fPIC" in cflags and "-fopenmp" in cflags and "-fopenmp" in lflags
     # Windows: the kernels' vector extensions need clang, and PE has no -fPIC
     cxx, cflags, lflags = toolchain("win32")
-    assert cxx == "clang++" and "-fPIC" not in cflags and "-fvisibility=hidden" not in cflags
+    assert cxx == ["clang++"] and "-fPIC" not in cflags and "-fvisibility=hidden" not in cflags
     # macOS: Apple clang takes OpenMP from libomp, found by its prefix
     (tmp_path / "include").mkdir()
     (tmp_path / "include" / "omp.h").write_text("")
     monkeypatch.setenv("SPLAT_OPENMP_PREFIX", str(tmp_path))
     cxx, cflags, lflags = toolchain("darwin")
-    assert cxx == "clang++" and cflags.count("-fopenmp") == 1  # only after -Xpreprocessor
+    assert cxx == ["clang++"] and cflags.count("-fopenmp") == 1  # only after -Xpreprocessor
     assert cflags[-3:] == ["-Xpreprocessor", "-fopenmp", f"-I{tmp_path}/include"]
     assert lflags[:2] == [f"-L{tmp_path}/lib", "-lomp"] and lflags[-1].endswith("@rpath/libsplat_cpu.dylib")
     # every platform keeps the flags that make the kernels round like the GPU build
     for name in ("linux", "darwin", "win32"):
         assert "-ffp-contract=off" in toolchain(name)[1]
-    monkeypatch.setenv("CXX", "my-clang++")
-    assert toolchain("linux")[0] == "my-clang++"
+    monkeypatch.setenv("CXX", "ccache my-clang++")  # a launcher and a compiler
+    assert toolchain("linux")[0] == ["ccache", "my-clang++"]
+
+
+def test_a_missing_compiler_is_a_one_line_error(monkeypatch, tmp_path):
+    from splat._native_build import build_cpu_library
+
+    monkeypatch.setenv("CXX", "no-such-compiler++")
+    with pytest.raises(RuntimeError, match="^splat: the compiler 'no-such-compiler\\+\\+' was not found") as e:
+        build_cpu_library(tmp_path / "lib.so", tmp_path / "objects", jobs=1)
+    assert "\n" not in str(e.value)
 
 
 def test_macos_without_libomp_builds_serial_and_says_so(monkeypatch, tmp_path, capsys):
