@@ -15,7 +15,10 @@ number, -callN, so that the three calls' files never share a name):
             device's architecture, record the machine, the tools and the
             kernels' registers (cuobjdump); start the peers' build and the
             fast build (fastmath) in the background
-  parity    tests/test_cuda.py, then the whole test suite, on the GPU machine
+  parity    tests/test_cuda.py, then the same file against splat's wheel
+            (installed with the device's torch, from a folder outside the
+            tree: the CUDA kernels through libsplat_cuda.so, not the
+            extension built in setup), then the whole test suite
   sanitize  compute-sanitizer memcheck and racecheck over tests/test_cuda.py
             and a rasterizer workload (forward + backward of several scenes)
   peers     build gsplat (its JIT build) and diff-surfel-rasterization
@@ -77,6 +80,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(1, str(ROOT))  # this checkout's splat (the GPU machine gets a bare copy of the tree)
 CAMPAIGN = ROOT / ".gpu_campaign"  # ignored by git; prepared by scripts/gpu_campaign.sh prepare
 WHEELS, PEERS, SCENES = CAMPAIGN / "wheels", CAMPAIGN / "peers", CAMPAIGN / "scenes"
+# splat's own wheel (scripts/build_wheels.sh at prepare): carried inside wheels/, but not installed by setup.
+SPLAT_WHEEL = WHEELS / "splat"
 BUILD, SITE = CAMPAIGN / "build", CAMPAIGN / "site"
 # The stages' scratch files (JUnit reports, workload results, training runs).
 SCRATCH = BUILD / "scratch"
@@ -268,7 +273,7 @@ class Campaign:
             )
         return r
 
-    def pip_install(self, wheels, target: Path) -> dict:
+    def pip_install(self, wheels, target: Path, log: str = "setup_pip.log") -> dict:
         # --no-deps: the device has every dependency but these; --no-index: it has no network.
         cmd = [
             sys.executable,
@@ -285,7 +290,7 @@ class Campaign:
             target,
             *wheels,
         ]
-        return self.run(cmd, "setup_pip.log", 120)
+        return self.run(cmd, log, 120)
 
     def parity(self) -> dict:
         junit = self.work / "junit"
@@ -299,6 +304,7 @@ class Campaign:
             base + ["tests/test_cuda.py", f"--junitxml={junit / 'cuda.xml'}"], "parity_test_cuda.log", 240, env=env
         )
         r["test_cuda"].update(junit_summary(junit / "cuda.xml"))
+        r["wheel"] = self.wheel_tests(base, junit)
         # The dry run stands in the same file for the whole suite (well under a minute in CI).
         suite = ["tests/test_cuda.py"] if self.dry_run else ["tests", "--continue-on-collection-errors"]
         r["suite"] = self.run(base + suite + [f"--junitxml={junit / 'suite.xml'}"], "parity_suite.log", 1e9, env=env)
@@ -306,11 +312,15 @@ class Campaign:
         gpu_skips = [s for s in r["test_cuda"].get("skip_reasons", {}) if "needs a GPU" in s]
         bad = [
             k
-            for k in ("test_cuda", "suite")
-            if r[k]["timed_out"]
-            or r[k].get("failures")
-            or r[k].get("errors_other_than_missing_modules")
-            or "junit" in r[k]
+            for k in ("test_cuda", "wheel", "suite")
+            if r[k].get("status") != "skipped"
+            and (
+                r[k].get("status") == "failed"
+                or r[k]["timed_out"]
+                or r[k].get("failures")
+                or r[k].get("errors_other_than_missing_modules")
+                or "junit" in r[k]
+            )
         ]
         if self.gpu and gpu_skips:
             r["gpu_tests_skipped"] = gpu_skips
@@ -319,6 +329,50 @@ class Campaign:
         r["failed_parts"] = bad
         if bad:
             r["reason"] = f"failed: {', '.join(bad)} (failures, errors, timeouts or skipped GPU tests)"
+        return r
+
+    def wheel_tests(self, base: list, junit: Path) -> dict:
+        """tests/test_cuda.py against splat's wheel (SPLAT_WHEEL), installed
+        beside the device's torch and imported from a folder outside the
+        tree, so that the CUDA kernels run through the wheel's
+        libsplat_cuda.so (the issue on wheels asks for this run)."""
+        wheels = sorted(SPLAT_WHEEL.glob("splat-*.whl"))
+        if not wheels:
+            return {
+                "status": "skipped",
+                "reason": f"no wheel staged in {SPLAT_WHEEL} (gpu_campaign.sh prepare builds it)",
+            }
+        site, run_dir = self.work / "wheel_site", self.work / "wheel_run"
+        shutil.rmtree(site, ignore_errors=True)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.copytree(ROOT / "tests", run_dir / "tests")
+        shutil.copytree(ROOT / "configs", run_dir / "configs", symlinks=False)
+        r = {"wheel": wheels[-1].name, "install": self.pip_install([wheels[-1]], site, "parity_wheel_pip.log")}
+        if r["install"]["rc"] != 0:
+            return {**r, "status": "failed", "reason": "the wheel did not install"}
+        # The wheel's splat first; SITE keeps the staged runtime packages (plyfile); never the tree.
+        env = self.env(PYTHONPATH=os.pathsep.join(str(p) for p in (site, SITE) if p.is_dir()))
+        probe = (
+            "import splat, splat._native_cuda as c; k = c.cuda_kernels(); "
+            "print('splat', splat.__file__); print('cuda kernels', getattr(k, '__file__', type(k).__name__))"
+        )
+        r["probe"] = self.run([sys.executable, "-c", probe], "parity_wheel_probe.log", 60, cwd=run_dir, env=env)
+        r.update(
+            self.run(
+                base + ["tests/test_cuda.py", f"--junitxml={junit / 'wheel.xml'}"],
+                "parity_wheel.log",
+                120,
+                cwd=run_dir,
+                env=env,
+            )
+        )
+        r.update(junit_summary(junit / "wheel.xml"))
+        tail = "\n".join(r["probe"]["tail"])
+        from_wheel = str(site) in tail and (not self.gpu or "libsplat_cuda" in tail)
+        skipped_gpu = [s for s in r.get("skip_reasons", {}) if "needs a GPU" in s]
+        r["status"] = "failed" if r["probe"]["rc"] or not from_wheel or (self.gpu and skipped_gpu) else "ran"
+        if r["status"] == "failed":
+            r["reason"] = "splat or its CUDA kernels did not come from the wheel, or the GPU tests were skipped"
         return r
 
     def sanitize(self) -> dict:

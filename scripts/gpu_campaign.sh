@@ -4,12 +4,15 @@
 # the --fmad=false question, training and a profile, in three device calls
 # that fit the 15 minutes of device time a session has, start included.
 #
-#   bash scripts/gpu_campaign.sh prepare [--dsr-repo DIR] [--scenes DIR]
+#   bash scripts/gpu_campaign.sh prepare [--dsr-repo DIR] [--scenes DIR] [--no-wheel]
 #        On the development machine (PyPI reachable): stage what the bare,
 #        offline GPU machine needs in .gpu_campaign/ (ignored by git):
 #          wheels/  plyfile (the only runtime package splat needs that the
 #                   device image lacks; its torch, numpy, scipy, opencv,
-#                   pytest, hypothesis are used as they are there)
+#                   pytest, hypothesis are used as they are there), and in
+#                   wheels/splat/ splat's own wheel (scripts/build_wheels.sh,
+#                   about 3 min; --no-wheel skips it), which parity tests
+#                   against the device's torch
 #          peers/   gsplat's wheel (pure Python; it builds its CUDA code on
 #                   first import, glm headers included) and the source of
 #                   diff-surfel-rasterization, from the mirror that the search
@@ -50,12 +53,13 @@ download() {
 mib() { du -sm "$@" 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
 
 prepare() {
-  local dsr_repo="$DSR_REPO_DEFAULT" scenes=../shared/scenes
+  local dsr_repo="$DSR_REPO_DEFAULT" scenes=../shared/scenes wheel=1
   while [ $# -gt 0 ]; do
     case "$1" in
       --dsr-repo) [ $# -ge 2 ] || die "--dsr-repo needs a folder"; dsr_repo="$2"; shift 2 ;;
       --scenes) [ $# -ge 2 ] || die "--scenes needs a folder"; scenes="$2"; shift 2 ;;
-      *) die "prepare: unknown argument '$1' (expected --dsr-repo DIR or --scenes DIR)" ;;
+      --no-wheel) wheel=0; shift ;;
+      *) die "prepare: unknown argument '$1' (expected --dsr-repo DIR, --scenes DIR or --no-wheel)" ;;
     esac
   done
   git check-ignore -q "$CAMPAIGN/x" || die "$CAMPAIGN/ is not ignored by git (.gitignore lost its /.gpu_campaign/ line?)"
@@ -63,7 +67,12 @@ prepare() {
   rm -f "$CAMPAIGN"/wheels/*.whl "$CAMPAIGN"/peers/*.whl  # one version of each: two stop pip's install
   download "$CAMPAIGN/wheels" "plyfile==$PLYFILE_VERSION"
   download "$CAMPAIGN/peers" "gsplat==$GSPLAT_VERSION"
-  echo "wheels: $(cd "$CAMPAIGN" && ls wheels/*.whl peers/*.whl | tr '\n' ' ')"
+  rm -rf "$CAMPAIGN/wheels/splat"
+  if [ "$wheel" = 1 ]; then
+    # the file users get (all seven architectures + PTX), for parity's run through libsplat_cuda.so
+    PYTHON="$PYTHON" bash scripts/build_wheels.sh "$CAMPAIGN/wheels/splat" | tail -3
+  fi
+  echo "wheels: $(cd "$CAMPAIGN" && ls wheels/*.whl wheels/splat/*.whl peers/*.whl 2>/dev/null | tr '\n' ' ')"
   # The device's copy of the tree may lack .git: the results name the commit staged from (run prepare last).
   echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!.gpu_campaign' || echo '+uncommitted changes')" \
     >"$CAMPAIGN/wheels/COMMIT"

@@ -258,3 +258,42 @@ def test_gpu_results_page_is_generated_from_the_committed_results():
     page = module.page()
     assert "| NVIDIA H200 |" in page and "## Speed against the peers" in page
     assert (ROOT / "docs" / "gpu.md").read_text() == page, "run: python bench/gpu_report.py --write docs/gpu.md"
+
+
+def _fake_wheel(folder: Path) -> Path:
+    """A wheel of a stand-in package named splat: its tests cannot pass, so
+    the run below shows which splat they imported."""
+    import zipfile
+
+    info = "splat-0.0.0.dist-info"
+    files = {
+        "splat/__init__.py": "",
+        "splat/_native_cuda.py": "def cuda_kernels():\n    return None\n",
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: splat\nVersion: 0.0.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in files) + f"{info}/RECORD,,\n"
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / "splat-0.0.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return wheel
+
+
+def test_the_wheel_step_tests_the_installed_wheel_not_the_tree(tmp_path, monkeypatch):
+    campaign = _campaign_module()
+    c = campaign.Campaign(tmp_path / "out", dry_run=True, budget_s=300, call=None, scenes=None)
+    base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    monkeypatch.setattr(campaign, "SPLAT_WHEEL", tmp_path / "none")
+    r = c.wheel_tests(base, tmp_path)
+    assert r["status"] == "skipped" and "prepare builds it" in r["reason"]
+
+    monkeypatch.setattr(campaign, "SPLAT_WHEEL", tmp_path / "staged")
+    _fake_wheel(tmp_path / "staged")
+    r = c.wheel_tests(base, tmp_path)
+    assert r["install"]["rc"] == 0, r["install"]["tail"]
+    probe = "\n".join(r["probe"]["tail"])
+    assert f"splat {c.work / 'wheel_site' / 'splat'}" in probe, probe
+    # the stand-in has no rasterizer: the tests ran, and failed, against it
+    assert r["status"] == "ran" and (r.get("errors") or r.get("failures") or r["rc"] != 0), r
