@@ -127,6 +127,14 @@ class TrainConfig:
         ge=1,
     )
     sh_increase_every: int = _f(500, "one more SH degree every n steps", ge=0)
+    coarse_factor: int = _f(
+        1,
+        "coarse-to-fine: the first steps render and compare images area-downscaled by this power of 2, "
+        "halved in equal spans of steps until train.coarse_until (splat/training/resolution.py); "
+        "1 = full resolution throughout",
+        ge=1,
+    )
+    coarse_until: int = _f(0, "first step at full resolution when train.coarse_factor > 1", ge=0)
     appearance: Literal["none", "affine"] = _f(
         "none",
         "affine: a learned per-train-image colour correction A rgb + b (exposure, white balance) "
@@ -476,6 +484,13 @@ def check_config(cfg: Dict) -> Dict:
         raise ConfigError(
             f"train.pose_opt_from: {tr['pose_opt_from']} is not before the last step "
             f"(train.iterations={tr['iterations']}): the poses would never be corrected"
+        )
+    if tr["coarse_factor"] & (tr["coarse_factor"] - 1):
+        raise ConfigError(f"train.coarse_factor: must be a power of 2 (1, 2, 4, ...), got {tr['coarse_factor']!r}")
+    if tr["coarse_factor"] > 1 and mv["enabled"] and mv["start"] < tr["coarse_until"]:
+        # its neighbour images and homographies are those of the full-resolution views
+        raise ConfigError(
+            f"loss.multiview.start ({mv['start']}) must not come before train.coarse_until ({tr['coarse_until']})"
         )
     if mv["patch_size"] % 2 == 0:
         raise ConfigError(f"loss.multiview.patch_size: must be odd, got {mv['patch_size']!r}")

@@ -45,6 +45,7 @@ from ..losses import LOSS_TERMS, psnr, total_loss
 from ..optimizers import means_lr
 from .batch_rendering import camera_of
 from .multiview_step import MULTIVIEW_TERMS, MultiViewTerms
+from .resolution import CoarseViews
 from .targets import camera_background, corrected, gt_image
 from .views import batch_views
 
@@ -121,6 +122,7 @@ class BatchStep:
     ):
         self.cfg, self.scene, self.background, self.pose = cfg, scene, background, pose
         self.scene_radius, self.device, self.rendering, self.group = scene_radius, device, rendering, group
+        self.views = CoarseViews(scene.train, cfg["train"])
         mv = cfg["loss"]["multiview"]
         self.multiview = (
             MultiViewTerms(mv, scene.train, scene_radius, cfg["seed"], announce=group.is_main)
@@ -143,7 +145,7 @@ class BatchStep:
     def __call__(self, model, optimizers: Dict, strategy, appearance, step: int) -> StepSums:
         """Steps 1-3 of the module doc; returns this rank's :class:`StepSums`."""
         cfg = self.cfg
-        frames = self.scene.train
+        frames = self.views.at(step)
         batch = int(cfg["train"]["batch_size"])
         self.set_means_lr(optimizers, step)
         views = batch_views(cfg["seed"], step, batch, len(frames))
