@@ -257,10 +257,13 @@ class StrategyConfig:
         lt=1.0,
     )
     mcmc_noise_lr: float = _f(
-        5e5, "mcmc: position noise = covariance x N(0, 1) x gate(opacity) x means lr x this (0: none)", ge=0.0
+        5e5,
+        "mcmc: position noise = covariance x N(0, 1) x gate(opacity) x means lr x this, "
+        "in a scene scaled to radius 1 as gsplat's (0: none)",
+        ge=0.0,
     )
     mcmc_opacity_reg: float = _f(0.01, "mcmc: weight of the mean opacity added to the loss (L1)", ge=0.0)
-    mcmc_scale_reg: float = _f(0.01, "mcmc: weight of the mean scale (world units) added to the loss (L1)", ge=0.0)
+    mcmc_scale_reg: float = _f(0.01, "mcmc: weight of the mean scale (in scene radii) added to the loss (L1)", ge=0.0)
     verbose: bool = _f(False, "print the counts cloned, split and pruned at each refinement")
 
 

@@ -241,6 +241,32 @@ def test_regularisers_are_means_over_every_primitive():
     want = 0.5 * model.opacities.mean() + 0.25 * model.scales.mean()
     assert float(loss.detach()) == pytest.approx(float(want.detach()), rel=1e-6)
     assert make_strategy(strategy_config({}), 1.0).loss(model) is None
+    # in scene radii: the same regulariser in a scene 4 x larger is a quarter per world unit
+    cfg = strategy_config(dict(name="mcmc", max_gaussians=10, mcmc_opacity_reg=0.0, mcmc_scale_reg=0.25))
+    loss4 = make_strategy(cfg, 4.0).loss(model)
+    assert float(loss4.detach()) == pytest.approx(0.25 * float(model.scales.mean().detach()) / 4.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("primitive", ["2dgs", "3dgs"])
+def test_the_noise_scales_with_the_scene(primitive):
+    """The same scene in units c times larger (means, scales, radius and the
+    means' learning rate, which the trainer scales by the radius) moves by c
+    times as much: gsplat's noise in a scene of radius 1, whatever the unit."""
+    moves = {}
+    for c in (1.0, 7.0):
+        torch.manual_seed(0)  # the same model twice (its rotations come from the global generator)
+        model, optimizers = _model([0.01, 0.02, 0.004, 0.5], primitive)
+        with torch.no_grad():
+            model.params["means"].mul_(c)
+            model.params["scales"].add_(math.log(c))  # log-scales
+        for g in optimizers["means"].param_groups:
+            g["lr"] = 1e-3 * c
+        strategy = make_strategy(strategy_config(dict(name="mcmc", max_gaussians=4, refine_start=100)), c)
+        before = model.means.detach().clone()
+        strategy.step_post_backward(model, optimizers, None, 5)
+        moves[c] = (model.means.detach() - before).double()
+    assert moves[1.0].abs().max() > 0
+    torch.testing.assert_close(moves[7.0], 7.0 * moves[1.0], rtol=1e-4, atol=0)
 
 
 # ---------------------------------------------------------------- budget

@@ -16,6 +16,17 @@ After every optimiser step the means get the gated noise of
 learning rate x ``mcmc_noise_lr``; the loss gets ``mcmc_opacity_reg`` x the
 mean opacity + ``mcmc_scale_reg`` x the mean scale (:meth:`MCMCStrategy.loss`).
 
+Both are gsplat's formulas in a scene of radius 1, which is what gsplat's
+trainer trains in (it normalises the world before training), so that the
+same settings move a scene of any unit alike.  gsplat's noise
+``Sigma z gate lr noise_lr`` with Sigma in length^2 and the means' rate lr in
+length grows with the cube of the unit: in a scene of radius R (world units)
+it is taken in radii, ``(Sigma / R^2) z gate (lr / R) noise_lr``, and moved
+back, x R: ``Sigma z gate lr noise_lr / R^2``.  Taken as it is in world units
+instead, still_life (R = 3.6) got 13 x the noise and a default.yaml run
+collapsed (bench/results/mcmc_still_life_default_trace.json).  The scale
+regulariser is likewise on scales in radii.
+
 Optimiser state: the moments of relocated rows, dead and drawn, are zeroed
 (gsplat zeroes the drawn ones and leaves the dead rows the moments of the
 primitive that was there; a copy has no such history); new rows start at
@@ -75,7 +86,7 @@ class MCMCStrategy(Strategy):
     # ---------------------------------------------------------------- hooks
     def loss(self, model) -> Optional[torch.Tensor]:
         """``mcmc_opacity_reg`` x mean opacity + ``mcmc_scale_reg`` x mean scale
-        over every rank's primitives (gsplat's L1 terms: both are positive).
+        in scene radii over every rank's primitives (gsplat's L1 terms: both are positive).
         This rank's share: its sums over the global count, so each row's
         gradient is the same on any number of processes.  Collective."""
         cfg = self.cfg
@@ -86,8 +97,8 @@ class MCMCStrategy(Strategy):
         if cfg.mcmc_opacity_reg > 0:
             total = total + cfg.mcmc_opacity_reg * model.opacities.sum() / n
         if cfg.mcmc_scale_reg > 0:
-            scales = model.scales  # [N, D]
-            total = total + cfg.mcmc_scale_reg * scales.sum() / (n * scales.shape[1])
+            scales = model.scales  # [N, D] world units; the regulariser is on radii (module doc)
+            total = total + cfg.mcmc_scale_reg * scales.sum() / (n * scales.shape[1] * self.scene_radius)
         return total
 
     def step_post_backward(self, model, optimizers: Dict, out, step: int) -> None:
@@ -102,7 +113,8 @@ class MCMCStrategy(Strategy):
             if cfg.verbose and self.group.is_main:
                 print(f"step {step}: {n_before} -> {n_before + added} primitives ({relocated} relocated)")
         lr = float(optimizers["means"].param_groups[0]["lr"])
-        self._add_noise(state, step, lr * cfg.mcmc_noise_lr)
+        # lr is the means' rate in world units (x R): gsplat's noise in radii, back in world units (module doc)
+        self._add_noise(state, step, lr * cfg.mcmc_noise_lr / self.scene_radius**2)
 
     # ---------------------------------------------------------------- moves
     def _everyone(self, state: PrimitiveState):
