@@ -295,5 +295,5 @@ def test_the_wheel_step_tests_the_installed_wheel_not_the_tree(tmp_path, monkeyp
     assert r["install"]["rc"] == 0, r["install"]["tail"]
     probe = "\n".join(r["probe"]["tail"])
     assert f"splat {c.work / 'wheel_site' / 'splat'}" in probe, probe
-    # the stand-in has no rasterizer: the tests ran, and failed, against it
-    assert r["status"] == "ran" and (r.get("errors") or r.get("failures") or r["rc"] != 0), r
+    # test_cuda.py ran from outside the tree, against the stand-in (its outcome depends on the machine: no GPU here)
+    assert r["status"] == "ran" and "tests/test_cuda.py" in r["command"], r

@@ -38,11 +38,14 @@ def test_a_coarse_view_is_the_loaders_own_downscale():
 
 
 def test_coarse_views_are_made_once_and_dropped_at_full_resolution():
-    frames = load_scene(SAMPLE).train
-    views = CoarseViews(frames, {"coarse_factor": 2, "coarse_until": 5})
+    scene = load_scene(SAMPLE)
+    frames = scene.train
+    views = CoarseViews(scene, {"coarse_factor": 2, "coarse_until": 5})
     first = views.at(1)
     assert len(first) == len(frames) and first[3] is views.at(2)[3] and first[3].width == frames[3].width // 2
-    assert views.at(5) is frames and not views._cache
+    scene.train = frames[::-1]  # the scene's current views, as a caller may replace them
+    assert views.at(2)[0] is views.at(1)[0] and views.at(2)[0].image_path == frames[-1].image_path
+    assert views.at(5) is scene.train and not views._cache
 
 
 @pytest.mark.parametrize(

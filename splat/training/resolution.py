@@ -57,36 +57,37 @@ def coarse_frame(frame, s: int):
 
 
 class CoarseViews:
-    """The training views at the factor of each step, each coarse view made
-    once (``train_cfg``: the config's ``train`` section)."""
+    """The training views of ``scene`` (read at every step: callers may
+    replace ``scene.train``) at the factor of each step, each coarse view
+    made once (``train_cfg``: the config's ``train`` section)."""
 
-    def __init__(self, frames, train_cfg: Dict):
-        self.frames, self.factor, self.until = frames, int(train_cfg["coarse_factor"]), int(train_cfg["coarse_until"])
-        self._cache: Dict[tuple, object] = {}
+    def __init__(self, scene, train_cfg: Dict):
+        self.scene, self.factor, self.until = scene, int(train_cfg["coarse_factor"]), int(train_cfg["coarse_until"])
+        self._cache: Dict[tuple, tuple] = {}  # (id(frame), s) -> (frame, its coarse view)
 
     def at(self, step: int):
-        """The list of training views of ``step``: the frames themselves at full resolution."""
+        """The list of training views of ``step``: ``scene.train`` itself at full resolution."""
         s = resolution_factor(step, self.factor, self.until)
         if s == 1:
             self._cache.clear()  # never needed again: the factor only falls
-            return self.frames
-        return _LazyViews(self, s)
+            return self.scene.train
+        return _LazyViews(self, self.scene.train, s)
 
-    def view(self, index: int, s: int):
-        key = (index, s)
-        if key not in self._cache:
-            self._cache[key] = coarse_frame(self.frames[index], s)
-        return self._cache[key]
+    def view(self, frame, s: int):
+        entry = self._cache.get((id(frame), s))
+        if entry is None or entry[0] is not frame:  # the frame is kept, so its id is not reused
+            entry = self._cache[(id(frame), s)] = (frame, coarse_frame(frame, s))
+        return entry[1]
 
 
 class _LazyViews:
-    """A read-only list of coarse views, each made when first indexed."""
+    """A read-only list of coarse views of ``frames``, each made when first indexed."""
 
-    def __init__(self, views: CoarseViews, s: int):
-        self.views, self.s = views, s
+    def __init__(self, views: CoarseViews, frames, s: int):
+        self.views, self.frames, self.s = views, frames, s
 
     def __len__(self) -> int:
-        return len(self.views.frames)
+        return len(self.frames)
 
     def __getitem__(self, index: int):
-        return self.views.view(index, self.s)
+        return self.views.view(self.frames[index], self.s)

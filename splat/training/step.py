@@ -122,7 +122,7 @@ class BatchStep:
     ):
         self.cfg, self.scene, self.background, self.pose = cfg, scene, background, pose
         self.scene_radius, self.device, self.rendering, self.group = scene_radius, device, rendering, group
-        self.views = CoarseViews(scene.train, cfg["train"])
+        self.views = CoarseViews(scene, cfg["train"])
         mv = cfg["loss"]["multiview"]
         self.multiview = (
             MultiViewTerms(mv, scene.train, scene_radius, cfg["seed"], announce=group.is_main)
