@@ -168,7 +168,7 @@ class TrainConfig:
 class MultiViewConfig:
     """Multi-view photometric and geometric consistency (PGSR; splat/multiview.py, docs/training.md)."""
 
-    enabled: bool = _f(False, "render a neighbour view each step and add the multi-view terms (one process only)")
+    enabled: bool = _f(False, "render a neighbour view each step and add the multi-view terms")
     start: int = _f(1000, "step where the multi-view terms start (PGSR: 7k of 30k steps)", ge=0)
     every: int = _f(1, "from start, the terms (and the neighbour's render) on every n-th step (PGSR: 1)", ge=1)
     geo_lambda: float = _f(0.03, "weight of the forward-backward reprojection error (pixels)", ge=0.0)

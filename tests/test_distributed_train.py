@@ -66,10 +66,11 @@ def train_rank(group, cfg, out, resume=False, stop_at=None):
     on rank 0, the whole model by id and the metrics."""
     from splat.trainer import Trainer
 
-    counts, shards = [], []
+    counts, shards, mv_geo = [], [], []
 
     def record(trainer, step, terms):
         counts.append(trainer.num_gaussians())
+        mv_geo.append(terms.get("mv_geo"))
         shards.append(trainer.model.num_gaussians)
         if stop_at is not None and step == stop_at:
             raise Stop()
@@ -83,6 +84,7 @@ def train_rank(group, cfg, out, resume=False, stop_at=None):
     return {
         "counts": counts,
         "shards": shards,
+        "mv_geo": mv_geo,
         "metrics": metrics if group.is_main else None,
         "ids": None if model is None else model.ids,
         "params": None if model is None else {k: v.detach().clone() for k, v in model.params.items()},
@@ -172,6 +174,22 @@ def test_pose_corrections_on_several_processes(scene, tmp_path):
     a, b = (torch.tensor([p[k] for k in sorted(p)]) for p in poses)
     assert poses[0].keys() == poses[1].keys() and float((a - b).abs().max()) <= 1e-5 * float(a.abs().max())
     assert_same_model(two[0], one, rtol=1e-4)
+
+
+def test_multiview_terms_on_several_processes(scene, tmp_path):
+    """loss.multiview: each camera's partner renders on the camera's rank
+    (camera 2 of 3 on rank 0 of 2, its partner too), so the terms and the
+    model are those of one process, bitwise, through densification."""
+    mv = ["loss.multiview.enabled=true", "loss.multiview.start=0", "loss.multiview.max_angle=90"]
+    cfg = config(scene, 40, ["strategy.refine_start=20", "strategy.refine_every=10", *mv])
+    one = run(1, cfg, tmp_path / "one")[0]
+    two = run(2, cfg, tmp_path / "two")
+    assert two[0]["counts"] == one["counts"] and len(set(one["counts"])) > 1
+    assert_same_model(two[0], one)
+    # The logged term is the batch mean on every rank: the ranks' partial sums
+    # meet in another order than one process adds them (float64 logging sums).
+    assert all(v is not None for v in one["mv_geo"])
+    assert two[0]["mv_geo"] == pytest.approx(one["mv_geo"], rel=1e-12)
 
 
 def test_resume_same_world_size_is_bitwise_and_other_sizes_reshard(scene, one_process, tmp_path):

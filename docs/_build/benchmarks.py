@@ -28,6 +28,7 @@ GROUPS = (
     ("Rasterizer", ("cpu", "rasterize")),
     ("Training step", ("train_step",)),
     ("Training quality", ("training",)),
+    ("CPU time to quality", ("time_to_quality",)),
     ("Scenes without SfM points", ("init_without_points",)),
     ("Meshes", ("dtu_scan24_mesh",)),
     ("Robustness and the CUDA test harness", ("kill_resume", "cuda_emulation")),

@@ -15,10 +15,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import benchmarks  # noqa: E402
 import config_reference  # noqa: E402
+import time_to_quality_tables  # noqa: E402
 
 GENERATORS = {
     "config-reference": config_reference.markdown,
     "benchmarks": benchmarks.markdown,
+    # bench/time_to_quality.py's tables, one per scene (bench/results/<name>).
+    "time-to-quality": time_to_quality_tables.markdown,
     # One results file: its provenance and tables (bench/results/<name>).
     "results-file": lambda name: benchmarks.file_section(benchmarks.RESULTS / name, level=3),
 }

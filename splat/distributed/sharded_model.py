@@ -11,7 +11,7 @@ model holds its shard, rows tagged with their global ``ids``.
 
 from __future__ import annotations
 
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 import torch
 
@@ -34,10 +34,16 @@ def shard_of(params: Dict[str, torch.Tensor], sh_degree: int, group: Group) -> G
 
 
 def render_model(
-    model: GaussianModel, cameras: Sequence[Camera], group: Group, sh_degree: int, near: float, far: float
+    model: GaussianModel,
+    cameras: Sequence[Camera],
+    group: Group,
+    sh_degree: int,
+    near: float,
+    far: float,
+    owners: Optional[Sequence[int]] = None,
 ) -> ShardedRender:
     """:func:`splat.distributed.render_sharded` of ``model``'s shard with SH
-    degree ``sh_degree``."""
+    degree ``sh_degree`` (``owners``: the rank of each camera, default round robin)."""
     return render_sharded(
         model.means,
         model.quats,
@@ -50,6 +56,7 @@ def render_model(
         near=near,
         far=far,
         sh_degree=sh_degree,
+        owners=owners,
     )
 
 

@@ -102,6 +102,7 @@ def render_sharded(
     near: float = 0.2,
     far: float = 100.0,
     sh_degree: Optional[int] = None,
+    owners: Optional[Sequence[int]] = None,
 ) -> ShardedRender:
     """Renders ``cameras`` from the surfels of every rank (see the module doc).
 
@@ -113,9 +114,15 @@ def render_sharded(
             renders its surfels in increasing id order.
         cameras: the whole batch, the same list on every rank.
         group: this process's :class:`~splat.distributed.group.Group`.
+        owners: the rank that renders each camera, the same list on every
+            rank (default :func:`camera_rank`'s round robin); a camera whose
+            render another camera's loss needs goes to that camera's rank.
     """
     world, rank = group.world_size, group.rank
-    owners = [camera_rank(i, world) for i in range(len(cameras))]
+    if owners is None:
+        owners = [camera_rank(i, world) for i in range(len(cameras))]
+    elif len(owners) != len(cameras) or any(not 0 <= o < world for o in owners):
+        raise ValueError(f"owners: {len(cameras)} ranks in [0, {world}) expected, got {list(owners)}")
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (means, quats, scales, opacities, colors))
     floats, ints, handles, radii = [], [], [], []
     for cam in cameras:

@@ -9,8 +9,8 @@ Two implementations, one interface (:meth:`backward` for a step,
   so memory is that of one camera.  3D Gaussians and
   ``render.backend=torch``; one process.
 * :class:`ShardedRendering`: :func:`splat.distributed.render_sharded`
-  renders the whole batch from every rank's shard (camera i on rank
-  i mod N; one process renders them all) and one backward carries each
+  renders the whole batch from every rank's shard (camera i, and its
+  partner, on rank i mod N; one process renders them all) and one backward carries each
   surfel's gradient back to its owner, summed over the cameras in the same
   order on any number of processes.  Memory: the batch's renders at once.
 
@@ -30,7 +30,7 @@ import torch
 
 from ..distributed.group import Group
 from ..distributed.sharded_model import render_model
-from ..distributed.sharded_render import Camera
+from ..distributed.sharded_render import Camera, camera_rank
 from ..model import GaussianModel
 from ..model_render import render_frame
 from ..strategy import Visibility, visibility
@@ -122,15 +122,18 @@ class ShardedRendering:
         backward of the mean of this rank's cameras' losses (joined to the
         exchange by its anchor, so every rank runs the exchange's backward).
         Returns (every camera's visibility of this rank's surfels, bytes this
-        rank sent both ways).  Partners need one process: camera i renders
-        on rank i mod N, so a partner would render on another rank than its
-        camera (checked at start, :func:`splat.training.capability.check_distributed`)."""
+        rank sent both ways).  Camera i renders on rank i mod N and its
+        partner on the same rank, so the camera's loss finds both renders
+        there (every rank holds every training image, so the partner's photo
+        is there too)."""
         batch = len(cameras)
         extra = [(b, p) for b, p in enumerate(partners or ()) if p is not None]
-        if extra and self.group.distributed:
-            raise RuntimeError("multi-view partners render on one process only")  # check_distributed refuses it
         everything = list(cameras) + [p for _, p in extra]
-        r = render_model(model, everything, self.group, sh_degree, self.render_cfg["near"], self.render_cfg["far"])
+        world = self.group.world_size
+        owners = [camera_rank(b, world) for b in range(batch)] + [camera_rank(b, world) for b, _ in extra]
+        r = render_model(
+            model, everything, self.group, sh_degree, self.render_cfg["near"], self.render_cfg["far"], owners
+        )
         partner_slot = {b: batch + k for k, (b, _) in enumerate(extra)}
         loss_sum = r.anchor
         for b, out in r.outputs.items():

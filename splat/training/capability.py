@@ -19,11 +19,6 @@ def check_distributed(cfg: Dict) -> None:
             f"model.primitive={cfg['model']['primitive']}: training on several processes "
             "renders surfels only (model.primitive=2dgs)"
         )
-    if cfg["loss"]["multiview"]["enabled"]:
-        raise ConfigError(
-            "loss.multiview.enabled=true: the multi-view terms train on one process only "
-            "(a neighbour view would render on another rank; docs/training.md)"
-        )
     if cfg["render"]["backend"] == "torch":
         raise ConfigError(
             "render.backend=torch: training on several processes needs the C++ or CUDA kernels (render.backend=auto)"

@@ -17,11 +17,12 @@ balance difference between the two photos does not read as geometry.
 (NCC alone is blind to a gain and offset of the grey level, not to a
 white-balance change, which changes the grey image non-uniformly.)
 
-One process only: the trainer refuses ``loss.multiview.enabled`` on
-several (:func:`splat.training.capability.check_distributed`).  Every rank
+On several processes a partner renders on its camera's rank
+(:class:`splat.training.batch_rendering.ShardedRendering`), and every rank
 loads every training image (:func:`splat.data.load_scene_from_config`), so
-the photos are already where they would be needed; what is missing is
-rendering a partner on the rank that renders its camera (docs/training.md).
+both renders and both photos of a camera's terms are on the rank that takes
+its loss: nothing more travels than the partner's surfel records, as for
+any camera.
 """
 
 from __future__ import annotations
