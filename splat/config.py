@@ -193,6 +193,9 @@ class LossConfig:
     depth_for_normal: Literal["expected", "median"] = _f(
         "expected", "rendered depth whose screen-space derivatives give the normal consistency's target normals"
     )
+    normal_edge_weight: bool = _f(
+        False, "weight the normal consistency by (1 - the photo's normalised gradient)^2 (PGSR): less at edges"
+    )
     multiview: MultiViewConfig = _section(MultiViewConfig)
 
 

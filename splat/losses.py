@@ -253,6 +253,33 @@ def depth_to_normal(depth: torch.Tensor, K: torch.Tensor, viewmat: torch.Tensor)
     return n @ R  # n_world = R^T n_cam, row-vector form
 
 
+def image_edge_weight(image: torch.Tensor) -> torch.Tensor:
+    """Per-pixel weight (1 - g)^2 that fades a geometric term at the photo's
+    edges (PGSR's ``get_img_grad_weight``).  image [H, W, C] -> [H, W].
+
+    g is the larger of the channel-mean absolute central differences along
+    x and y, ``max(mean_c |I[y, x+1] - I[y, x-1]|, mean_c |I[y+1, x] - I[y-1, x]|)``,
+    min-max normalised over the image's interior to [0, 1]; the 1-pixel
+    border (no central difference) gets g = 1, weight 0, and a flat interior
+    (max = min) g = 0, weight 1.  An edge in the photo is where a depth
+    discontinuity is likely, and there the normals from depth differences
+    point along the discontinuity, not the surface.  No gradient: the weight
+    depends on the photo only.
+    """
+    img = image.detach()
+    H, W = img.shape[:2]
+    w = torch.zeros(H, W, dtype=img.dtype, device=img.device)
+    if H < 3 or W < 3:
+        return w
+    gx = (img[1:-1, 2:] - img[1:-1, :-2]).abs().mean(-1)  # [H-2, W-2]
+    gy = (img[2:, 1:-1] - img[:-2, 1:-1]).abs().mean(-1)
+    g = torch.maximum(gx, gy)
+    lo, hi = g.min(), g.max()
+    g = (g - lo) / (hi - lo) if float(hi - lo) > 0 else torch.zeros_like(g)
+    w[1:-1, 1:-1] = (1.0 - g) ** 2
+    return w
+
+
 def distortion_loss(distortion: torch.Tensor) -> torch.Tensor:
     """Mean of the rasterizer's per-pixel depth distortion (2DGS eq. 13)."""
     return distortion.mean()
@@ -336,7 +363,8 @@ def total_loss(
 
     ``cfg`` is the ``loss`` section of the config: ``ssim_lambda``,
     ``dist_lambda``, ``dist_from``, ``normal_lambda``, ``normal_from``,
-    ``depth_for_normal`` (``"expected"`` or ``"median"``).
+    ``depth_for_normal`` (``"expected"`` or ``"median"``), ``normal_edge_weight``
+    (the normal term's per-pixel weight α times :func:`image_edge_weight` of ``gt``).
     """
     loss = photometric_loss(out.rgb, gt, cfg.get("ssim_lambda", 0.2))
     terms = {"photo": float(loss.detach())}
@@ -346,7 +374,8 @@ def total_loss(
         terms["dist"] = float(d.detach())
     if cfg.get("normal_lambda", 0) > 0 and step >= cfg.get("normal_from", 0):
         depth = out.median_depth if cfg.get("depth_for_normal", "expected") == "median" else out.depth
-        nc = depth_normal_consistency_loss(depth, out.normal, out.alpha, K, viewmat)
+        weight = out.alpha * image_edge_weight(gt) if cfg.get("normal_edge_weight", False) else out.alpha
+        nc = depth_normal_consistency_loss(depth, out.normal, weight, K, viewmat)
         loss = loss + cfg["normal_lambda"] * nc
         terms["normal"] = float(nc.detach())
     return loss, terms

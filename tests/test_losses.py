@@ -12,12 +12,14 @@ from splat.losses import (
     depth_normal_consistency_loss,
     depth_to_normal,
     depth_to_points,
+    image_edge_weight,
     l1_loss,
     normal_consistency_loss,
     photometric_loss,
     psnr,
     ssim,
     ssim_torch,
+    total_loss,
 )
 
 
@@ -290,3 +292,50 @@ def test_normal_loss_with_camera_gradients_takes_the_torch_path():
     viewmat.requires_grad_(True)
     depth_normal_consistency_loss(depth, normal, alpha, K, viewmat).backward()
     assert viewmat.grad is not None and float(viewmat.grad.abs().sum()) > 0
+
+
+def test_image_edge_weight_fades_edges_and_borders():
+    """(1 - g)^2 with g min-max normalised: 0 on the border and on the
+    strongest edge, 1 where the photo is flat; a flat photo weighs 1 inside."""
+    img = torch.zeros(8, 10, 3, dtype=torch.float64)
+    img[:, 5:] = 1.0  # a vertical step between columns 4 and 5
+    w = image_edge_weight(img)
+    assert w.shape == (8, 10)
+    assert torch.equal(w[0], torch.zeros(10)) and torch.equal(w[:, -1], torch.zeros(8))  # border
+    assert torch.equal(w[1:-1, 4], torch.zeros(6)) and torch.equal(w[1:-1, 5], torch.zeros(6))  # the edge
+    assert torch.equal(w[1:-1, 1:4], torch.ones(6, 3)) and torch.equal(w[1:-1, 6:9], torch.ones(6, 3))
+    # A weaker edge (half the step) in the same photo: g = 1/2, weight 1/4.
+    img[:, :2] = 0.5
+    w = image_edge_weight(img)
+    assert torch.allclose(w[1:-1, 1], torch.full((6,), 0.25, dtype=torch.float64))
+    assert torch.equal(image_edge_weight(torch.full((5, 5, 3), 0.3))[1:-1, 1:-1], torch.ones(3, 3))
+    assert torch.equal(image_edge_weight(torch.ones(2, 9, 3)), torch.zeros(2, 9))  # no interior
+
+
+def test_normal_edge_weight_multiplies_the_normal_terms_alpha():
+    """loss.normal_edge_weight: the normal term is normal_consistency_loss
+    with alpha x image_edge_weight(gt), and still reaches depth and normals."""
+    from splat.outputs import RasterOutput
+
+    g = torch.Generator().manual_seed(3)
+    H, W = 12, 14
+    depth = (2.0 + 0.1 * torch.rand(H, W, generator=g, dtype=torch.float64)).requires_grad_(True)
+    normal = torch.nn.functional.normalize(torch.randn(H, W, 3, generator=g, dtype=torch.float64), dim=-1)
+    normal.requires_grad_(True)
+    alpha = torch.rand(H, W, generator=g, dtype=torch.float64)
+    gt = torch.rand(H, W, 3, generator=g, dtype=torch.float64)
+    K = torch.tensor([[20.0, 0, 7], [0, 20.0, 6], [0, 0, 1]], dtype=torch.float64)
+    viewmat = torch.eye(4, dtype=torch.float64)
+    out = RasterOutput(
+        rgb=gt.clone(), alpha=alpha, depth=depth, median_depth=depth, normal=normal,
+        distortion=torch.zeros(H, W, dtype=torch.float64), radii=None, means2d=None,
+    )  # fmt: skip
+    cfg = dict(ssim_lambda=0.0, dist_lambda=0.0, normal_lambda=1.0, normal_from=0)
+    _, plain = total_loss(out, gt, K, viewmat, 0, cfg)
+    loss, weighted = total_loss(out, gt, K, viewmat, 0, dict(cfg, normal_edge_weight=True))
+    with torch.no_grad():
+        expected = normal_consistency_loss(normal, depth_to_normal(depth, K, viewmat), alpha * image_edge_weight(gt))
+    assert weighted["normal"] == pytest.approx(float(expected), rel=1e-12)
+    assert weighted["normal"] < plain["normal"]  # every weight is at most 1, the border's 0
+    loss.backward()
+    assert depth.grad.abs().sum() > 0 and normal.grad.abs().sum() > 0
