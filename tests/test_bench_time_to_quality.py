@@ -65,3 +65,21 @@ def test_docs_tables_from_a_results_file(tmp_path):
     assert "| fast | 2dgs | 5000 | 34.2 | 1.23 | 6.04 | 44 | 21 | — | 44 |" in lines
     assert any(ln.startswith("| default | 3dgs | exit code 1 |") for ln in lines)
     assert "`python bench/quality.py X`" in page and "does not build here" in page
+
+
+def test_warm_file_cache_reads_every_file(tmp_path, monkeypatch):
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "a.png").write_bytes(b"x" * 100)
+    (tmp_path / "transforms.json").write_text("{}")
+    opened = []
+    real_open = open
+    import builtins
+
+    def spy(path, *a, **k):
+        opened.append(Path(path).name)
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", spy)
+    seconds = ttq["warm_file_cache"](tmp_path)
+    monkeypatch.undo()
+    assert sorted(opened) == ["a.png", "transforms.json"] and seconds >= 0

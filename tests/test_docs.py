@@ -76,6 +76,18 @@ def test_readme_points_only_inside_the_repository():
         assert path.is_relative_to(ROOT) and path.exists(), f"README links to a missing file: {target}"
 
 
+def test_docs_links_to_pages_resolve_and_every_page_is_in_the_nav():
+    """What ``mkdocs build --strict`` refuses, caught by the suite too: a link
+    to a page that does not exist, and a page the site's navigation leaves out."""
+    nav = set(re.findall(r":\s*([\w./-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M))
+    pages = {p.name for p in DOCS.glob("*.md")}
+    assert pages - nav == set(), f"docs pages missing from mkdocs.yml's nav: {sorted(pages - nav)}"
+    assert nav - pages == set(), f"mkdocs.yml's nav names missing pages: {sorted(nav - pages)}"
+    for page in sorted(DOCS.glob("*.md")):
+        for target in re.findall(r"\]\(([^)\s#:]+\.md)(?:#[^)]*)?\)", page.read_text()):
+            assert (page.parent / target).is_file(), f"docs/{page.name} links to a missing page: {target}"
+
+
 def test_ci_runs_the_readme_install_and_test_commands():
     readme, ci = README.read_text(), CI.read_text()
     ci_lines = {_normalise(line) for line in ci.splitlines() if line.strip() and not line.lstrip().startswith("#")}
