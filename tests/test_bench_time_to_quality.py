@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 import runpy
 import sys
@@ -72,8 +73,7 @@ def test_warm_file_cache_reads_every_file(tmp_path, monkeypatch):
     (tmp_path / "images" / "a.png").write_bytes(b"x" * 100)
     (tmp_path / "transforms.json").write_text("{}")
     opened = []
-    real_open = open
-    import builtins
+    real_open = builtins.open
 
     def spy(path, *a, **k):
         opened.append(Path(path).name)
