@@ -104,6 +104,12 @@ class ModelConfig:
     init_random_min_views: float = _f(0.5, "random points are seen by this fraction of train cameras", ge=0.0, le=1.0)
     init_opacity: float = _f(0.1, "initial opacity", gt=0.0, lt=1.0)
     init_scale: float = _f(1.0, "x mean distance to the 3 nearest neighbours", gt=0.0)
+    init_max_scale_px: float = _f(
+        0.0,
+        "initial surfel size at most this many pixels (standard deviation) at its depth in the views "
+        "that see it; 0 = the 3DGS rule unbounded",
+        ge=0.0,
+    )
 
 
 @dataclass

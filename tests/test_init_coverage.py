@@ -19,7 +19,6 @@ import splat
 from splat.config import load_config
 from splat.data.initial_points import (
     COVERAGE_CELLS,
-    MAX_INIT_SCALE_PX,
     coverage,
     initial_points,
     pixel_footprint,
@@ -191,16 +190,25 @@ def test_auto_fills_the_holes_and_says_what_it_combined(sparse, tmp_path):
     assert start.coverage[-1] >= whole.coverage[-1] - 0.03, (start.coverage, whole.coverage)
 
 
-def test_initial_scales_are_bounded_in_pixels(sparse, tmp_path):
-    """Without the bound the 40 isolated points start as discs of ~10-25 px
-    at 96 px wide; with it none exceeds MAX_INIT_SCALE_PX at its depth."""
+def test_initial_scales_are_bounded_in_pixels_only_when_asked(sparse, tmp_path):
+    """The 40 isolated points' 3DGS sizes reach ~10-25 px at 96 px wide: kept
+    by default (model.init_max_scale_px=0), and at most the bound with one."""
     start = initial_points(sparse, "points", num_stereo=0, num_random=0)
-    knn_px = knn_mean_distance(sparse.points) / pixel_footprint(sparse.points, sparse.train)
-    assert float(knn_px.max()) > MAX_INIT_SCALE_PX  # the fixture does exercise the bound
-    cfg = load_config("configs/fast.yaml", ["model.init=points", "log.progress=false", "checkpoint.every=0"])
-    model = initial_model(cfg, sparse, torch.tensor(cfg["data"]["background"], dtype=torch.float32))
-    px = model.scales.detach().max(dim=1).values / pixel_footprint(start.points, sparse.train)
-    assert float(px.max()) <= MAX_INIT_SCALE_PX * (1 + 1e-5), float(px.max())
+    assert torch.equal(start.pixel_sizes, pixel_footprint(sparse.points, sparse.train))
+    knn_px = knn_mean_distance(sparse.points) / start.pixel_sizes
+    bound = 8.0
+    assert float(knn_px.max()) > bound  # the fixture does exercise the bound
+    background = torch.ones(3)
+    base = ["model.init=points", "log.progress=false", "checkpoint.every=0"]
+    for px in (0.0, bound):
+        cfg = load_config("configs/fast.yaml", [*base, f"model.init_max_scale_px={px}"])
+        model = initial_model(cfg, sparse, background)
+        got = model.scales.detach().max(dim=1).values / start.pixel_sizes
+        if px == 0:
+            torch.testing.assert_close(got, knn_px * cfg["model"]["init_scale"], rtol=1e-4, atol=0)
+        else:
+            assert float(got.max()) <= bound * (1 + 1e-5), float(got.max())
+            assert float(got.max()) >= bound * (1 - 1e-5)  # the largest ones sit on it
 
 
 def test_no_shared_view_names_the_cameras_not_the_random_budget():

@@ -8,7 +8,7 @@ judged by how much of the training views they cover, and combined.
     start.points, start.colors      # [M, 3], [M, 3] in [0, 1]
     start.description               # "476 triangulated + 20,000 stereo + 3,573 random + 13,197 far points
                                     #  (coverage 29 % -> 64 % -> 72 % -> 99 %; 47 s)"
-    start.max_scales                # [M] per-point bound on the initial surfel size (world units)
+    start.pixel_sizes               # [M] world size of one pixel at each point (model.init_max_scale_px)
 
 Sources (``model.init``):
 
@@ -39,10 +39,14 @@ image has alpha or a loss mask, only those whose mean is at least 0.5.
 The coverage is the mean over views of the covered fraction of counted cells.
 
 Initial size: the 3DGS rule (a surfel's scale is the mean distance to its 3
-nearest points) makes huge surfels from a sparse cloud, which are slow to
-rasterize and smear the first steps.  Each scale is bounded by
-:data:`MAX_INIT_SCALE_PX` pixels at the point's depth: the median over the
-views that see it of ``MAX_INIT_SCALE_PX * z / f`` (:func:`pixel_footprint`).
+nearest points) gives an isolated point of a sparse cloud a disc tens of
+pixels wide.  ``model.init_max_scale_px`` can bound each scale to that many
+pixels at the point's depth (``pixel_sizes``: the median over the views that
+see it of ``z / f``, :func:`pixel_footprint`); the default, 0, keeps the 3DGS
+rule: the wide discs of the isolated points are what first covers the table
+and backdrop of an object capture that the points miss, and a 10-pixel bound
+cost held-out views 1.3 dB there (``docs/results.md``, "Scenes without SfM
+points").
 """
 
 from __future__ import annotations
@@ -74,7 +78,6 @@ __all__ = [
     "COVERAGE_CELLS",
     "FILL_SPACING_CELLS",
     "FILL_BELOW",
-    "MAX_INIT_SCALE_PX",
     "MIN_INIT_POINTS",
     "INIT_MODES",
 ]
@@ -89,11 +92,6 @@ BACKGROUND_TOLERANCE = 2.0 / 255.0
 #: a view's thin strips (silhouettes, the far edge of a floor) are left to
 #: densification, which grows into them within a few hundred steps.
 FILL_BELOW = 0.9
-#: Initial surfels are at most this many pixels (standard deviation) at their
-#: depth.  Dense starts have 3-NN distances of ~5 px (median) to ~9 px (99th
-#: percentile) on the shared scenes at 256 px; isolated points of a sparse
-#: triangulation reach 50 px, i.e. discs over half the image.
-MAX_INIT_SCALE_PX = 10.0
 #: Plane-sweep stereo when it only fills holes: half the resolution, half
 #: the reference views and half the depth planes of a full run (~16x
 #: fewer plane evaluations, for nearly the same coverage: figures in
@@ -114,13 +112,13 @@ MIN_INIT_POINTS = 100
 
 @dataclass
 class InitialPoints:
-    """A start: ``points`` [M, 3], ``colors`` [M, 3] in [0, 1], ``max_scales``
-    [M] (world units, see :func:`pixel_footprint`), a one-line
+    """A start: ``points`` [M, 3], ``colors`` [M, 3] in [0, 1], ``pixel_sizes``
+    [M] (world size of a pixel at each point, :func:`pixel_footprint`), a one-line
     ``description`` and the ``coverage`` after each source that was used."""
 
     points: torch.Tensor
     colors: torch.Tensor
-    max_scales: torch.Tensor
+    pixel_sizes: torch.Tensor
     description: str
     coverage: List[float]
 
@@ -430,7 +428,7 @@ def initial_points(
     return InitialPoints(
         points=pts.contiguous(),
         colors=cols.clamp(0, 1).contiguous(),
-        max_scales=MAX_INIT_SCALE_PX * pixel_footprint(pts, frames),
+        pixel_sizes=pixel_footprint(pts, frames),
         description=desc,
         coverage=covs,
     )

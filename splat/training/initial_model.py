@@ -51,8 +51,9 @@ def initial_model(cfg: Dict, scene, background: torch.Tensor, verbose: bool = Tr
     """Surfels on the start :func:`splat.data.initial_points.initial_points`
     picks for ``model.init`` (``auto``: the scene's or triangulated points,
     filled where they leave the views uncovered by stereo, then random
-    points), sized by the 3DGS neighbour rule bounded by a few pixels at the
-    point's depth.  ``verbose``: print what it combined."""
+    points), sized by the 3DGS neighbour rule, bounded to
+    ``model.init_max_scale_px`` pixels at the point's depth when that is
+    not 0.  ``verbose``: print what it combined."""
     from ..data.initial_points import initial_points
 
     mcfg = cfg["model"]
@@ -80,15 +81,16 @@ def initial_model(cfg: Dict, scene, background: torch.Tensor, verbose: bool = Tr
                 file=sys.stderr,
             )
         start = dataclasses.replace(
-            start, points=start.points[keep], colors=start.colors[keep], max_scales=start.max_scales[keep]
+            start, points=start.points[keep], colors=start.colors[keep], pixel_sizes=start.pixel_sizes[keep]
         )
+    bound_px = float(mcfg["init_max_scale_px"])
     return create_from_points(
         start.points,
         start.colors,
         mcfg["sh_degree"],
         mcfg["init_opacity"],
         mcfg["init_scale"],
-        max_scales=start.max_scales,
+        max_scales=bound_px * start.pixel_sizes if bound_px > 0 else None,
         primitive=mcfg["primitive"],
     )
 
