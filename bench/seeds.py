@@ -125,6 +125,30 @@ class _Finished:
         return 0
 
 
+def table(summary: dict, cells: list) -> list:
+    """One flat record per cell of :func:`summarise` (mean ± std, the
+    difference from the first cell with its t), as the docs show it."""
+
+    def pm(st, digits=2):
+        if st is None:
+            return None
+        return f"{st['mean']:.{digits}f}" + ("" if st["std"] is None else f" ± {st['std']:.{digits}f}")
+
+    rows = []
+    for cell in cells:
+        e = summary.get(cell, {})
+        row = {"cell": cell, "seeds": (e.get("psnr") or {}).get("n")}
+        for k in ("psnr", "psnr_in_mask", "psnr_outside_mask"):
+            row[k] = pm(e.get(k))
+        for k in ("psnr", "psnr_in_mask", "psnr_outside_mask"):
+            d = e.get(f"{k}_minus_{cells[0]}")
+            row[f"{k} change"] = None if d is None else f"{d['mean']:+.2f}" + (f" (t {d['t']})" if "t" in d else "")
+        row["primitives"] = pm(e.get("n_primitives"), 0)
+        row["train s"] = pm(e.get("train_seconds"), 0)
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="the scene folder")
@@ -145,6 +169,7 @@ def main() -> None:
         default=None,
         help="keep the run folders here (default: a temporary folder); a finished run found there is not retrained",
     )
+    p.add_argument("--note", default=None, help="recorded as is (how the scene was prepared, ...)")
     p.add_argument("--out", default=None)
     p.add_argument("overrides", nargs="*", help="config overrides for every run")
     args = p.parse_args()
@@ -208,10 +233,12 @@ def main() -> None:
     emit(
         dict(
             command=f"python bench/seeds.py {' '.join(sys.argv[1:])}",
+            note=args.note,
             commit=commit(str(ROOT)),
             trees={tag: commit(str(t)) for tag, t in zip(tags, trees)},
             machine=machine(omp_num_threads=args.threads, jobs_at_once=args.jobs),
             config=args.config,
+            table=table(summarise(runs, cells), cells),
             summary=summarise(runs, cells),
             runs=sorted(runs, key=lambda r: (cells.index(r["cell"]), r["seed"])),
         ),

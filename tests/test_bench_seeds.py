@@ -41,6 +41,9 @@ def test_summary_means_stds_and_paired_differences():
     assert d["std"] == pytest.approx(round(sd, 3))
     assert d["t"] == pytest.approx(round(-1.5 / (round(sd, 3) / math.sqrt(3)), 2))
     assert s["new"]["psnr_in_mask_minus_old"]["mean"] == pytest.approx(-0.167, abs=1e-3)
+    rows = seeds["table"](s, ["old", "new"])
+    assert rows[0]["cell"] == "old" and rows[0]["psnr"] == "21.00 ± 1.00" and rows[0]["psnr change"] is None
+    assert rows[1]["psnr change"].startswith("-1.50 (t ") and rows[1]["seeds"] == 3
     # a seed the reference lacks is left out of the differences, not paired with another
     s = seeds["summarise"](runs + [_row("new", 3, 30.0)], ["old", "new"])
     assert s["new"]["psnr_minus_old"]["n"] == 3 and s["new"]["psnr"]["n"] == 4

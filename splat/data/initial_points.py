@@ -45,7 +45,7 @@ pixels at the point's depth (``pixel_sizes``: the median over the views that
 see it of ``z / f``, :func:`pixel_footprint`); the default, 0, keeps the 3DGS
 rule: the wide discs of the isolated points are what first covers the table
 and backdrop of an object capture that the points miss, and a 10-pixel bound
-cost held-out views 1.3 dB there (``docs/results.md``, "Scenes without SfM
+cost held-out views 1.7 dB there (``docs/results.md``, "Scenes without SfM
 points").
 """
 
