@@ -186,7 +186,9 @@ def main() -> None:
     tags = [commit(str(t)) or t.name for t in trees]
     cells = [f"{tag}:{v}" if len(trees) > 1 else v for tag in tags for v in variants]
 
-    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="splat_seeds_"))
+    # Absolute: each run's working folder is its tree.
+    data = Path(args.data).resolve()
+    work = Path(args.keep).resolve() if args.keep else Path(tempfile.mkdtemp(prefix="splat_seeds_"))
     work.mkdir(parents=True, exist_ok=True)
     queue = []
     for seed in args.seeds:  # seed-major: a stopped run still has every cell's first seeds
@@ -204,8 +206,10 @@ def main() -> None:
                 job["proc"] = _Finished()  # a kept run of an interrupted sweep: evaluated, not retrained
                 running.append(job)
                 continue
-            cmd = [sys.executable, "train.py", "--data", args.data, "--out", str(job["dir"]), "--config",
-                   args.config, "--overwrite", f"seed={job['seed']}", *job["overrides"]]  # fmt: skip
+            cmd = [
+                *(sys.executable, "train.py", "--data", str(data), "--out", str(job["dir"])),
+                *("--config", args.config, "--overwrite", f"seed={job['seed']}", *job["overrides"]),
+            ]
             env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(job["tree"]))
             with open(job["log"], "w") as log:
                 job["proc"] = subprocess.Popen(cmd, cwd=job["tree"], env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -54,12 +54,13 @@ def test_a_tiny_sweep_trains_each_cell_and_splits_psnr_by_the_masks(tmp_path):
     data = write_transforms(tmp_path / "scene", fx.make_scene(n_views=4, width=16, height=12), masks=True)
     out = tmp_path / "sweep.json"
     cmd = [
-        sys.executable, str(ROOT / "bench" / "seeds.py"), "--data", str(data), "--seeds", "0",
-        "--variant", "base=", "--variant", "more=train.iterations=4", "--keep", str(tmp_path / "runs"),
+        sys.executable, str(ROOT / "bench" / "seeds.py"), "--data", data.name, "--seeds", "0",
+        "--variant", "base=", "--variant", "more=train.iterations=4", "--keep", "runs",
         "--out", str(out), "data.test_every=4", "train.iterations=2", "model.init=random",
         "model.init_num_random=50", "checkpoint.every=0", "log.progress=false",
     ]  # fmt: skip
-    subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+    # relative --data and --keep: each run works in its tree's folder, so they must be resolved first
+    subprocess.run(cmd, check=True, capture_output=True, timeout=600, cwd=tmp_path)
     report = json.loads(out.read_text())
     runs = report["runs"]
     assert [(r["cell"], r["seed"]) for r in runs] == [("base", 0), ("more", 0)]
@@ -72,6 +73,6 @@ def test_a_tiny_sweep_trains_each_cell_and_splits_psnr_by_the_masks(tmp_path):
     assert report["summary"]["more"]["psnr_minus_base"]["n"] == 1
     # a second sweep into the same folder evaluates the kept runs instead of training again
     stamp = (tmp_path / "runs" / "base_s0" / "metrics.json").stat().st_mtime_ns
-    subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+    subprocess.run(cmd, check=True, capture_output=True, timeout=600, cwd=tmp_path)
     assert (tmp_path / "runs" / "base_s0" / "metrics.json").stat().st_mtime_ns == stamp
     assert json.loads(out.read_text())["runs"] == runs
