@@ -149,24 +149,21 @@ def test_psnr_in_the_run_frame(trainer, scene, train_c2w: torch.Tensor, exact_c2
     moves the train cameras' mean by about 1/sqrt(N) of a camera's error,
     which no pose optimisation can undo; pose-optimisation papers evaluate
     after this alignment (BARF's protocol)."""
-    import copy as copy_module
-
     from splat.evaluation import evaluate_frames
-    from splat.model_render import render_frame
+    from splat.training.batch_rendering import camera_of
 
     to_run = similarity(exact_c2w, train_c2w)
     test_c2w = camera_to_world(torch.stack([f.viewmat.double() for f in scene.test]))
     frames = []
     for f, m in zip(scene.test, camera_to_world(to_run(test_c2w))):
-        g = copy_module.copy(f)
+        g = copy.copy(f)
         g.viewmat = m.to(f.viewmat.dtype)
         frames.append(g)
-    rcfg = trainer.cfg["render"]
 
-    def render_views(views):
+    def render_views(views):  # as the trainer renders its test views
+        cameras = [camera_of(v, trainer.background, trainer.device) for v in views]
         with torch.no_grad():
-            return {i: render_frame(trainer.model, v, trainer.background, near=rcfg["near"], far=rcfg["far"])
-                    for i, v in enumerate(views)}  # fmt: skip
+            return trainer.rendering.render_views(trainer.model, cameras, trainer.model.sh_degree)
 
     return evaluate_frames(trainer.cfg, trainer.background, frames, render_views)["psnr"]
 

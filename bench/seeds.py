@@ -234,6 +234,7 @@ def main() -> None:
             runs.append(row)
             print({k: row.get(k) for k in ("cell", "seed", "psnr", "psnr_in_mask", "psnr_outside_mask", "error")},
                   file=sys.stderr, flush=True)  # fmt: skip
+    summary = summarise(runs, cells)
     emit(
         dict(
             command=f"python bench/seeds.py {' '.join(sys.argv[1:])}",
@@ -242,8 +243,8 @@ def main() -> None:
             trees={tag: commit(str(t)) for tag, t in zip(tags, trees)},
             machine=machine(omp_num_threads=args.threads, jobs_at_once=args.jobs),
             config=args.config,
-            table=table(summarise(runs, cells), cells),
-            summary=summarise(runs, cells),
+            table=table(summary, cells),
+            summary=summary,
             runs=sorted(runs, key=lambda r: (cells.index(r["cell"]), r["seed"])),
         ),
         args.out,

@@ -194,8 +194,8 @@ def test_initial_scales_are_bounded_in_pixels_only_when_asked(sparse, tmp_path):
     """The 40 isolated points' 3DGS sizes reach ~10-25 px at 96 px wide: kept
     by default (model.init_max_scale_px=0), and at most the bound with one."""
     start = initial_points(sparse, "points", num_stereo=0, num_random=0)
-    assert torch.equal(start.pixel_sizes, pixel_footprint(sparse.points, sparse.train))
-    knn_px = knn_mean_distance(sparse.points) / start.pixel_sizes
+    pixel_sizes = pixel_footprint(start.points, sparse.train)
+    knn_px = knn_mean_distance(sparse.points) / pixel_sizes
     bound = 8.0
     assert float(knn_px.max()) > bound  # the fixture does exercise the bound
     background = torch.ones(3)
@@ -203,7 +203,7 @@ def test_initial_scales_are_bounded_in_pixels_only_when_asked(sparse, tmp_path):
     for px in (0.0, bound):
         cfg = load_config("configs/fast.yaml", [*base, f"model.init_max_scale_px={px}"])
         model = initial_model(cfg, sparse, background)
-        got = model.scales.detach().max(dim=1).values / start.pixel_sizes
+        got = model.scales.detach().max(dim=1).values / pixel_sizes
         if px == 0:
             torch.testing.assert_close(got, knn_px * cfg["model"]["init_scale"], rtol=1e-4, atol=0)
         else:

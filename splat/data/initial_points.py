@@ -8,7 +8,6 @@ judged by how much of the training views they cover, and combined.
     start.points, start.colors      # [M, 3], [M, 3] in [0, 1]
     start.description               # "476 triangulated + 20,000 stereo + 3,573 random + 13,197 far points
                                     #  (coverage 29 % -> 64 % -> 72 % -> 99 %; 47 s)"
-    start.pixel_sizes               # [M] world size of one pixel at each point (model.init_max_scale_px)
 
 Sources (``model.init``):
 
@@ -41,8 +40,9 @@ The coverage is the mean over views of the covered fraction of counted cells.
 Initial size: the 3DGS rule (a surfel's scale is the mean distance to its 3
 nearest points) gives an isolated point of a sparse cloud a disc tens of
 pixels wide.  ``model.init_max_scale_px`` can bound each scale to that many
-pixels at the point's depth (``pixel_sizes``: the median over the views that
-see it of ``z / f``, :func:`pixel_footprint`); the default, 0, keeps the 3DGS
+pixels at the point's depth (the median over the views that see it of
+``z / f``, :func:`pixel_footprint`; applied by
+:func:`splat.training.initial_model.initial_model`); the default, 0, keeps the 3DGS
 rule: the wide discs of the isolated points are what first covers the table
 and backdrop of an object capture that the points miss, and a 10-pixel bound
 cost held-out views 1.7 dB there (``docs/results.md``, "Scenes without SfM
@@ -112,13 +112,11 @@ MIN_INIT_POINTS = 100
 
 @dataclass
 class InitialPoints:
-    """A start: ``points`` [M, 3], ``colors`` [M, 3] in [0, 1], ``pixel_sizes``
-    [M] (world size of a pixel at each point, :func:`pixel_footprint`), a one-line
+    """A start: ``points`` [M, 3], ``colors`` [M, 3] in [0, 1], a one-line
     ``description`` and the ``coverage`` after each source that was used."""
 
     points: torch.Tensor
     colors: torch.Tensor
-    pixel_sizes: torch.Tensor
     description: str
     coverage: List[float]
 
@@ -428,7 +426,6 @@ def initial_points(
     return InitialPoints(
         points=pts.contiguous(),
         colors=cols.clamp(0, 1).contiguous(),
-        pixel_sizes=pixel_footprint(pts, frames),
         description=desc,
         coverage=covs,
     )

@@ -54,7 +54,7 @@ def initial_model(cfg: Dict, scene, background: torch.Tensor, verbose: bool = Tr
     points), sized by the 3DGS neighbour rule, bounded to
     ``model.init_max_scale_px`` pixels at the point's depth when that is
     not 0.  ``verbose``: print what it combined."""
-    from ..data.initial_points import initial_points
+    from ..data.initial_points import initial_points, pixel_footprint
 
     mcfg = cfg["model"]
     start = initial_points(
@@ -80,17 +80,16 @@ def initial_model(cfg: Dict, scene, background: torch.Tensor, verbose: bool = Tr
                 f"keeping a keyed random {budget:,}",
                 file=sys.stderr,
             )
-        start = dataclasses.replace(
-            start, points=start.points[keep], colors=start.colors[keep], pixel_sizes=start.pixel_sizes[keep]
-        )
+        start = dataclasses.replace(start, points=start.points[keep], colors=start.colors[keep])
     bound_px = float(mcfg["init_max_scale_px"])
+    max_scales = bound_px * pixel_footprint(start.points, scene.train) if bound_px > 0 else None  # [M] world units
     return create_from_points(
         start.points,
         start.colors,
         mcfg["sh_degree"],
         mcfg["init_opacity"],
         mcfg["init_scale"],
-        max_scales=bound_px * start.pixel_sizes if bound_px > 0 else None,
+        max_scales=max_scales,
         primitive=mcfg["primitive"],
     )
 
