@@ -140,7 +140,11 @@ class TrainConfig:
         "1 = full resolution throughout",
         ge=1,
     )
-    coarse_until: int = _f(0, "first step at full resolution when train.coarse_factor > 1", ge=0)
+    coarse_until: int = _f(
+        0,
+        "first step at full resolution when train.coarse_factor > 1 (at the latest the middle of the run)",
+        ge=0,
+    )
     appearance: Literal["none", "affine"] = _f(
         "none",
         "affine: a learned per-train-image colour correction A rgb + b (exposure, white balance) "
@@ -499,11 +503,6 @@ def check_config(cfg: Dict) -> Dict:
         )
     if tr["coarse_factor"] & (tr["coarse_factor"] - 1):
         raise ConfigError(f"train.coarse_factor: must be a power of 2 (1, 2, 4, ...), got {tr['coarse_factor']!r}")
-    if tr["coarse_factor"] > 1 and mv["enabled"] and mv["start"] < tr["coarse_until"]:
-        # its neighbour images and homographies are those of the full-resolution views
-        raise ConfigError(
-            f"loss.multiview.start ({mv['start']}) must not come before train.coarse_until ({tr['coarse_until']})"
-        )
     if mv["patch_size"] % 2 == 0:
         raise ConfigError(f"loss.multiview.patch_size: must be odd, got {mv['patch_size']!r}")
     if not mv["min_distance"] < mv["max_distance"]:

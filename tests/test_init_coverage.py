@@ -253,6 +253,7 @@ def _train(scene, tmp_path, name, init):
     over = [
         f"model.init={init}",
         "train.iterations=600",
+        "train.coarse_factor=1",  # the start is measured: every step at full resolution, as its thresholds were
         "log.progress=false",
         "model.sh_degree=0",
         "model.init_num_random=3000",

@@ -223,6 +223,7 @@ def _train(scene, tmp_path, init, steps, cache_dir=None, **extra):
     over = [
         f"model.init={init}",
         f"train.iterations={steps}",
+        "train.coarse_factor=1",  # the start is measured: every step at full resolution, as its thresholds were
         "log.progress=false",
         "log.interval_s=0",
         "model.sh_degree=0",

@@ -75,9 +75,9 @@ def test_photos_are_compared_without_their_appearance_correction():
         appearance.matrix[0] = A.reshape(9)
         appearance.offset[0] = b
     mv = MultiViewTerms(tiny_config_multiview(), frames, 1.0, 0, announce=False)
-    assert torch.allclose(mv.canonical_grey(0, appearance, "cpu"), grey(scene), atol=1e-6)
-    assert torch.allclose(mv.canonical_grey(1, appearance, "cpu"), grey(scene), atol=1e-6)
-    assert not torch.allclose(mv.canonical_grey(0, None, "cpu"), grey(scene), atol=1e-2)
+    assert torch.allclose(mv.canonical_grey(frames[0], 0, appearance, "cpu"), grey(scene), atol=1e-6)
+    assert torch.allclose(mv.canonical_grey(frames[1], 1, appearance, "cpu"), grey(scene), atol=1e-6)
+    assert not torch.allclose(mv.canonical_grey(frames[0], 0, None, "cpu"), grey(scene), atol=1e-2)
 
 
 def tiny_config_multiview() -> dict:

@@ -46,7 +46,7 @@ class MultiViewTerms:
     """The multi-view terms of a run (module doc): ``mv_cfg`` is ``loss.multiview``."""
 
     def __init__(self, mv_cfg: Dict, frames: Sequence, scene_radius: float, seed: int, announce: bool = True):
-        self.cfg, self.frames, self.seed = mv_cfg, frames, int(seed)
+        self.cfg, self.seed = mv_cfg, int(seed)
         viewmats = torch.stack([f.viewmat for f in frames])  # [N, 4, 4]
         self.neighbours: List[List[int]] = neighbour_views(
             viewmats,
@@ -81,9 +81,11 @@ class MultiViewTerms:
             out.append(int(nb[self._rng(step, slot, 0).integers(len(nb))]) if nb else None)
         return out
 
-    def canonical_grey(self, index: int, appearance, device) -> torch.Tensor:
-        """Train photo ``index`` [H, W, 1] in grey, under no appearance correction (module doc)."""
-        img = self.frames[index].image.to(device)  # [H, W, 3]
+    @staticmethod
+    def canonical_grey(frame, index: int, appearance, device) -> torch.Tensor:
+        """Train photo ``index`` (``frame``, at this step's resolution) [H, W, 1]
+        in grey, under no appearance correction (module doc)."""
+        img = frame.image.to(device)  # [H, W, 3]
         if appearance is not None:
             with torch.no_grad():
                 A = appearance.matrices()[index]  # [3, 3]
@@ -92,12 +94,15 @@ class MultiViewTerms:
         return grey(img)
 
     def loss(
-        self, out, partner_out, index: int, partner: int, appearance, step: int, slot: int, device
+        self, out, partner_out, frames, index: int, partner: int, appearance, step: int, slot: int, device
     ) -> tuple[torch.Tensor, Dict[str, float]]:
         """(geo_lambda L_geo + ncc_lambda L_ncc, logging terms) of train view
-        ``index`` rendered as ``out`` with neighbour ``partner`` rendered as ``partner_out``."""
+        ``index`` rendered as ``out`` with neighbour ``partner`` rendered as
+        ``partner_out``; ``frames``: the train views at this step's resolution
+        (coarse-to-fine: their photos and K, so that ``loss.multiview.pixel_noise``
+        and ``patch_size`` are in the pixels of the images compared)."""
         c = self.cfg
-        f, g = self.frames[index], self.frames[partner]
+        f, g = frames[index], frames[partner]
         ref = ViewGeometry(out.depth, out.normal, out.alpha, f.K.to(device), f.viewmat.to(device))
         nb = ViewGeometry(
             partner_out.depth, partner_out.normal, partner_out.alpha, g.K.to(device), g.viewmat.to(device)
@@ -107,8 +112,8 @@ class MultiViewTerms:
         geo, ncc, _ = multiview_losses(
             ref,
             nb,
-            self.canonical_grey(index, appearance, device),
-            self.canonical_grey(partner, appearance, device),
+            self.canonical_grey(f, index, appearance, device),
+            self.canonical_grey(g, partner, appearance, device),
             order,
             num_pixels=c["num_pixels"],
             patch_size=c["patch_size"],

@@ -5,7 +5,10 @@ low frequencies, cost a fraction of a full-resolution step.
 
 The factor starts at ``coarse_factor`` (a power of 2) and halves in equal
 spans of steps until ``coarse_until``, the first step at full resolution:
-factor 4 until 600 renders steps 1-300 at 1/4, 301-599 at 1/2.  A coarse
+factor 4 until 600 renders steps 1-300 at 1/4, 301-599 at 1/2.  Full
+resolution comes at the latest at the middle of the run
+(:func:`full_resolution_step`), so that a run shortened with
+``--iterations`` still spends half its steps at full resolution.  A coarse
 view is the loader's own downscale of the frame (``area_downscale`` of every
 image and mask, K divided: exact with pixel centres at j + 0.5, see
 :func:`splat.data.types.scaled_K`), made once per view and factor.  The
@@ -16,6 +19,7 @@ change."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Dict
 
 from ..data.types import area_downscale
@@ -30,6 +34,13 @@ def resolution_factor(step: int, coarse_factor: int, coarse_until: int) -> int:
     levels = coarse_factor.bit_length() - 1  # log2: the config checks that it is a power of 2
     span = (step - 1) * levels // max(coarse_until - 1, 1)
     return coarse_factor >> min(span, levels - 1)
+
+
+def full_resolution_step(train_cfg: Dict) -> int:
+    """The first full-resolution step of a run with the ``train`` section
+    ``train_cfg``: ``train.coarse_until``, or the middle of the run,
+    ``ceil(train.iterations / 2)``, when that comes first."""
+    return min(int(train_cfg["coarse_until"]), (int(train_cfg["iterations"]) + 1) // 2)
 
 
 def _downscale_map(x, s: int):
@@ -59,10 +70,18 @@ def coarse_frame(frame, s: int):
 class CoarseViews:
     """The training views of ``scene`` (read at every step: callers may
     replace ``scene.train``) at the factor of each step, each coarse view
-    made once (``train_cfg``: the config's ``train`` section)."""
+    made once (``train_cfg``: the config's ``train`` section).  ``announce``:
+    print one line when the middle of the run cuts ``train.coarse_until`` short."""
 
-    def __init__(self, scene, train_cfg: Dict):
-        self.scene, self.factor, self.until = scene, int(train_cfg["coarse_factor"]), int(train_cfg["coarse_until"])
+    def __init__(self, scene, train_cfg: Dict, announce: bool = False):
+        self.scene, self.factor = scene, int(train_cfg["coarse_factor"])
+        self.until = full_resolution_step(train_cfg)
+        if announce and self.factor > 1 and self.until < int(train_cfg["coarse_until"]):
+            print(
+                f"train.coarse_until={train_cfg['coarse_until']} is past the middle of "
+                f"train.iterations={train_cfg['iterations']}: full resolution from step {self.until}",
+                file=sys.stderr,
+            )
         self._cache: Dict[tuple, tuple] = {}  # (id(frame), s) -> (frame, its coarse view)
 
     def at(self, step: int):

@@ -122,7 +122,7 @@ class BatchStep:
     ):
         self.cfg, self.scene, self.background, self.pose = cfg, scene, background, pose
         self.scene_radius, self.device, self.rendering, self.group = scene_radius, device, rendering, group
-        self.views = CoarseViews(scene, cfg["train"])
+        self.views = CoarseViews(scene, cfg["train"], announce=group.is_main)
         mv = cfg["loss"]["multiview"]
         self.multiview = (
             MultiViewTerms(mv, scene.train, scene_radius, cfg["seed"], announce=group.is_main)
@@ -172,7 +172,7 @@ class BatchStep:
             loss, terms = camera_loss(out, gt, frame, step, cfg["loss"], self.device, cameras[b].viewmat)
             if partner_out is not None:
                 mv_loss, mv_terms = mv.loss(
-                    geometry, partner_out, views[b], partners[b], appearance, step, b, self.device
+                    geometry, partner_out, frames, views[b], partners[b], appearance, step, b, self.device
                 )
                 loss = loss + mv_loss
                 terms.update(mv_terms)
