@@ -145,13 +145,12 @@ def render_sharded(
         )
         rect = proj["pixel_rect"]
         sel = ((rect[:, 2] > rect[:, 0]) & (rect[:, 3] > rect[:, 1])).nonzero().flatten()
-        floats.append(
-            torch.cat(
-                [Tuvw[sel], center[sel], proj["normal"][sel], rgb[sel], opacities[sel, None], proj["depth"][sel, None]],
-                1,
-            )
-        )
-        ints.append(torch.cat([rect[sel].long(), ids[sel, None].long()], 1))
+        # One gather of the joined columns: one index_add_ in the backward
+        # instead of six accumulating index_put_s.  sel is unique, so the
+        # gradients are the same bit for bit.
+        columns = [Tuvw, center, proj["normal"], rgb, opacities[:, None], proj["depth"][:, None]]
+        floats.append(torch.cat(columns, 1).index_select(0, sel))
+        ints.append(torch.cat([rect.long(), ids[:, None].long()], 1).index_select(0, sel))
         handles.append(means2d)
         radii.append(proj["radii"])
 
