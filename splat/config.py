@@ -134,14 +134,14 @@ class TrainConfig:
     )
     sh_increase_every: int = _f(500, "one more SH degree every n steps", ge=0)
     coarse_factor: int = _f(
-        1,
+        2,
         "coarse-to-fine: the first steps render and compare images area-downscaled by this power of 2, "
         "halved in equal spans of steps until train.coarse_until (splat/training/resolution.py); "
         "1 = full resolution throughout",
         ge=1,
     )
     coarse_until: int = _f(
-        0,
+        1000,
         "first step at full resolution when train.coarse_factor > 1 (at the latest the middle of the run)",
         ge=0,
     )

@@ -276,7 +276,8 @@ def gaussian_kernel_inputs(
         return _project_gaussians_fused(
             means, quats, scales, opacities, means2d, viewmat, K, width, height, near, far, antialiased
         )
-    depth_all = means.detach() @ viewmat.detach()[2, :3] + viewmat.detach()[2, 3]
+    m, v = means.detach(), viewmat.detach()
+    depth_all = (m[:, 0] * v[2, 0] + m[:, 1] * v[2, 1] + m[:, 2] * v[2, 2]) + v[2, 3]  # as mu's z (reference_3dgs)
     keep = depth_in_range(depth_all, near, far) & (opacities.detach().double() >= cv.ALPHA_MIN)
     ids = keep.nonzero().flatten()
     mu, precision, centre, conic, factor = project_gaussians(

@@ -69,7 +69,12 @@ def project_gaussians(means, quats, scales, viewmat, K, width: int, height: int,
     conic [N, 2, 2] = S^-1, opacity factor [N]: 1, or the antialiasing
     compensation sqrt(det(S - eps I) / det S))."""
     W, t = viewmat[:3, :3], viewmat[:3, 3]
-    mu = means @ W.T + t  # [N, 3]
+    # Sums written out rather than ``means @ W.T``: a BLAS product fuses
+    # multiply-adds on some CPUs (MKL on AVX-512 Intel) and not on others, and
+    # the centre and depth must round the same everywhere, as the kernels'
+    # (project_gaussians.h: (m0 W_r0 + m1 W_r1 + m2 W_r2) + t_r), since they
+    # decide culling, tiles and the sort.
+    mu = (means[:, 0:1] * W[:, 0] + means[:, 1:2] * W[:, 1] + means[:, 2:3] * W[:, 2]) + t  # [N, 3]
     rot = W @ quat_to_rotmat(quats)  # [N, 3, 3] camera-space axes
     cov = rot @ torch.diag_embed(scales * scales) @ rot.transpose(1, 2)  # [N, 3, 3]
     # P_c up to a positive factor per Gaussian: the peak depth and the

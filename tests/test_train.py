@@ -166,6 +166,7 @@ TINY_OVERRIDES = [
     "strategy.reset_every=1000",  # an opacity reset needs more steps than we run to recover
     "strategy.max_gaussians=600",
     "train.pose_opt_from=0",  # the configs' start is past these runs' last step
+    "train.coarse_factor=1",  # full resolution throughout: tests/test_resolution.py tests the coarse start
     "log.progress=false",
 ]
 

@@ -111,7 +111,7 @@ import torch
 
 from .. import conventions as cv
 from ..losses import depth_to_normal
-from ..rasterize import _project, rasterize
+from ..rasterize import _project, _resolve_backend, rasterize
 from ..rasterize_3dgs import gaussian_kernel_inputs, rasterize_3dgs_and_inputs
 from ..reference import facing_normals
 
@@ -361,7 +361,11 @@ def rasterization(
         camera_opacities, kin = opacities, None
         if radius_clip > 0:
             # The radii decide which Gaussians draw at all: a projection before
-            # the render (its conics and opacities, unclipped, are meta's).
+            # the render (its conics and opacities, unclipped, are meta's),
+            # by the render's own path, so that they are the render's bits
+            # (the PyTorch projection's products round differently from the
+            # kernels' on CPUs where BLAS fuses multiply-adds).
+            fused = _resolve_backend("auto", means.device) in ("cpu", "cuda")
             with torch.no_grad():
                 kin = gaussian_kernel_inputs(
                     means.detach(),
@@ -375,6 +379,7 @@ def rasterization(
                     near_plane,
                     far_plane,
                     antialiased,
+                    fused=fused,
                 )
             radii = torch.zeros(means.shape[0], dtype=torch.int32, device=means.device)
             radii[kin["ids"]] = kin["radii"]
