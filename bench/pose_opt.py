@@ -46,7 +46,7 @@ import torch  # noqa: E402
 from report import commit, emit, machine  # noqa: E402
 
 from splat.config import load_config  # noqa: E402
-from splat.pose_opt import camera_to_world, skew  # noqa: E402
+from splat.pose_opt import camera_to_world, gauge_basis, skew  # noqa: E402
 
 
 def look_at_centre(c2w: torch.Tensor) -> torch.Tensor:
@@ -68,6 +68,33 @@ def perturb(c2w: torch.Tensor, deg: float, shift: float, seed: int) -> torch.Ten
     out = c2w.clone()
     out[:, :3, :3] = torch.linalg.matrix_exp(skew(axes * math.radians(deg))) @ c2w[:, :3, :3]
     out[:, :3, 3] = c2w[:, :3, 3] + shift * dist * dirs
+    return out
+
+
+def rotation_vector(R: torch.Tensor) -> torch.Tensor:
+    """[N, 3] the rotation vectors (axis x angle, radians) of rotations ``R`` [N, 3, 3] below 180 deg."""
+    c = ((R.diagonal(dim1=1, dim2=2).sum(1) - 1) / 2).clamp(-1, 1)
+    angle = torch.acos(c)  # [N]
+    w = torch.stack([R[:, 2, 1] - R[:, 1, 2], R[:, 0, 2] - R[:, 2, 0], R[:, 1, 0] - R[:, 0, 1]], 1) / 2  # sin(a) axis
+    scale = torch.where(angle > 1e-12, angle / torch.sin(angle).clamp_min(1e-300), torch.ones_like(angle))
+    return w * scale[:, None]
+
+
+def split_gauge(given: torch.Tensor, exact: torch.Tensor, radius: float, part: str) -> torch.Tensor:
+    """The perturbation ``given`` - ``exact`` (camera-to-world [N, 4, 4]) as
+    corrections ξ_i = (ω_i, u_i) (:mod:`splat.pose_opt`'s parametrisation),
+    split into its gauge part Q Q^T ξ (a joint similarity motion of every
+    camera, which no train loss can see) and the rest; the poses ``exact``
+    moved by the ``part`` asked for ("gauge" or "rest")."""
+    omega = rotation_vector(given[:, :3, :3] @ exact[:, :3, :3].transpose(1, 2))  # [N, 3] world axes
+    u = (given[:, :3, 3] - exact[:, :3, 3]) / radius  # [N, 3]
+    xi = torch.cat([omega, u], 1).reshape(-1, 1)  # [6N, 1]
+    Q = gauge_basis(exact[:, :3, 3], radius)
+    gauge = Q @ (Q.T @ xi)
+    xi = (gauge if part == "gauge" else xi - gauge).reshape(-1, 6)
+    out = exact.clone()
+    out[:, :3, :3] = torch.linalg.matrix_exp(skew(xi[:, :3])) @ exact[:, :3, :3]
+    out[:, :3, 3] = exact[:, :3, 3] + radius * xi[:, 3:]
     return out
 
 
@@ -168,16 +195,28 @@ def test_psnr_in_the_run_frame(trainer, scene, train_c2w: torch.Tensor, exact_c2
     return evaluate_frames(trainer.cfg, trainer.background, frames, render_views)["psnr"]
 
 
-def run(cfg: dict, scene, out_dir: Path, exact_c2w: torch.Tensor) -> dict:
-    from splat.trainer import Trainer
-
-    t0 = time.perf_counter()
-    trainer = Trainer(cfg, out_dir, scene=scene, overwrite=True)
-    metrics = trainer.train()
+def train_poses(trainer, scene) -> torch.Tensor:
+    """[N, 4, 4] the run's train cameras to world, corrected where it optimises them."""
     train = torch.stack([f.viewmat.double() for f in scene.train])
     if trainer.pose is not None:
         train = trainer.pose.viewmats(train)
-    train_c2w = camera_to_world(train)
+    return camera_to_world(train)
+
+
+def run(cfg: dict, scene, out_dir: Path, exact_c2w: torch.Tensor, trace_every: int = 0) -> dict:
+    """One training run; with ``trace_every`` > 0, the aligned pose error every that many steps too."""
+    from splat.trainer import Trainer
+
+    trace = []
+
+    def record(trainer, step, terms):
+        if trace_every > 0 and step % trace_every == 0:
+            trace.append(dict(step=step, **pose_errors(train_poses(trainer, scene), exact_c2w)["aligned"]))
+
+    t0 = time.perf_counter()
+    trainer = Trainer(cfg, out_dir, scene=scene, overwrite=True, callbacks=[record] if trace_every > 0 else ())
+    metrics = trainer.train()
+    train_c2w = train_poses(trainer, scene)
     return dict(
         psnr=round(metrics["test.psnr"], 3),
         psnr_test_aligned=round(test_psnr_in_the_run_frame(trainer, scene, train_c2w, exact_c2w), 3),
@@ -186,6 +225,7 @@ def run(cfg: dict, scene, out_dir: Path, exact_c2w: torch.Tensor) -> dict:
         train_seconds=metrics["train_seconds"],
         wall_seconds=round(time.perf_counter() - t0, 1),
         pose_error=pose_errors(train_c2w, exact_c2w),
+        **(dict(pose_error_trace=trace) if trace_every > 0 else {}),
     )
 
 
@@ -203,6 +243,14 @@ def main() -> None:
         type=lambda v: v.split(","),
         help="comma-separated, of exact, perturbed, pose_opt (one word: a list here would swallow the overrides)",
     )
+    p.add_argument(
+        "--part",
+        choices=("all", "gauge", "rest"),
+        default="all",
+        help="which part of the perturbation to apply: all, its gauge part alone (a joint similarity motion "
+        "of every train camera: the floor no pose optimisation can lift), or the rest (gauge-free)",
+    )
+    p.add_argument("--trace", type=int, default=0, help="record the aligned pose error every this many steps")
     p.add_argument("--out", default=None)
     p.add_argument("overrides", nargs="*", help="config overrides for every run")
     args = p.parse_args()
@@ -219,10 +267,14 @@ def main() -> None:
         scene = load_scene_from_config(cfg["data"])
         exact = camera_to_world(torch.stack([f.viewmat.double() for f in scene.train]))
         given = exact if name == "exact" else perturb(exact, args.deg, args.shift, args.seed)
+        if name != "exact" and args.part != "all":
+            for f, m in zip(scene.train, camera_to_world(given)):
+                f.viewmat = m.float()
+            given = split_gauge(given, exact, float(scene.scene_radius()), args.part)
         for f, m in zip(scene.train, camera_to_world(given)):
             f.viewmat = m.float()
         with tempfile.TemporaryDirectory() as tmp:
-            results[name] = run(cfg, scene, Path(tmp) / name, exact)
+            results[name] = run(cfg, scene, Path(tmp) / name, exact, args.trace)
             results[name]["pose_error_given"] = pose_errors(given, exact)
         print(name, results[name], file=sys.stderr, flush=True)
     summary = {}
@@ -245,7 +297,7 @@ def main() -> None:
             scene=args.scene,
             config=args.config,
             seed=args.seed,
-            perturbation=dict(deg=args.deg, shift_of_distance=args.shift),
+            perturbation=dict(deg=args.deg, shift_of_distance=args.shift, part=args.part),
             summary=summary,
             runs=results,
         ),

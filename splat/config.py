@@ -158,12 +158,17 @@ class TrainConfig:
     )
     pose_opt_lr: float = _f(
         5e-3,
-        "(sparse) Adam learning rate of the pose corrections (radians; translation in scene radii), "
-        "decaying exponentially to 1 % at the last step",
+        "RowAdam learning rate of the pose corrections (radians; translation in scene radii; with "
+        "pose_opt_metric, radians of image motion), decaying exponentially to 1 % at the last step",
         ge=0.0,
     )
     pose_opt_reg: float = _f(
         0.0, "weight of |correction|^2 added to a camera's loss: a prior pulling it toward its given pose", ge=0.0
+    )
+    pose_opt_metric: bool = _f(
+        False,
+        "step the pose corrections in coordinates where a unit moves what the camera sees by one radian "
+        "of view, whichever mix of turn and shift (splat/pose_opt.py, the metric; docs/training.md)",
     )
     pose_opt_from: int = _f(
         800,

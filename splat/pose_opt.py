@@ -27,18 +27,44 @@ the depth-distortion weight are not invariant) changes no photometric loss,
 so the train loss cannot tell where the scene sits; the test cameras,
 which are not optimised, can.  To first order such a motion changes every
 correction by (ω_i, u_i) = (θ, (θ x c_i + t + s c_i) / r) for one (θ, t, s)
--- a 7-dimensional subspace of R^{6N}.  After every optimiser step
-:meth:`PoseCorrection.fix_gauge` projects the corrections onto its
-orthogonal complement (``ξ <- ξ - Q Q^T ξ``, Q an orthonormal basis,
-float64): the optimised cameras keep the data's mean position, orientation
-and spread, so the scene stays in the frame the test cameras were given in.
-Holding one camera fixed would fix the gauge too, but would make that
-camera's error everyone's.
+-- a 7-dimensional subspace of R^{6N}, spanned by the columns of B.  After
+every optimiser step :meth:`PoseCorrection.fix_gauge` removes that subspace
+from the optimiser's coordinates z (below, "The metric"): it projects z onto
+the orthogonal complement of M^-1 B (``z <- z - Q Q^T z``, Q an orthonormal
+basis of M^-1 B, float64; with M = I, ξ off B itself).  The optimised
+cameras keep the data's mean position, orientation and spread, each
+camera's correction measured by the image motion it makes, so the scene
+stays in the frame the test cameras were given in.  The projection has to be
+orthogonal in the coordinates the optimiser steps in: projected in ξ while
+Adam steps in z, it undoes part of each step along the directions M
+amplifies, Adam pushes again, and the corrections drift (docs/training.md has the
+measurement).  Holding one camera fixed would fix the
+gauge too, but would make that camera's error everyone's.
 
 **The regulariser.** ``train.pose_opt_reg`` λ adds λ |ξ_i|^2 to camera i's
 loss when it is drawn (a Gaussian prior centred on the given pose), an
 explicit penalty rather than Adam's weight decay, so that it acts only
 when the camera is drawn and means the same thing for any optimiser.
+
+**The metric.** Adam moves each coordinate by about its learning rate,
+whatever that coordinate means for the image.  In (ω, u) a turn of a camera
+and a sideways shift move the image almost alike, so the error left after
+the first few draws lies along their difference (an orbit about the scene,
+told apart by parallax alone), where the gradient is small beside the
+history that Adam normalises by, and the corrections all but stop (still_life,
+1 deg perturbed: 0.56 deg of rotation error left, docs/training.md).  So
+the optimiser does not see ξ_i but whitened coordinates z_i, ξ_i = M_i z_i
+with M_i = (H_i + ε tr(H_i)/6 I)^(-1/2), where H_i is the mean over the
+scene's primitives seen by camera i (weighted by opacity) of J^T J, J [2, 6]
+the motion of a primitive's mean in normalised image coordinates
+(pixels / focal length) per unit of ξ (:func:`image_motion_hessians`).  A
+unit step of z moves the image by one radian of view (RMS over what the
+camera sees) in any direction of the correction: turn, shift or orbit.  ε
+(:data:`METRIC_DAMPING`) bounds the gain along a direction that moves
+nothing (a camera seeing one flat wall, where a turn and a shift are the same
+motion).  M_i is computed once, from the model at the first step that
+corrects the poses (:meth:`PoseCorrection.set_metric`; summed over the
+ranks' primitives), and kept in the checkpoint.
 
 **The optimiser.** A camera is drawn about once per epoch, so the
 corrections use :class:`splat.row_adam.RowAdam`: Adam with a step count per
@@ -65,6 +91,9 @@ __all__ = [
     "skew",
     "corrected_viewmat",
     "gauge_basis",
+    "image_motion_hessians",
+    "whitening",
+    "METRIC_DAMPING",
     "camera_to_world",
     "pose_key",
     "poses_json",
@@ -74,6 +103,8 @@ __all__ = [
 
 #: The optimised train poses in a run folder.
 POSES_FILE = "poses.json"
+#: ε of the metric (module doc): the gain along a direction that moves nothing is at most 1/sqrt(ε) = 10.
+METRIC_DAMPING = 0.01
 
 
 def skew(w: torch.Tensor) -> torch.Tensor:
@@ -133,9 +164,62 @@ def gauge_basis(centres: torch.Tensor, radius: float) -> torch.Tensor:
     return U[:, S > 1e-9 * S.max()]
 
 
+def image_motion_hessians(
+    means: torch.Tensor, weights: torch.Tensor, viewmats: torch.Tensor, Ks: torch.Tensor, sizes, radius: float
+):
+    """Per camera, the weighted sum over the primitives it sees of J^T J, and
+    the sum of their weights (module doc, "The metric"): ([N, 6, 6], [N])
+    float64, to be summed over ranks before :func:`whitening`.
+
+    ``means`` [G, 3] and ``weights`` [G] (opacities) of the primitives;
+    ``viewmats`` [N, 4, 4] world -> camera and ``Ks`` [N, 3, 3] of the cameras
+    as given, ``sizes`` their N (width, height).  J [2, 6] is d(x/z, y/z)/dξ
+    at ξ = 0 for the mean's camera coordinates (x, y, z) = R (X - c):
+    d/dω = R [X - c]x (the camera turns by ω about c, so X turns by -ω in
+    it), d/du = -r R.  A primitive is seen when it lies in front of the
+    camera (z > 1e-3 r) and inside the image."""
+    X, w = means.double(), weights.double()
+    H = torch.zeros(len(viewmats), 6, 6, dtype=torch.float64, device=X.device)
+    total = torch.zeros(len(viewmats), dtype=torch.float64, device=X.device)
+    for i, (V, K, (width, height)) in enumerate(zip(viewmats.double(), Ks.double(), sizes)):
+        R = V[:3, :3].to(X.device)
+        a = X - (-(R.T @ V[:3, 3].to(X.device)))  # [G, 3] X - c
+        xc = a @ R.T  # [G, 3]
+        z = xc[:, 2]
+        zs = z.clamp_min(1e-3 * radius)
+        px = K[0, 0] * xc[:, 0] / zs + K[0, 2]
+        py = K[1, 1] * xc[:, 1] / zs + K[1, 2]
+        seen = (z > 1e-3 * radius) & (px >= 0) & (px < width) & (py >= 0) & (py < height) & (w > 0)
+        a, xc, z, ws = a[seen], xc[seen], z[seen], w[seen]
+        P = torch.zeros(len(z), 2, 3, dtype=torch.float64, device=X.device)  # d(x/z, y/z)/d(x, y, z)
+        P[:, 0, 0] = P[:, 1, 1] = 1 / z
+        P[:, 0, 2] = -xc[:, 0] / z.square()
+        P[:, 1, 2] = -xc[:, 1] / z.square()
+        d_dxi = torch.cat([R @ skew(a), (-radius * R).expand(len(z), 3, 3)], 2)  # [G, 3, 6]
+        J = P @ d_dxi  # [G, 2, 6]
+        H[i] = torch.einsum("g,gki,gkj->ij", ws, J, J)
+        total[i] = ws.sum()
+    return H, total
+
+
+def whitening(H: torch.Tensor, total: torch.Tensor, damping: float = METRIC_DAMPING) -> torch.Tensor:
+    """[N, 6, 6] M_i = (H_i / total_i + ε tr/6 I)^(-1/2) of :func:`image_motion_hessians`'
+    sums (module doc); the identity for a camera that sees nothing."""
+    mean = H / total.clamp_min(1e-300)[:, None, None]
+    trace = mean.diagonal(dim1=1, dim2=2).sum(1)  # [N]
+    eye = torch.eye(6, dtype=H.dtype, device=H.device)
+    damped = mean + (damping * trace / 6)[:, None, None] * eye
+    e, Q = torch.linalg.eigh(damped)
+    M = Q @ torch.diag_embed(e.clamp_min(1e-300).rsqrt()) @ Q.transpose(1, 2)
+    blind = (total <= 0) | ~(trace > 0)
+    return torch.where(blind[:, None, None], eye, M)
+
+
 class PoseCorrection(nn.Module):
-    """Per-train-camera corrections ``delta`` [N, 6] (ω_i, u_i; module doc),
-    looked up with sparse gradients (only the drawn cameras' rows).
+    """Per-train-camera corrections ξ_i = (ω_i, u_i) = ``metric``_i @
+    ``delta``_i (module doc): ``delta`` [N, 6] the whitened coordinates that
+    the optimiser moves, looked up with sparse gradients (only the drawn
+    cameras' rows); ``metric`` [N, 6, 6] the identity until :meth:`set_metric`.
 
     ``viewmats`` [N, 4, 4]: the train cameras as given (their centres define
     the gauge); ``radius``: the scene radius r (the unit of u)."""
@@ -146,11 +230,55 @@ class PoseCorrection(nn.Module):
         self.delta = nn.Parameter(torch.zeros(viewmats.shape[0], 6))
         centres = camera_to_world(viewmats.double())[:, :3, 3]  # [N, 3]
         self.register_buffer("gauge", gauge_basis(centres, self.radius), persistent=False)  # [6N, k]
+        self.register_buffer("metric", torch.eye(6).repeat(viewmats.shape[0], 1, 1))  # [N, 6, 6]
+        self.register_buffer("metric_set", torch.tensor(False))
+        self.register_buffer("gauge_z", self.gauge.clone(), persistent=False)  # [6N, k] orthonormal basis of M^-1 B
+
+    def corrections(self, dtype=None) -> torch.Tensor:
+        """[N, 6] every ξ_i (module doc), with autograd, in ``dtype`` (default: the parameters')."""
+        dtype = dtype or self.delta.dtype
+        return (self.metric.to(dtype) @ self.delta.to(dtype)[:, :, None])[:, :, 0]
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """As ``nn.Module``'s; a state without ``metric`` (saved before splat
+        had it) loads with the identity, set afresh at the next corrected step."""
+        state_dict = dict(state_dict)
+        state_dict.setdefault("metric", torch.eye(6).repeat(self.delta.shape[0], 1, 1))
+        state_dict.setdefault("metric_set", torch.tensor(False))
+        result = super().load_state_dict(state_dict, strict, assign)
+        with torch.no_grad():
+            self._set_gauge_z()
+        return result
+
+    @torch.no_grad()
+    def set_metric(self, metric: torch.Tensor) -> None:
+        """Takes ``metric`` [N, 6, 6] (:func:`whitening`) as M, keeping every
+        correction ξ (``delta`` becomes M^-1 ξ)."""
+        xi = self.corrections(torch.float64)
+        self.metric.copy_(metric.to(self.metric.dtype))
+        self._set_corrections(xi)
+        self.metric_set.fill_(True)
+        self._set_gauge_z()
+
+    def _set_gauge_z(self) -> None:
+        """``gauge_z``: an orthonormal basis of M^-1 B (module doc, "The gauge"); B itself while M = I."""
+        if not bool(self.metric_set):
+            self.gauge_z.copy_(self.gauge)
+            return
+        n, k = self.delta.shape[0], self.gauge.shape[1]
+        inverse = torch.linalg.inv(self.metric.double())  # [N, 6, 6]
+        basis = (inverse @ self.gauge.double().reshape(n, 6, k)).reshape(6 * n, k)
+        self.gauge_z.copy_(torch.linalg.qr(basis).Q.to(self.gauge_z.dtype))
+
+    def _set_corrections(self, xi: torch.Tensor) -> None:
+        """``delta`` <- M^-1 ``xi`` [N, 6]."""
+        z = torch.linalg.solve(self.metric.double(), xi.double()[:, :, None])[:, :, 0]
+        self.delta.copy_(z.to(self.delta.dtype))
 
     def row(self, index: int) -> torch.Tensor:
         """ξ_index [6] with a sparse gradient."""
         i = torch.tensor([int(index)], device=self.delta.device)
-        return F.embedding(i, self.delta, sparse=True)[0]
+        return self.metric[int(index)] @ F.embedding(i, self.delta, sparse=True)[0]
 
     def viewmat(self, index: int, viewmat: torch.Tensor) -> torch.Tensor:
         """Train camera ``index``'s corrected world -> camera [4, 4] (``viewmat`` as given)."""
@@ -162,15 +290,25 @@ class PoseCorrection(nn.Module):
 
     @torch.no_grad()
     def fix_gauge(self) -> None:
-        """Projects the corrections off the gauge directions (module doc)."""
-        x = self.delta.double().reshape(-1, 1)  # [6N, 1]
-        Q = self.gauge.to(x.device)
-        self.delta.copy_((x - Q @ (Q.T @ x)).reshape(self.delta.shape).to(self.delta.dtype))
+        """Projects the optimiser's coordinates off the gauge directions (module doc)."""
+        z = self.delta.double().reshape(-1, 1)  # [6N, 1]
+        Q = self.gauge_z.to(z.device)
+        self.delta.copy_((z - Q @ (Q.T @ z)).reshape(self.delta.shape).to(self.delta.dtype))
+
+    @torch.no_grad()
+    def gauge_part(self) -> torch.Tensor:
+        """[k] the coordinates' components along the gauge (zero after :meth:`fix_gauge`)."""
+        return (self.gauge_z.T @ self.delta.double().reshape(-1, 1))[:, 0]
 
     @torch.no_grad()
     def viewmats(self, viewmats: torch.Tensor) -> torch.Tensor:
         """Every corrected world -> camera [N, 4, 4] of ``viewmats`` [N, 4, 4] (detached)."""
-        return torch.stack([corrected_viewmat(v, d, self.radius) for v, d in zip(viewmats, self.delta.detach().cpu())])
+        return torch.stack(
+            [
+                corrected_viewmat(v, d, self.radius)
+                for v, d in zip(viewmats, self.corrections(torch.float64).detach().cpu())
+            ]
+        )
 
 
 def make_pose_correction(train_cfg: Dict, frames: Sequence, radius: float, device=None) -> Optional[PoseCorrection]:

@@ -45,7 +45,7 @@ from .rasterize import (
 )
 from .reference_3dgs import project_gaussians, rasterize_reference_3dgs
 
-__all__ = ["rasterize_3dgs", "gaussian_kernel_inputs"]
+__all__ = ["rasterize_3dgs", "gaussian_kernel_inputs", "projects_fused"]
 
 #: (row, column) of the six stored entries of the symmetric Q (core.h kGaussPeakDen).
 _SYM3 = ([0, 0, 0, 1, 1, 2], [0, 1, 2, 1, 2, 2])
@@ -170,7 +170,7 @@ def rasterize_3dgs_and_inputs(
     radii = torch.zeros(n, dtype=torch.int32, device=device)
     # The fused projection takes means2d (its value is not read) and returns
     # its gradient itself; the PyTorch one gets it from _shift_footprints below.
-    fused = backend in ("cpu", "cuda")
+    fused = projects_fused(backend)
     means2d.requires_grad_(grad_enabled)
     with torch.set_grad_enabled(torch.is_grad_enabled() and backend != "torch"):  # the reference projects itself
         kin = gaussian_kernel_inputs(
@@ -237,6 +237,13 @@ def rasterize_3dgs_and_inputs(
     if grad_enabled:
         sums = _connect(sums, inputs + (means2d,))
     return compose(*sums, background=background, radii=radii, means2d=means2d), kin
+
+
+def projects_fused(backend: str) -> bool:
+    """Whether a render on ``backend`` (resolved: ``cpu``, ``cuda`` or
+    ``torch``) projects its Gaussians by the fused C++ / CUDA op, whose bits
+    are the kernels'; else by the PyTorch reference."""
+    return backend in ("cpu", "cuda")
 
 
 def gaussian_kernel_inputs(

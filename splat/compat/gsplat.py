@@ -112,7 +112,7 @@ import torch
 from .. import conventions as cv
 from ..losses import depth_to_normal
 from ..rasterize import _project, _resolve_backend, rasterize
-from ..rasterize_3dgs import gaussian_kernel_inputs, rasterize_3dgs_and_inputs
+from ..rasterize_3dgs import gaussian_kernel_inputs, projects_fused, rasterize_3dgs_and_inputs
 from ..reference import facing_normals
 
 RENDER_MODES = ("RGB", "D", "ED", "RGB+D", "RGB+ED")
@@ -365,7 +365,7 @@ def rasterization(
             # by the render's own path, so that they are the render's bits
             # (the PyTorch projection's products round differently from the
             # kernels' on CPUs where BLAS fuses multiply-adds).
-            fused = _resolve_backend("auto", means.device) in ("cpu", "cuda")
+            fused = projects_fused(_resolve_backend("auto", means.device))
             with torch.no_grad():
                 kin = gaussian_kernel_inputs(
                     means.detach(),

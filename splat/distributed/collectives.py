@@ -44,6 +44,17 @@ def all_sum(values: Sequence[float], group: Group) -> list[float]:
     return t.tolist()
 
 
+def all_sum_tensor(x: torch.Tensor, group: Group) -> torch.Tensor:
+    """``x`` summed element-wise over the ranks (a new tensor, on ``x``'s device)."""
+    if not group.distributed:
+        return x.clone()
+    import torch.distributed as dist
+
+    t = x.to(comm_device(group)).contiguous()
+    dist.all_reduce(t)
+    return t.to(x.device)
+
+
 def gather_all(x: torch.Tensor, group: Group) -> torch.Tensor:
     """Every rank's ``x`` [n_r, ...] concatenated in rank order, on every
     rank (an all-gather of rows of different counts)."""

@@ -25,7 +25,9 @@ and carries the gradients back.  A step (1-based ``step``) over
 With ``train.pose_opt`` each camera renders from its corrected pose, with
 autograd to its correction (the rasterizer's exact viewmat gradients;
 camera by camera, or through every rank's projection of its surfels), and
-its loss gains ``train.pose_opt_reg`` |correction|^2.
+its loss gains ``train.pose_opt_reg`` |correction|^2.  With
+``train.pose_opt_metric`` the first step that corrects the poses sets their
+metric from the model as it is then (:meth:`BatchStep.set_pose_metric`).
 
 The trainer then checks ids and rebalances; :meth:`StepSums.reduce` sums the
 logging terms over every rank's cameras.
@@ -38,11 +40,12 @@ from typing import Dict
 
 import torch
 
-from ..distributed.collectives import all_sum
+from ..distributed.collectives import all_sum, all_sum_tensor
 from ..distributed.group import Group
 from ..distributed.sharded_model import sum_replicated_gradients
 from ..losses import LOSS_TERMS, psnr, total_loss
 from ..optimizers import means_lr
+from ..pose_opt import image_motion_hessians, whitening
 from .batch_rendering import camera_of
 from .multiview_step import MULTIVIEW_TERMS, MultiViewTerms
 from .resolution import CoarseViews
@@ -142,6 +145,22 @@ class BatchStep:
         for g in optimizers["pose"].param_groups if "pose" in optimizers else ():
             g["lr"] = means_lr(step - start, iterations - start, train["pose_opt_lr"], 0.01 * train["pose_opt_lr"])
 
+    @torch.no_grad()
+    def set_pose_metric(self, model) -> None:
+        """The pose corrections' metric (:mod:`splat.pose_opt`, "The metric")
+        from the primitives of every rank's shard, seen by the train cameras
+        as given; the same on every rank."""
+        frames = self.scene.train
+        H, total = image_motion_hessians(
+            model.means,
+            model.opacities,
+            torch.stack([f.viewmat for f in frames]),
+            torch.stack([f.K for f in frames]),
+            [(int(f.width), int(f.height)) for f in frames],
+            self.scene_radius,
+        )
+        self.pose.set_metric(whitening(all_sum_tensor(H, self.group), all_sum_tensor(total, self.group)))
+
     def __call__(self, model, optimizers: Dict, strategy, appearance, step: int) -> StepSums:
         """Steps 1-3 of the module doc; returns this rank's :class:`StepSums`."""
         cfg = self.cfg
@@ -155,6 +174,8 @@ class BatchStep:
         ]
         cameras = [camera_of(frames[i], bg, self.device) for i, bg in zip(views, backgrounds)]
         pose = self.pose if step >= self.cfg["train"]["pose_opt_from"] else None  # None: corrections are zero
+        if pose is not None and self.cfg["train"]["pose_opt_metric"] and not bool(pose.metric_set):
+            self.set_pose_metric(model)
         for camera, i in zip(cameras, views if pose is not None else ()):
             camera.viewmat = pose.viewmat(i, camera.viewmat)  # one lookup per camera: a graph each
         mv = self.multiview if self.multiview is not None and self.multiview.active(step) else None
