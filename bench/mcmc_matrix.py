@@ -40,14 +40,17 @@ METRICS = ("test.psnr", "test.ssim", "test.depth_rel_err", "test.normal_deg_err"
 
 def quality_run(shared: str, scene: str, config: str, overrides) -> dict:
     """One ``bench/quality.py`` run; its metrics and command."""
-    args = ["--shared", shared, "--scenes", scene, "--configs", config, "--inits", "auto", *overrides]
+    # The options take lists (nargs="+"): an option after them ends the list before the overrides.
+    args = ["--shared", shared, "--scenes", scene, "--configs", config, "--inits", "auto"]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "q.json"
-        cmd = [sys.executable, str(ROOT / "bench" / "quality.py"), "--out", str(out), *args]
+        cmd = [sys.executable, str(ROOT / "bench" / "quality.py"), *args, "--out", str(out), *overrides]
         subprocess.run(cmd, check=True, cwd=ROOT, stdout=sys.stderr)
         run = json.loads(out.read_text())["runs"][0]
     metrics = {k: run["metrics"].get(k) for k in METRICS}
-    return dict(command="python bench/quality.py " + " ".join(args), metrics=metrics)
+    return dict(
+        command="python bench/quality.py " + " ".join([*args, "--out", "RUN.json", *overrides]), metrics=metrics
+    )
 
 
 def main() -> None:
