@@ -15,7 +15,12 @@ Three runs of one config, one after another in this process:
 ``pose_opt``    the same perturbed poses with ``train.pose_opt=true``.
 
 All three start from one initial model, built from the exact poses
-(:func:`reuse_initial_model`).
+(:func:`reuse_initial_model`).  ``--part gauge`` applies only the
+perturbation's gauge part (a joint similarity motion of every train camera,
+which no train loss can see: the floor a pose optimiser with a fixed gauge
+cannot lift), ``--part rest`` the perturbation without it
+(:func:`split_gauge`); ``--trace N`` records the aligned pose error every N
+steps.
 Reported per run: test PSNR / SSIM at the given test poses and, as
 ``psnr_test_aligned``, with the test cameras mapped into the frame of the
 run's train cameras (:func:`test_psnr_in_the_run_frame`: the gauge), time,
