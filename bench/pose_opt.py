@@ -253,7 +253,8 @@ def main() -> None:
         choices=("all", "gauge", "rest"),
         default="all",
         help="which part of the perturbation to apply: all, its gauge part alone (a joint similarity motion "
-        "of every train camera: the floor no pose optimisation can lift), or the rest (gauge-free)",
+        "of every train camera: the floor no pose optimisation can lift), or the rest (gauge-free as "
+        "train.pose_opt holds the gauge without train.pose_opt_metric: orthogonal to it in the corrections)",
     )
     p.add_argument("--trace", type=int, default=0, help="record the aligned pose error every this many steps")
     p.add_argument("--out", default=None)

@@ -165,7 +165,15 @@ def gauge_basis(centres: torch.Tensor, radius: float) -> torch.Tensor:
 
 
 def image_motion_hessians(
-    means: torch.Tensor, weights: torch.Tensor, viewmats: torch.Tensor, Ks: torch.Tensor, sizes, radius: float
+    means: torch.Tensor,
+    weights: torch.Tensor,
+    viewmats: torch.Tensor,
+    Ks: torch.Tensor,
+    sizes,
+    radius: float,
+    near: float = 0.0,
+    far: float = float("inf"),
+    chunk: int = 1 << 16,
 ):
     """Per camera, the weighted sum over the primitives it sees of J^T J, and
     the sum of their weights (module doc, "The metric"): ([N, 6, 6], [N])
@@ -176,29 +184,35 @@ def image_motion_hessians(
     as given, ``sizes`` their N (width, height).  J [2, 6] is d(x/z, y/z)/dξ
     at ξ = 0 for the mean's camera coordinates (x, y, z) = R (X - c):
     d/dω = R [X - c]x (the camera turns by ω about c, so X turns by -ω in
-    it), d/du = -r R.  A primitive is seen when it lies in front of the
-    camera (z > 1e-3 r) and inside the image."""
+    it), d/du = -r R.  A primitive is seen when the render draws its centre:
+    depth z in (``near``, ``far``) and above 1e-3 r, inside the image.
+    Primitives are taken ``chunk`` at a time (the temporaries are ~200
+    bytes a primitive)."""
     X, w = means.double(), weights.double()
     H = torch.zeros(len(viewmats), 6, 6, dtype=torch.float64, device=X.device)
     total = torch.zeros(len(viewmats), dtype=torch.float64, device=X.device)
     for i, (V, K, (width, height)) in enumerate(zip(viewmats.double(), Ks.double(), sizes)):
         R = V[:3, :3].to(X.device)
-        a = X - (-(R.T @ V[:3, 3].to(X.device)))  # [G, 3] X - c
-        xc = a @ R.T  # [G, 3]
-        z = xc[:, 2]
-        zs = z.clamp_min(1e-3 * radius)
-        px = K[0, 0] * xc[:, 0] / zs + K[0, 2]
-        py = K[1, 1] * xc[:, 1] / zs + K[1, 2]
-        seen = (z > 1e-3 * radius) & (px >= 0) & (px < width) & (py >= 0) & (py < height) & (w > 0)
-        a, xc, z, ws = a[seen], xc[seen], z[seen], w[seen]
-        P = torch.zeros(len(z), 2, 3, dtype=torch.float64, device=X.device)  # d(x/z, y/z)/d(x, y, z)
-        P[:, 0, 0] = P[:, 1, 1] = 1 / z
-        P[:, 0, 2] = -xc[:, 0] / z.square()
-        P[:, 1, 2] = -xc[:, 1] / z.square()
-        d_dxi = torch.cat([R @ skew(a), (-radius * R).expand(len(z), 3, 3)], 2)  # [G, 3, 6]
-        J = P @ d_dxi  # [G, 2, 6]
-        H[i] = torch.einsum("g,gki,gkj->ij", ws, J, J)
-        total[i] = ws.sum()
+        centre = -(R.T @ V[:3, 3].to(X.device))  # [3]
+        for start in range(0, X.shape[0], chunk):
+            a = X[start : start + chunk] - centre  # [G, 3] X - c
+            ws = w[start : start + chunk]
+            xc = a @ R.T  # [G, 3]
+            z = xc[:, 2]
+            zs = z.clamp_min(1e-3 * radius)
+            px = K[0, 0] * xc[:, 0] / zs + K[0, 2]
+            py = K[1, 1] * xc[:, 1] / zs + K[1, 2]
+            seen = (z > max(1e-3 * radius, near)) & (z < far) & (ws > 0)
+            seen &= (px >= 0) & (px < width) & (py >= 0) & (py < height)
+            a, xc, z, ws = a[seen], xc[seen], z[seen], ws[seen]
+            P = torch.zeros(len(z), 2, 3, dtype=torch.float64, device=X.device)  # d(x/z, y/z)/d(x, y, z)
+            P[:, 0, 0] = P[:, 1, 1] = 1 / z
+            P[:, 0, 2] = -xc[:, 0] / z.square()
+            P[:, 1, 2] = -xc[:, 1] / z.square()
+            d_dxi = torch.cat([R @ skew(a), (-radius * R).expand(len(z), 3, 3)], 2)  # [G, 3, 6]
+            J = P @ d_dxi  # [G, 2, 6]
+            H[i] += torch.einsum("g,gki,gkj->ij", ws, J, J)
+            total[i] += ws.sum()
     return H, total
 
 
@@ -232,6 +246,7 @@ class PoseCorrection(nn.Module):
         self.register_buffer("gauge", gauge_basis(centres, self.radius), persistent=False)  # [6N, k]
         self.register_buffer("metric", torch.eye(6).repeat(viewmats.shape[0], 1, 1))  # [N, 6, 6]
         self.register_buffer("metric_set", torch.tensor(False))
+        self.has_metric = False  # metric_set as a Python bool (read every step: no device sync)
         self.register_buffer("gauge_z", self.gauge.clone(), persistent=False)  # [6N, k] orthonormal basis of M^-1 B
 
     def corrections(self, dtype=None) -> torch.Tensor:
@@ -246,6 +261,7 @@ class PoseCorrection(nn.Module):
         state_dict.setdefault("metric", torch.eye(6).repeat(self.delta.shape[0], 1, 1))
         state_dict.setdefault("metric_set", torch.tensor(False))
         result = super().load_state_dict(state_dict, strict, assign)
+        self.has_metric = bool(self.metric_set)
         with torch.no_grad():
             self._set_gauge_z()
         return result
@@ -258,11 +274,12 @@ class PoseCorrection(nn.Module):
         self.metric.copy_(metric.to(self.metric.dtype))
         self._set_corrections(xi)
         self.metric_set.fill_(True)
+        self.has_metric = True
         self._set_gauge_z()
 
     def _set_gauge_z(self) -> None:
         """``gauge_z``: an orthonormal basis of M^-1 B (module doc, "The gauge"); B itself while M = I."""
-        if not bool(self.metric_set):
+        if not self.has_metric:
             self.gauge_z.copy_(self.gauge)
             return
         n, k = self.delta.shape[0], self.gauge.shape[1]

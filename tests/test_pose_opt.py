@@ -311,6 +311,14 @@ def test_image_motion_hessian_is_the_projection_jacobians():
     H, total = image_motion_hessians(X, w, V[None], K[None], [(180, 160)], RADIUS)
     torch.testing.assert_close(H[0], torch.einsum("g,gki,gkj->ij", w[seen], J[seen], J[seen]), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(total[0], w[seen].sum(), rtol=1e-12, atol=0)
+    # The render's clipping planes bound what counts; chunks add up to the whole.
+    near, far = float(xc[seen, 2].quantile(0.25)), float(xc[seen, 2].quantile(0.9))
+    drawn = seen & (xc[:, 2] > near) & (xc[:, 2] < far)
+    H, total = image_motion_hessians(X, w, V[None], K[None], [(180, 160)], RADIUS, near=near, far=far, chunk=7)
+    torch.testing.assert_close(
+        H[0], torch.einsum("g,gki,gkj->ij", w[drawn], J[drawn], J[drawn]), rtol=1e-12, atol=1e-12
+    )
+    torch.testing.assert_close(total[0], w[drawn].sum(), rtol=1e-12, atol=0)
 
 
 def test_whitening_makes_image_motion_isotropic():
@@ -499,16 +507,26 @@ def test_known_perturbation_is_recovered(metric):
 
 
 # ------------------------------------------------------------- poses.json
-def test_poses_json_written_resumed_and_read_by_render(scene, tmp_path):
+@pytest.mark.parametrize("metric", [False, True], ids=["identity", "metric"])
+def test_poses_json_written_resumed_and_read_by_render(scene, tmp_path, metric):
+    """A resumed run is bitwise the whole one (with the metric: set before the
+    checkpoint, restored from it); a run trained with the metric refuses to
+    go on without it (the run folder's config check, naming the key)."""
+    from splat.errors import RunStateError
     from splat.render_files import render_split
     from splat.trained_run import load_run
 
-    cfg = tiny_config(scene, 30, ["train.pose_opt=true", "train.pose_opt_metric=true", "checkpoint.every=10"])
+    on = ["train.pose_opt=true", f"train.pose_opt_metric={str(metric).lower()}", "checkpoint.every=10"]
+    cfg = tiny_config(scene, 30, on)
     whole = _train(cfg, tmp_path / "whole")
     stopped = tmp_path / "stopped"
     _train(cfg, stopped, stop_at=15)  # checkpoint at 10: steps 11-15 are replayed
+    if metric:
+        off = tiny_config(scene, 30, [*on, "train.pose_opt_metric=false"])
+        with pytest.raises(RunStateError, match="differs in train.pose_opt_metric: True there, False now"):
+            _train(off, stopped, resume=True)
     resumed = _train(cfg, stopped, resume=True)
-    assert bool(whole.pose.metric_set) and torch.equal(resumed.pose.metric, whole.pose.metric)
+    assert whole.pose.has_metric == metric and torch.equal(resumed.pose.metric, whole.pose.metric)
     assert torch.equal(resumed.pose.delta, whole.pose.delta)
     assert (tmp_path / "whole" / "poses.json").read_bytes() == (stopped / "poses.json").read_bytes()
 

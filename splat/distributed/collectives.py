@@ -50,7 +50,7 @@ def all_sum_tensor(x: torch.Tensor, group: Group) -> torch.Tensor:
         return x.clone()
     import torch.distributed as dist
 
-    t = x.to(comm_device(group)).contiguous()
+    t = x.to(comm_device(group)).contiguous().clone()
     dist.all_reduce(t)
     return t.to(x.device)
 

@@ -158,7 +158,11 @@ class BatchStep:
             torch.stack([f.K for f in frames]),
             [(int(f.width), int(f.height)) for f in frames],
             self.scene_radius,
+            near=self.cfg["render"]["near"],
+            far=self.cfg["render"]["far"],
         )
+        # Before the first corrected step RowAdam has no moments, so none is in the old coordinates
+        # (a run folder refuses to resume under a config that switches the option).
         self.pose.set_metric(whitening(all_sum_tensor(H, self.group), all_sum_tensor(total, self.group)))
 
     def __call__(self, model, optimizers: Dict, strategy, appearance, step: int) -> StepSums:
@@ -174,7 +178,7 @@ class BatchStep:
         ]
         cameras = [camera_of(frames[i], bg, self.device) for i, bg in zip(views, backgrounds)]
         pose = self.pose if step >= self.cfg["train"]["pose_opt_from"] else None  # None: corrections are zero
-        if pose is not None and self.cfg["train"]["pose_opt_metric"] and not bool(pose.metric_set):
+        if pose is not None and self.cfg["train"]["pose_opt_metric"] and not pose.has_metric:
             self.set_pose_metric(model)
         for camera, i in zip(cameras, views if pose is not None else ()):
             camera.viewmat = pose.viewmat(i, camera.viewmat)  # one lookup per camera: a graph each
