@@ -200,6 +200,12 @@ def test_psnr_in_the_run_frame(trainer, scene, train_c2w: torch.Tensor, exact_c2
     return evaluate_frames(trainer.cfg, trainer.background, frames, render_views)["psnr"]
 
 
+def place_train_cameras(scene, c2w: torch.Tensor) -> None:
+    """Gives ``scene``'s train cameras the camera -> world poses ``c2w`` [N, 4, 4]."""
+    for f, m in zip(scene.train, camera_to_world(c2w)):
+        f.viewmat = m.float()
+
+
 def train_poses(trainer, scene) -> torch.Tensor:
     """[N, 4, 4] the run's train cameras to world, corrected where it optimises them."""
     train = torch.stack([f.viewmat.double() for f in scene.train])
@@ -274,11 +280,9 @@ def main() -> None:
         exact = camera_to_world(torch.stack([f.viewmat.double() for f in scene.train]))
         given = exact if name == "exact" else perturb(exact, args.deg, args.shift, args.seed)
         if name != "exact" and args.part != "all":
-            for f, m in zip(scene.train, camera_to_world(given)):
-                f.viewmat = m.float()
+            place_train_cameras(scene, given)  # the scene radius the trainer will see
             given = split_gauge(given, exact, float(scene.scene_radius()), args.part)
-        for f, m in zip(scene.train, camera_to_world(given)):
-            f.viewmat = m.float()
+        place_train_cameras(scene, given)
         with tempfile.TemporaryDirectory() as tmp:
             results[name] = run(cfg, scene, Path(tmp) / name, exact, args.trace)
             results[name]["pose_error_given"] = pose_errors(given, exact)

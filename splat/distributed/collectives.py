@@ -37,11 +37,7 @@ def all_sum(values: Sequence[float], group: Group) -> list[float]:
     """Element-wise sum over the ranks of a short list of numbers (float64)."""
     if not group.distributed:
         return [float(v) for v in values]
-    import torch.distributed as dist
-
-    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=comm_device(group))
-    dist.all_reduce(t)
-    return t.tolist()
+    return all_sum_tensor(torch.tensor([float(v) for v in values], dtype=torch.float64), group).tolist()
 
 
 def all_sum_tensor(x: torch.Tensor, group: Group) -> torch.Tensor:
