@@ -6,12 +6,15 @@ depend on the machine and its load.
 
     OMP_NUM_THREADS=2 python bench/multiview_cost.py --shared ../shared --out bench/results/multiview_cost.json
 
-Both trainers start from the same initial model (``model.init=auto``), with
-the multi-view terms from step 1 (``loss.multiview.start=0``) and the
-distortion and normal terms on; steps 1..--steps are timed after --warmup
-steps (densification starts at step 500: none in the window).  Also timed
-alone: the multi-view maths of a step (:meth:`MultiViewTerms.loss`, its
-forward; its backward is inside the step), without the partner's render.
+Every trainer starts from the same initial model (``model.init=auto``)
+and trains --warmup steps alike (densification from step 500; the default
+config's coarse start ends at step 1000), with the distortion and normal
+terms on; then the multi-view terms start (``loss.multiview.start`` =
+--warmup + 1) in every run but "off", and --steps steps are timed.
+``--variant NAME=KEY=VALUE,...`` adds a run with the terms on and those
+overrides.  Also timed alone: the multi-view maths of a step
+(:meth:`MultiViewTerms.loss`, its forward; its backward is inside the
+step), without the partner's render.
 """
 
 from __future__ import annotations
@@ -41,8 +44,16 @@ def main() -> None:
     p.add_argument("--scene", default="still_life")
     p.add_argument("--config", default="default", choices=["default", "fast"])
     p.add_argument("--primitive", default="2dgs", choices=["2dgs", "3dgs"])
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=1000)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=KEY=VALUE,...",
+        help="a further run with the terms on and these overrides (repeatable), e.g. "
+        "detached=loss.multiview.neighbour_gradient=false",
+    )
     p.add_argument("--out")
     p.add_argument("overrides", nargs="*", help="config overrides key=value applied to both runs")
     args = p.parse_args()
@@ -57,10 +68,11 @@ def main() -> None:
         *args.overrides,
     ]
     cfg_file = str(ROOT / "configs" / f"{args.config}.yaml")
-    runs = {
-        "off": load_config(cfg_file, common),
-        "on": load_config(cfg_file, common + ["loss.multiview.enabled=true", "loss.multiview.start=0"]),
-    }
+    on = ["loss.multiview.enabled=true", f"loss.multiview.start={args.warmup + 1}"]
+    runs = {"off": load_config(cfg_file, common), "on": load_config(cfg_file, common + on)}
+    for spec in args.variant:
+        name, _, overrides = spec.partition("=")
+        runs[name] = load_config(cfg_file, common + on + [o for o in overrides.split(",") if o])
     maths = []
     original = MultiViewTerms.loss
 
@@ -95,8 +107,9 @@ def main() -> None:
             surfels=surfels,
             ms_per_step_median=ms,
             ratio_on_off=ms["on"] / ms["off"],
-            multiview_maths_ms_median=1000 * statistics.median(maths[args.warmup :]),
-            last_terms=terms["on"],
+            ratio_to_off={k: v / ms["off"] for k, v in ms.items() if k != "off"},
+            multiview_maths_ms_median=1000 * statistics.median(maths),
+            last_terms={k: v for k, v in terms.items() if k != "off"},
         ),
         args.out,
     )

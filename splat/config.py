@@ -186,6 +186,11 @@ class MultiViewConfig:
     enabled: bool = _f(False, "render a neighbour view each step and add the multi-view terms")
     start: int = _f(1000, "step where the multi-view terms start (PGSR: 7k of 30k steps)", ge=0)
     every: int = _f(1, "from start, the terms (and the neighbour's render) on every n-th step (PGSR: 1)", ge=1)
+    neighbour_gradient: bool = _f(
+        True,
+        "the geometric term's gradient reaches the neighbour's render too (PGSR); false: the neighbour "
+        "renders forward only, one backward less a step",
+    )
     geo_lambda: float = _f(0.03, "weight of the forward-backward reprojection error (pixels)", ge=0.0)
     ncc_lambda: float = _f(0.15, "weight of 1 - NCC of grey patches warped by the rendered plane", ge=0.0)
     max_angle: float = _f(30.0, "neighbours: viewing directions at most this many degrees apart", gt=0.0, le=180.0)

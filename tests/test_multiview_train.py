@@ -55,6 +55,31 @@ def test_both_rendering_paths_give_the_same_multiview_gradient(tiny_scene, tmp_p
         assert torch.allclose(grads["torch"][name], g, rtol=0, atol=1e-3 * scale), name
 
 
+@pytest.mark.parametrize("primitive", ["2dgs", "3dgs"])  # sharded / camera by camera
+def test_a_neighbour_without_gradient_renders_forward_only(tiny_scene, tmp_path, monkeypatch, primitive):  # noqa: F811
+    """``loss.multiview.neighbour_gradient=false``: the same terms, but the
+    partner's render is left out of the backward (one raster backward a
+    step instead of two), and the gradient differs by the partner's share."""
+    import importlib
+
+    calls = []
+    for name in ("splat.rasterize", "splat.rasterize_3dgs"):
+        module = importlib.import_module(name)  # (splat.rasterize the function shadows the module)
+        original = module.raster_backward
+        monkeypatch.setattr(module, "raster_backward", lambda *a, _f=original: calls.append(1) or _f(*a))
+    terms, grads, backwards = {}, {}, {}
+    for flag in ("true", "false"):
+        extra = [f"model.primitive={primitive}", f"loss.multiview.neighbour_gradient={flag}"]
+        terms[flag] = Trainer(tiny_config(tiny_scene, 10, MV_ON + extra), tmp_path / f"a{flag}").train_step(1)
+        calls.clear()
+        grads[flag] = _grads_of_one_step(Trainer(tiny_config(tiny_scene, 10, MV_ON + extra), tmp_path / flag), 1)
+        backwards[flag] = len(calls)
+    assert backwards == {"true": 2, "false": 1}
+    for k in ("mv_geo", "mv_ncc", "loss"):
+        assert terms["false"][k] == terms["true"][k], k  # the forward is the same graph
+    assert not torch.allclose(grads["true"]["means"], grads["false"]["means"])
+
+
 def test_cameras_without_neighbours_are_named_in_one_line(tiny_scene, tmp_path, capsys):  # noqa: F811
     Trainer(tiny_config(tiny_scene, 10, MV_ON + ["loss.multiview.max_angle=0.001"]), tmp_path / "run")
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("loss.multiview")]

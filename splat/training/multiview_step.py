@@ -104,9 +104,10 @@ class MultiViewTerms:
         c = self.cfg
         f, g = frames[index], frames[partner]
         ref = ViewGeometry(out.depth, out.normal, out.alpha, f.K.to(device), f.viewmat.to(device))
-        nb = ViewGeometry(
-            partner_out.depth, partner_out.normal, partner_out.alpha, g.K.to(device), g.viewmat.to(device)
-        )
+        nb_maps = (partner_out.depth, partner_out.normal, partner_out.alpha)
+        if not c["neighbour_gradient"]:  # unreached by the loss, the partner's render has no backward
+            nb_maps = tuple(t.detach() for t in nb_maps)
+        nb = ViewGeometry(*nb_maps, g.K.to(device), g.viewmat.to(device))
         H, W = out.depth.shape
         order = torch.from_numpy(self._rng(step, slot, 1).permutation(H * W)).to(device)
         geo, ncc, _ = multiview_losses(
