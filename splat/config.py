@@ -191,6 +191,12 @@ class MultiViewConfig:
         "the geometric term's gradient reaches the neighbour's render too (PGSR); false: the neighbour "
         "renders forward only, one backward less a step",
     )
+    neighbour_downscale: int = _f(
+        1, "render the neighbour at 1/n of the step's resolution (its depth is all the terms read of it)", ge=1
+    )
+    geo_pixels: int = _f(
+        0, "pixels of the geometric term a step, drawn at random among those covered (0: every one, PGSR)", ge=0
+    )
     geo_lambda: float = _f(0.03, "weight of the forward-backward reprojection error (pixels)", ge=0.0)
     ncc_lambda: float = _f(0.15, "weight of 1 - NCC of grey patches warped by the rendered plane", ge=0.0)
     max_angle: float = _f(30.0, "neighbours: viewing directions at most this many degrees apart", gt=0.0, le=180.0)

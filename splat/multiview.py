@@ -58,6 +58,7 @@ __all__ = [
     "ViewGeometry",
     "pixel_centres",
     "camera_planes",
+    "pixel_planes",
     "relative_pose",
     "plane_homography",
     "apply_homography",
@@ -117,8 +118,17 @@ def camera_planes(
     depth [H, W], normal_world [H, W, 3] -> (X [H, W, 3] surface points,
     n [H, W, 3] unit normals, d [H, W] plane distances ``-n . X``)."""
     H, W = depth.shape
-    X = depth[..., None] * rays_through(pixel_centres(H, W, depth.dtype, depth.device), K)  # [H, W, 3]
-    n = normal_world @ viewmat[:3, :3].T.to(normal_world.dtype)  # [H, W, 3] R n_world
+    rays = rays_through(pixel_centres(H, W, depth.dtype, depth.device), K)  # [H, W, 3]
+    return pixel_planes(depth, normal_world, rays, viewmat)
+
+
+def pixel_planes(
+    z: torch.Tensor, normal_world: torch.Tensor, rays: torch.Tensor, viewmat: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The planes of pixels with depths z [...], world normals [..., 3] and
+    rays [..., 3] (z = 1) -> (X [..., 3], unit n [..., 3], d [...]) (module doc)."""
+    X = z[..., None] * rays
+    n = normal_world @ viewmat[:3, :3].T.to(normal_world.dtype)  # R n_world
     n = n / n.norm(dim=-1, keepdim=True).clamp_min(1e-12)
     return X, n, -(n * X).sum(-1)
 
@@ -176,16 +186,23 @@ def forward_backward_error(
     K_nb: torch.Tensor,
     R: torch.Tensor,  # [3, 3] reference frame -> neighbour frame
     t: torch.Tensor,  # [3]
-    depth_nb: torch.Tensor,  # [H, W] the neighbour's rendered depth
+    depth_nb: torch.Tensor,  # [h, w] the neighbour's rendered depth
+    nb_size: Optional[Tuple[int, int]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(φ [P] the forward-backward pixel error, valid [P]) (module doc).
 
     q = the projection of X_ref into the neighbour (= H_rn p̃ for the plane
     through X_ref); the neighbour's surface point there, taken back to the
-    reference frame and projected, gives p'."""
+    reference frame and projected, gives p'.  ``nb_size`` (H, W): the image
+    ``K_nb`` is the intrinsics of, when ``depth_nb`` is rendered at an
+    integer fraction of it (``loss.multiview.neighbour_downscale``): q is
+    looked up at q (w / W, h / H), exact with pixel centres at j + 0.5."""
     Xn = X_ref @ R.T + t  # [P, 3]
     q = project(Xn, K_nb)  # [P, 2]
-    z_nb, inside = sample_bilinear(depth_nb[..., None], q)
+    h, w = depth_nb.shape
+    H, W = nb_size if nb_size is not None else (h, w)
+    q_depth = q if (h, w) == (H, W) else q * torch.tensor([w / W, h / H], dtype=q.dtype, device=q.device)
+    z_nb, inside = sample_bilinear(depth_nb[..., None], q_depth)
     z_nb = z_nb[:, 0]
     Y = z_nb[:, None] * rays_through(q, K_nb)  # [P, 3] the neighbour's surface point (its frame)
     Y_ref = (Y - t) @ R  # R^T (Y - t)
@@ -220,51 +237,75 @@ def multiview_losses(
     nb: ViewGeometry,
     grey_ref: torch.Tensor,  # [H, W, 1] the reference photo, grey
     grey_nb: torch.Tensor,  # [H', W', 1] the neighbour photo, grey
-    order: torch.Tensor,  # [S] flat pixel indices (row-major), the photometric term's preference order
+    order: torch.Tensor,  # [S] flat pixel indices (row-major), the pixels' preference order
     num_pixels: int = 4096,
     patch_size: int = 7,
     pixel_noise: float = 1.0,
     min_patch_std: float = 0.01,
     min_alpha: float = 0.5,
     weights: Optional[torch.Tensor] = None,
+    geo_pixels: int = 0,
 ) -> Tuple[torch.Tensor, torch.Tensor, dict]:
     """(L_geo, L_ncc, counts) of the module doc for one (reference, neighbour) pair.
 
     The geometric term covers every reference pixel with ``alpha >
-    min_alpha``; the photometric term the first ``num_pixels`` pixels of
-    ``order`` (a random permutation in training: PGSR's sampling) that are
-    valid for the geometric term, not seen edge-on and whose patch lies
-    inside the image.  Either loss is a zero (with a graph) when
-    no pixel qualifies.  The third item: the pixel counts of either term and
-    ``weights`` [H W], the weights w (zero outside the geometric mask);
-    passing them back as ``weights`` holds w fixed (w has no gradient, so
-    finite differences of the losses see w as a constant only then)."""
+    min_alpha`` (``geo_pixels`` > 0: the first that many of them in
+    ``order``, an unbiased estimate of the same mean when ``order`` is a
+    random permutation); the photometric term the first ``num_pixels``
+    pixels of ``order`` (a random permutation in training: PGSR's sampling)
+    that are valid for the geometric term, not seen edge-on and whose patch
+    lies inside the image.  ``nb.K`` is the intrinsics of the neighbour's
+    photo ``grey_nb``; ``nb.depth`` may be rendered at an integer fraction of
+    its size (:func:`forward_backward_error`).  Either loss is a zero (with a
+    graph) when no pixel qualifies.  The third item: the pixel counts of
+    either term and ``weights`` [H W], the weights w (zero outside the
+    geometric mask); passing them back as ``weights`` holds w fixed (w has
+    no gradient, so finite differences of the losses see w as a constant
+    only then)."""
     H, W = ref.depth.shape
-    X, n, d = camera_planes(ref.depth, ref.normal, ref.K, ref.viewmat)
+    dev = ref.depth.device
     R, t = relative_pose(ref.viewmat, nb.viewmat)
-    pix = pixel_centres(H, W, ref.depth.dtype, ref.depth.device).reshape(-1, 2)
     covered = ((ref.alpha > min_alpha) & (ref.depth > 0)).reshape(-1)
-    err, valid = forward_backward_error(X.reshape(-1, 3), pix, ref.K, nb.K, R, t, nb.depth)
+    pix = pixel_centres(H, W, ref.depth.dtype, dev).reshape(-1, 2)  # [HW, 2]
+    z = ref.depth.reshape(-1)  # [HW]
+    if geo_pixels > 0:  # the geometric term's pixels `at`: gathered (P < HW)
+        at = order[covered[order]][:geo_pixels]  # [P]
+        pix, z, covered = pix[at], z[at], covered[at]
+    else:  # every pixel: the same maths without the gathers (cheaper than them)
+        at = torch.arange(H * W, device=dev)
+    rays = rays_through(pix, ref.K)  # [P, 3]
+    X = z[:, None] * rays  # [P, 3] the surface points (module doc)
+    err, valid = forward_backward_error(X, pix, ref.K, nb.K, R, t, nb.depth, tuple(grey_nb.shape[:2]))
     keep = (valid & covered & (err < pixel_noise)).detach()
-    w = torch.exp(-err).detach() * keep if weights is None else weights
+    if weights is None:
+        w_at = torch.exp(-err).detach() * keep
+        w = w_at if geo_pixels <= 0 else torch.zeros(H * W, dtype=w_at.dtype, device=dev).index_copy_(0, at, w_at)
+    else:
+        w, w_at = weights, (weights if geo_pixels <= 0 else weights[at])
     n_geo = int(keep.sum())
-    geo = (w * err).sum() / max(n_geo, 1)
+    geo = (w_at * err).sum() / max(n_geo, 1)
 
     # Photometric term: the first num_pixels of `order` whose patch is inside
-    # the image, valid for the geometric term and not seen edge-on.
+    # the image, valid for the geometric term and not seen edge-on; each
+    # pixel's plane (module doc) only where it is a candidate.
     h = patch_size // 2
-    i, j = torch.arange(H, device=pix.device)[:, None], torch.arange(W, device=pix.device)[None, :]
-    interior = ((i >= h) & (i < H - h) & (j >= h) & (j < W - h)).reshape(-1)
-    rays = rays_through(pix, ref.K)  # [HW, 3]
-    cos = (n.reshape(-1, 3) * rays).sum(-1).abs() / rays.norm(dim=-1)
-    eligible = (interior & keep & (cos > MIN_COS)).detach()
-    sample = order[eligible[order]][:num_pixels]
-    offs = patch_offsets(patch_size, torch.long, sample.device)  # [Q, 2]
+    u, v = pix[:, 0] - 0.5, pix[:, 1] - 0.5  # column, row
+    cand = (keep & (v >= h) & (v < H - h) & (u >= h) & (u < W - h)).nonzero().reshape(-1)  # into `at`
+    _, n, d = pixel_planes(z[cand], ref.normal.reshape(-1, 3)[at[cand]], rays[cand], ref.viewmat)  # [C, 3], [C]
+    cos = (n * rays[cand]).sum(-1).abs() / rays[cand].norm(dim=-1)
+    eligible = torch.zeros(H * W, dtype=torch.bool, device=dev)
+    eligible[at[cand[(cos > MIN_COS).detach()]]] = True
+    sample = order[eligible[order]][:num_pixels]  # [S] pixel indices
+    slot = torch.full((H * W,), -1, dtype=torch.long, device=dev)
+    slot[at[cand]] = torch.arange(cand.numel(), device=dev)
+    which = slot[sample]  # [S] their rows of n, d
+    offs = patch_offsets(patch_size, torch.long, dev)  # [Q, 2]
     rows = (sample // W)[:, None] + offs[None, :, 1]  # [S, Q]
     cols = (sample % W)[:, None] + offs[None, :, 0]
     a = grey_ref[rows, cols, 0]  # [S, Q] exact pixel values: the offsets are whole pixels
-    Hm = plane_homography(ref.K, nb.K, R, t, n.reshape(-1, 3)[sample], d.reshape(-1)[sample])
-    q = apply_homography(Hm, pix[sample][:, None, :] + offs[None].to(pix.dtype))  # [S, Q, 2]
+    Hm = plane_homography(ref.K, nb.K, R, t, n[which], d[which])
+    centres = torch.stack([(sample % W).to(pix.dtype), (sample // W).to(pix.dtype)], dim=-1) + 0.5
+    q = apply_homography(Hm, centres[:, None, :] + offs[None].to(pix.dtype))  # [S, Q, 2]
     b, inside = sample_bilinear(grey_nb, q)
     corr = ncc(a.to(b.dtype), b[..., 0])
     flat = (a - a.mean(dim=1, keepdim=True)).square().mean(dim=1).sqrt() <= min_patch_std

@@ -209,11 +209,25 @@ def test_pose_corrections_on_several_processes(scene, tmp_path, metric):
     assert abs(two[0]["metrics"]["test"]["psnr"] - one["metrics"]["test"]["psnr"]) <= psnr_tol
 
 
-def test_multiview_terms_on_several_processes(scene, tmp_path):
+@pytest.mark.parametrize(
+    "cheap",
+    [
+        [],
+        [
+            "loss.multiview.neighbour_gradient=false",
+            "loss.multiview.neighbour_downscale=2",
+            "loss.multiview.geo_pixels=300",
+        ],
+    ],
+    ids=["pgsr", "forward_only_half_size_neighbour"],
+)
+def test_multiview_terms_on_several_processes(scene, tmp_path, cheap):
     """loss.multiview: each camera's partner renders on the camera's rank
     (camera 2 of 3 on rank 0 of 2, its partner too), so the terms and the
-    model are those of one process, bitwise, through densification."""
-    mv = ["loss.multiview.enabled=true", "loss.multiview.start=0", "loss.multiview.max_angle=90"]
+    model are those of one process, bitwise, through densification; also
+    with the partner forward only, at half size, and the geometric term on a
+    pixel subset."""
+    mv = ["loss.multiview.enabled=true", "loss.multiview.start=0", "loss.multiview.max_angle=90", *cheap]
     cfg = config(scene, 40, ["strategy.refine_start=20", "strategy.refine_every=10", *mv])
     one = run(1, cfg, tmp_path / "one")[0]
     two = run(2, cfg, tmp_path / "two")

@@ -40,16 +40,33 @@ def test_a_step_logs_the_terms_and_they_reach_the_parameters(tiny_scene, tmp_pat
     assert not torch.allclose(g_on["means"], g_off["means"])
 
 
-def test_both_rendering_paths_give_the_same_multiview_gradient(tiny_scene, tmp_path):  # noqa: F811
+CHEAP = ["loss.multiview.neighbour_downscale=2", "loss.multiview.geo_pixels=200"]
+
+
+@pytest.mark.parametrize("cheap", [False, True], ids=["pgsr", "half_size_neighbour_pixel_subset"])
+def test_both_rendering_paths_give_the_same_multiview_gradient(tiny_scene, tmp_path, monkeypatch, cheap):  # noqa: F811
     """Surfels, one process: sharded rendering (partners rendered after the
     batch in one call) against camera by camera (render.backend=torch, the
     PyTorch reference rasterizer).  Float32 renders by two implementations:
     the gradients agree to 1e-3 of their largest entry (a partner swapped
-    or left out moves them by far more)."""
+    or left out moves them by far more).  ``cheap``: the partner at half
+    size (a batch of two sizes in one sharded call) and the geometric term
+    on 200 pixels."""
+    sizes = []
+    original = MultiViewTerms.loss
+
+    def loss(self, out, partner_out, *a, **k):
+        sizes.append((tuple(out.depth.shape), tuple(partner_out.depth.shape)))
+        return original(self, out, partner_out, *a, **k)
+
+    monkeypatch.setattr(MultiViewTerms, "loss", loss)
     grads = {}
     for backend in ("auto", "torch"):
-        t = Trainer(tiny_config(tiny_scene, 10, [f"render.backend={backend}"] + MV_ON), tmp_path / backend)
+        extra = [f"render.backend={backend}"] + MV_ON + (CHEAP if cheap else [])
+        t = Trainer(tiny_config(tiny_scene, 10, extra), tmp_path / backend)
         grads[backend] = _grads_of_one_step(t, 1)
+    (h, w), (ph, pw) = sizes[0]
+    assert len(set(sizes)) == 1 and (ph, pw) == ((h // 2, w // 2) if cheap else (h, w))
     for name, g in grads["auto"].items():
         scale = float(g.abs().max())
         assert torch.allclose(grads["torch"][name], g, rtol=0, atol=1e-3 * scale), name

@@ -27,12 +27,14 @@ any camera.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 
+from ..distributed.sharded_render import Camera
 from ..multiview import ViewGeometry, grey, multiview_losses
 from ..neighbour_views import lonely_cameras_message, neighbour_views
 
@@ -81,6 +83,17 @@ class MultiViewTerms:
             out.append(int(nb[self._rng(step, slot, 0).integers(len(nb))]) if nb else None)
         return out
 
+    def partner_camera(self, camera: Camera) -> Camera:
+        """``camera`` at 1/``neighbour_downscale`` of its size, K's first two
+        rows divided (exact with pixel centres at j + 0.5): the terms read
+        only the partner's depth, bilinearly, at continuous pixels."""
+        s = int(self.cfg["neighbour_downscale"])
+        if s == 1:
+            return camera
+        K = camera.K.clone()  # [3, 3]
+        K[:2] /= s
+        return dataclasses.replace(camera, K=K, width=max(camera.width // s, 1), height=max(camera.height // s, 1))
+
     @staticmethod
     def canonical_grey(frame, index: int, appearance, device) -> torch.Tensor:
         """Train photo ``index`` (``frame``, at this step's resolution) [H, W, 1]
@@ -120,6 +133,7 @@ class MultiViewTerms:
             patch_size=c["patch_size"],
             pixel_noise=c["pixel_noise"],
             min_patch_std=c["min_patch_std"],
+            geo_pixels=c["geo_pixels"],
         )
         loss = c["geo_lambda"] * geo + c["ncc_lambda"] * ncc
         return loss, {"mv_geo": float(geo.detach()), "mv_ncc": float(ncc.detach())}

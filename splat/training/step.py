@@ -185,7 +185,8 @@ class BatchStep:
         mv = self.multiview if self.multiview is not None and self.multiview.active(step) else None
         partners = mv.partners(step, views) if mv is not None else [None] * batch
         partner_cameras = [
-            None if p is None else camera_of(frames[p], bg, self.device) for p, bg in zip(partners, backgrounds)
+            None if p is None else mv.partner_camera(camera_of(frames[p], bg, self.device))
+            for p, bg in zip(partners, backgrounds)
         ]
         sums, present = dict.fromkeys(TERMS, 0.0), dict.fromkeys(TERMS, 0)
 
