@@ -221,9 +221,7 @@ def refined_test_frames(trainer, scene, steps: int, lr: float) -> list:
             for _ in range(steps):
                 g = copy.copy(f)
                 g.viewmat = corrected_viewmat(given, xi, radius).float()
-                out = render_frame(
-                    model, g, trainer.background, backend=r["backend"], near=r["near"], far=r["far"]
-                )
+                out = render_frame(model, g, trainer.background, backend=r["backend"], near=r["near"], far=r["far"])
                 loss = (out.rgb - target).abs().mean()
                 opt.zero_grad()
                 loss.backward()
