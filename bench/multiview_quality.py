@@ -1,11 +1,15 @@
 """``loss.multiview`` off and on, side by side on one scene: test PSNR, depth
 and normal error, time (``bench/quality.py``) and the mesh against the
 scene's ground truth (``bench/mesh.py --model``: F1 at 0.5 % of the
-diagonal, Chamfer, unseen share), one run at a time, each a subprocess.
+diagonal, Chamfer, unseen share; a scene without ``mesh.ply`` but with
+masks, dtu_scan24: ``bench/mesh_masked.py``, against its SfM points inside
+the masks, and the test PSNR inside them), one run at a time, each a subprocess.
 Prints the matrix as JSON (and writes it with --out), with every command.
 
     OMP_NUM_THREADS=2 python bench/multiview_quality.py --shared ../shared --work /tmp/mvq \\
         --configs default --primitives 2dgs --out bench/results/multiview_still_life.json
+    OMP_NUM_THREADS=2 python bench/multiview_quality.py --shared ../shared --work /tmp/mvd --scene dtu_scan24 \
+        --configs fast --out bench/results/multiview_dtu_scan24.json data.layout=transforms data.downscale=4
 
 Variants: ``off`` (the config as committed) and ``on``
 (``loss.multiview.enabled=true``), plus any ``--variant NAME=OVERRIDES``
@@ -44,13 +48,16 @@ def run(cmd: list, log: list) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shared", required=True, help="folder holding scenes/")
-    ap.add_argument("--scene", default="still_life", help="a scene with a ground-truth mesh (NeRF layout)")
+    ap.add_argument(
+        "--scene", default="still_life", help="a scene with a ground-truth mesh (NeRF layout), or masks and SfM points"
+    )
     ap.add_argument("--work", required=True, help="folder for the run folders and per-run JSON")
     ap.add_argument("--configs", nargs="+", default=["default"], choices=["default", "fast"])
     ap.add_argument("--primitives", nargs="+", default=["2dgs"], choices=["2dgs", "3dgs"])
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), help="names among off, on and --variant's")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=K=V,K=V", help="another variant")
     ap.add_argument("--out")
+    ap.add_argument("overrides", nargs="*", help="config overrides for every run (before the variant's)")
     args = ap.parse_args()
     variants = dict(VARIANTS)
     for spec in args.variant:
@@ -58,13 +65,16 @@ def main() -> None:
         variants[name] = [o for o in overrides.split(",") if o]
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    scene_dir = Path(args.shared) / "scenes" / args.scene
+    # A ground-truth mesh (still_life) or, for a masked capture (dtu_scan24), its SfM points inside the masks.
+    mesh_bench = "bench/mesh.py" if (scene_dir / "mesh.ply").is_file() else "bench/mesh_masked.py"
     commands: list = []
     rows = []
     for config in args.configs:
         for primitive in args.primitives:
             for name in args.variants:
                 tag = f"{config}_{primitive}_{name}"
-                overrides = [f"model.primitive={primitive}", *variants[name]]
+                overrides = [f"model.primitive={primitive}", *args.overrides, *variants[name]]
                 q = run(
                     [
                         sys.executable,
@@ -89,7 +99,7 @@ def main() -> None:
                 m = run(
                     [
                         sys.executable,
-                        "bench/mesh.py",
+                        mesh_bench,
                         "--scene",
                         str(Path(args.shared) / "scenes" / args.scene),
                         "--model",
@@ -107,6 +117,7 @@ def main() -> None:
                         variant=name,
                         overrides=" ".join(variants[name]) or "(none)",
                         psnr=metrics.get("test.psnr"),
+                        psnr_masked=metrics.get("test.psnr_masked"),
                         depth_rel_err=metrics.get("test.depth_rel_err"),
                         normal_deg_err=metrics.get("test.normal_deg_err"),
                         surfels=metrics.get("n_gaussians"),
@@ -114,6 +125,7 @@ def main() -> None:
                         mesh_f1=m.get("f1", m.get("error")),
                         mesh_chamfer_pct=m.get("chamfer_pct"),
                         mesh_unseen_share=m.get("unseen_share"),
+                        mesh_completeness_pct=m.get("completeness_pct"),
                         error=rec.get("error"),
                     )
                 )
