@@ -48,9 +48,11 @@ def _positive_int(s: str) -> int:
     return v
 
 
-def build_parser() -> argparse.ArgumentParser:
+def mesh_parser(scene_help: str) -> argparse.ArgumentParser:
+    """The arguments a mesh benchmark shares: --scene, --mesh or --model,
+    --out, --samples, --seed, --debug."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--scene", required=True, help="NeRF-layout scene folder with test depths and mesh.ply")
+    ap.add_argument("--scene", required=True, help=scene_help)
     what = ap.add_mutually_exclusive_group(required=True)
     what.add_argument("--mesh", help="the predicted triangle mesh (.ply, .obj, ...)")
     what.add_argument(
@@ -58,10 +60,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="a training output folder: mesh it as render.py --mesh does "
         "(timed; writes MODEL/mesh.ply), then measure that mesh",
     )
-    ap.add_argument("--mesh-res", type=int, default=None, help="with --model: render.py's --mesh-res")
-    ap.add_argument("--depth-ratio", type=float, default=None, help="with --model: render.py's --depth-ratio")
-    ap.add_argument("--keep-unseen", action="store_true", help="with --model: render.py's --keep-unseen")
-    ap.add_argument("--gt-mesh", help="ground-truth mesh (default: SCENE/mesh.ply)")
     ap.add_argument("--out", help="write the JSON here too (e.g. bench/results/mesh_fast.json)")
     ap.add_argument(
         "--samples",
@@ -71,6 +69,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--seed", type=int, default=0, help="seed of those samples (default 0)")
     ap.add_argument("--debug", action="store_true", help="full tracebacks instead of one-line errors")
+    return ap
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = mesh_parser("NeRF-layout scene folder with test depths and mesh.ply")
+    ap.add_argument("--mesh-res", type=int, default=None, help="with --model: render.py's --mesh-res")
+    ap.add_argument("--depth-ratio", type=float, default=None, help="with --model: render.py's --depth-ratio")
+    ap.add_argument("--keep-unseen", action="store_true", help="with --model: render.py's --keep-unseen")
+    ap.add_argument("--gt-mesh", help="ground-truth mesh (default: SCENE/mesh.ply)")
     return ap
 
 
@@ -195,11 +202,17 @@ def run(args, argv) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+def bench_main(parser: argparse.ArgumentParser, run_bench, argv=None) -> int:
+    """Parses ``argv`` with ``parser`` and runs ``run_bench(args, argv)`` with
+    one-line errors for bad input (``--debug``: full tracebacks)."""
+    args = parser.parse_args(argv)
     from splat.data.types import DataError
 
-    return run_cli(lambda: run(args, argv), debug=args.debug, extra=(DataError,))
+    return run_cli(lambda: run_bench(args, argv), debug=args.debug, extra=(DataError,))
+
+
+def main(argv=None) -> int:
+    return bench_main(build_parser(), run, argv)
 
 
 if __name__ == "__main__":

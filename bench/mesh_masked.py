@@ -32,7 +32,6 @@ which this folder does not hold).
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -42,11 +41,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from mesh import read_mesh  # noqa: E402
+from mesh import bench_main, mesh_parser, read_mesh  # noqa: E402
 from report import commit, emit  # noqa: E402
 
-from splat.errors import SplatInputError, run_cli  # noqa: E402
-from splat.mesh.metrics import DEFAULT_SAMPLES  # noqa: E402
+from splat.errors import SplatInputError  # noqa: E402
 
 #: A mask value at or above this is the object.
 MASK_THRESHOLD = 0.5
@@ -92,16 +90,9 @@ def nearest_distances(queries, points, chunk: int = 4096):
     return out
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--scene", required=True, help="transforms.json folder with mask_path masks and SfM points")
-    what = ap.add_mutually_exclusive_group(required=True)
-    what.add_argument("--mesh", help="the predicted triangle mesh (.ply, .obj, ...)")
-    what.add_argument("--model", help="a training output folder: mesh it as render.py --mesh does, then measure")
-    ap.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help="points sampled by area on the mesh")
-    ap.add_argument("--seed", type=int, default=0, help="seed of those samples")
-    ap.add_argument("--out", help="write the JSON here too")
-    ap.add_argument("--debug", action="store_true", help="full tracebacks instead of one-line errors")
+def build_parser():
+    ap = mesh_parser("transforms.json folder with mask_path masks and SfM points")
+    ap.description = __doc__.split("\n\n")[0]
     return ap
 
 
@@ -163,10 +154,7 @@ def run(args, argv) -> int:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    from splat.data.types import DataError
-
-    return run_cli(lambda: run(args, argv), debug=args.debug, extra=(DataError,))
+    return bench_main(build_parser(), run, argv)
 
 
 if __name__ == "__main__":
