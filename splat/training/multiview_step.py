@@ -8,6 +8,10 @@ neighbours gets one of them as its *partner*, drawn by a generator keyed by
 (seed, step, slot): the same on a resumed run.  The partner is rendered with
 the camera (:mod:`splat.training.batch_rendering`), and the camera's loss
 gains ``geo_lambda L_geo + ncc_lambda L_ncc`` (:func:`splat.multiview.multiview_losses`).
+The terms read only the partner's depth (its photo is the data's), so it
+may render at 1/``neighbour_downscale`` of the size (:meth:`MultiViewTerms.partner_camera`)
+and, with ``neighbour_gradient`` false, forward only: its maps are detached,
+so autograd never reaches its raster node.
 
 Photos under one appearance: with ``train.appearance=affine`` a photo i
 is ``A_i c + b_i`` of the scene's colour c, so both photos are taken back to
