@@ -139,9 +139,13 @@ def test_pose_optimisation_is_refused_in_one_line(tiny_scene):  # noqa: F811
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("cheap", [False, True], ids=["pgsr", "cheap"])
 @pytest.mark.parametrize("primitive", ["2dgs", "3dgs"])
-def test_a_step_on_cuda_logs_the_terms(tiny_scene, tmp_path, primitive):  # noqa: F811
-    t = Trainer(tiny_config(tiny_scene, 10, MV_ON + ["device=cuda", f"model.primitive={primitive}"]), tmp_path / "run")
+def test_a_step_on_cuda_logs_the_terms(tiny_scene, tmp_path, primitive, cheap):  # noqa: F811
+    extra = ["device=cuda", f"model.primitive={primitive}"] + (
+        CHEAP + ["loss.multiview.neighbour_gradient=false"]
+    ) * cheap
+    t = Trainer(tiny_config(tiny_scene, 10, MV_ON + extra), tmp_path / "run")
     terms = t.train_step(1)
     assert terms["mv_geo"] >= 0 and 0 < terms["mv_ncc"] < 1
 
