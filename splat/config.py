@@ -189,7 +189,7 @@ class MultiViewConfig:
     neighbour_gradient: bool = _f(
         True,
         "the geometric term's gradient reaches the neighbour's render too (PGSR); false: the neighbour "
-        "renders forward only, one backward less a step",
+        "renders forward only, one backward less a step (weakens the geometric term: docs/training.md)",
     )
     neighbour_downscale: int = _f(
         1, "render the neighbour at 1/n of the step's resolution (its depth is all the terms read of it)", ge=1
