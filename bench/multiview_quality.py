@@ -101,7 +101,7 @@ def main() -> None:
                         sys.executable,
                         mesh_bench,
                         "--scene",
-                        str(Path(args.shared) / "scenes" / args.scene),
+                        str(scene_dir),
                         "--model",
                         str(work / tag / f"{args.scene}_{config}_auto"),
                         "--out",

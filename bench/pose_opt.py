@@ -204,7 +204,6 @@ def refined_test_frames(trainer, scene, steps: int, lr: float) -> list:
     misfit, for every run alike (the exact-pose run's test views too)."""
     from splat.model_render import render_frame
     from splat.pose_opt import corrected_viewmat
-    from splat.training.targets import gt_image
 
     r, model, radius = trainer.cfg["render"], trainer.model, float(scene.scene_radius())
     frozen = [p for p in model.params.values() if p.requires_grad]
@@ -217,7 +216,7 @@ def refined_test_frames(trainer, scene, steps: int, lr: float) -> list:
             opt = torch.optim.Adam([xi], lr=lr)
             sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.01 ** (1.0 / max(steps - 1, 1)))
             given = f.viewmat.double()
-            target = gt_image(f, trainer.background, trainer.background).to(trainer.device)
+            target = f.image.to(trainer.device)  # [H, W, 3] over data.background, as the test metrics compare
             for _ in range(steps):
                 g = copy.copy(f)
                 g.viewmat = corrected_viewmat(given, xi, radius).float()

@@ -304,8 +304,7 @@ def multiview_losses(
     cols = (sample % W)[:, None] + offs[None, :, 0]
     a = grey_ref[rows, cols, 0]  # [S, Q] exact pixel values: the offsets are whole pixels
     Hm = plane_homography(ref.K, nb.K, R, t, n[which], d[which])
-    centres = torch.stack([(sample % W).to(pix.dtype), (sample // W).to(pix.dtype)], dim=-1) + 0.5
-    q = apply_homography(Hm, centres[:, None, :] + offs[None].to(pix.dtype))  # [S, Q, 2]
+    q = apply_homography(Hm, pix[cand[which]][:, None, :] + offs[None].to(pix.dtype))  # [S, Q, 2]
     b, inside = sample_bilinear(grey_nb, q)
     corr = ncc(a.to(b.dtype), b[..., 0])
     flat = (a - a.mean(dim=1, keepdim=True)).square().mean(dim=1).sqrt() <= min_patch_std
