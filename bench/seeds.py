@@ -45,7 +45,15 @@ sys.path.insert(0, str(ROOT / "bench"))
 from report import commit, emit, machine  # noqa: E402
 
 #: The figures summarised per cell.
-FIGURES = ("psnr", "psnr_in_mask", "psnr_outside_mask", "n_primitives", "train_seconds")
+FIGURES = (
+    "psnr",
+    "psnr_in_mask",
+    "psnr_outside_mask",
+    "depth_rel_err",
+    "normal_deg_err",
+    "n_primitives",
+    "train_seconds",
+)
 
 
 def evaluate(run_dir: Path) -> dict:
@@ -89,7 +97,7 @@ def _stats(values):
     n = len(values)
     mu = sum(values) / n
     sd = math.sqrt(sum((v - mu) ** 2 for v in values) / (n - 1)) if n > 1 else None
-    return dict(mean=round(mu, 3), std=None if sd is None else round(sd, 3), n=n)
+    return dict(mean=round(mu, 6), std=None if sd is None else round(sd, 6), n=n)
 
 
 def summarise(runs: list, cells: list) -> dict:
@@ -101,7 +109,7 @@ def summarise(runs: list, cells: list) -> dict:
         rows = [by[(cell, s)] for s in seeds if (cell, s) in by]
         entry = {k: _stats([r.get(k) for r in rows]) for k in FIGURES}
         if cell != cells[0]:
-            for k in ("psnr", "psnr_in_mask", "psnr_outside_mask"):
+            for k in ("psnr", "psnr_in_mask", "psnr_outside_mask", "depth_rel_err", "normal_deg_err"):
                 diffs = [
                     by[(cell, s)][k] - by[(cells[0], s)][k]
                     for s in seeds
@@ -129,10 +137,11 @@ def table(summary: dict, cells: list) -> list:
     """One flat record per cell of :func:`summarise` (mean ± std, the
     difference from the first cell with its t), as the docs show it."""
 
-    def pm(st, digits=2):
+    def pm(st, digits=2, scale=1.0):
         if st is None:
             return None
-        return f"{st['mean']:.{digits}f}" + ("" if st["std"] is None else f" ± {st['std']:.{digits}f}")
+        mean, std = scale * st["mean"], None if st["std"] is None else scale * st["std"]
+        return f"{mean:.{digits}f}" + ("" if std is None else f" ± {std:.{digits}f}")
 
     rows = []
     for cell in cells:
@@ -143,6 +152,9 @@ def table(summary: dict, cells: list) -> list:
         for k in ("psnr", "psnr_in_mask", "psnr_outside_mask"):
             d = e.get(f"{k}_minus_{cells[0]}")
             row[f"{k} change"] = None if d is None else f"{d['mean']:+.2f}" + (f" (t {d['t']})" if "t" in d else "")
+        if e.get("depth_rel_err") is not None:  # scenes with ground-truth depth and normals
+            row["depth %"] = pm(e["depth_rel_err"], 3, scale=100)
+            row["normals deg"] = pm(e.get("normal_deg_err"))
         row["primitives"] = pm(e.get("n_primitives"), 0)
         row["train s"] = pm(e.get("train_seconds"), 0)
         rows.append(row)
@@ -231,6 +243,8 @@ def main() -> None:
                 row["trainer_psnr"] = metrics.get("test.psnr")
                 row["n_primitives"] = metrics.get("n_gaussians")
                 row["train_seconds"] = metrics.get("train_seconds")
+                row["depth_rel_err"] = metrics.get("test.depth_rel_err")  # None without ground truth
+                row["normal_deg_err"] = metrics.get("test.normal_deg_err")
             runs.append(row)
             print({k: row.get(k) for k in ("cell", "seed", "psnr", "psnr_in_mask", "psnr_outside_mask", "error")},
                   file=sys.stderr, flush=True)  # fmt: skip

@@ -222,6 +222,15 @@ class LossConfig:
     normal_edge_weight: bool = _f(
         False, "weight the normal consistency by (1 - the photo's normalised gradient)^2 (PGSR): less at edges"
     )
+    normal_max_bend: float = _f(
+        0.0,
+        "leave out of the normal consistency pixels whose inverse depth bends by more than this fraction"
+        " across one pixel (depth discontinuities, where depth-derived normals are meaningless); 0 = off",
+        ge=0.0,
+    )
+    normal_depth_gradient: bool = _f(
+        True, "the normal consistency also moves the depth (2DGS); false: it only turns the surfels"
+    )
     multiview: MultiViewConfig = _section(MultiViewConfig)
 
 

@@ -280,6 +280,35 @@ def image_edge_weight(image: torch.Tensor) -> torch.Tensor:
     return w
 
 
+def depth_jump_weight(depth: torch.Tensor, max_bend: float) -> torch.Tensor:
+    """Per-pixel weight, 1 where the depth is locally one plane and 0 across
+    a depth discontinuity, for the normal term.  depth [H, W] -> [H, W].
+
+    The inverse depth u = 1/z of any plane is affine in the pixel
+    coordinates (n . X = c with X = z K^-1 [x, y, 1] gives
+    u = n . K^-1 [x, y, 1] / c), so its second central differences vanish
+    on a plane at any tilt.  A pixel keeps weight 1 when
+    ``max(|u[y, x-1] - 2 u + u[y, x+1]|, |u[y-1, x] - 2 u + u[y+1, x]|) <= max_bend * u``:
+    between two surfaces the inverse depth bends by about the relative
+    depth jump, and there the normal from central differences (which
+    straddle the jump) points along the gap, not along either surface.
+    The 1-pixel border, uncovered pixels (z = 0) and their neighbours get 0.
+    No gradient: the weight selects pixels, as alpha does.
+    """
+    z = depth.detach()
+    H, W = z.shape
+    w = torch.zeros(H, W, dtype=z.dtype, device=z.device)
+    if H < 3 or W < 3:
+        return w
+    covered = z > 0
+    u = torch.where(covered, 1.0 / torch.where(covered, z, torch.ones_like(z)), torch.zeros_like(z))
+    c = u[1:-1, 1:-1]
+    bend = torch.maximum((u[1:-1, :-2] - 2 * c + u[1:-1, 2:]).abs(), (u[:-2, 1:-1] - 2 * c + u[2:, 1:-1]).abs())
+    all_covered = covered[1:-1, 1:-1] & covered[1:-1, :-2] & covered[1:-1, 2:] & covered[:-2, 1:-1] & covered[2:, 1:-1]
+    w[1:-1, 1:-1] = (all_covered & (bend <= max_bend * c)).to(z.dtype)
+    return w
+
+
 def distortion_loss(distortion: torch.Tensor) -> torch.Tensor:
     """Mean of the rasterizer's per-pixel depth distortion (2DGS eq. 13)."""
     return distortion.mean()
@@ -364,7 +393,9 @@ def total_loss(
     ``cfg`` is the ``loss`` section of the config: ``ssim_lambda``,
     ``dist_lambda``, ``dist_from``, ``normal_lambda``, ``normal_from``,
     ``depth_for_normal`` (``"expected"`` or ``"median"``), ``normal_edge_weight``
-    (the normal term's per-pixel weight α times :func:`image_edge_weight` of ``gt``).
+    (the normal term's per-pixel weight α times :func:`image_edge_weight` of ``gt``),
+    ``normal_max_bend`` (> 0: times :func:`depth_jump_weight` of that depth),
+    ``normal_depth_gradient`` (false: the depth is detached in the normal term).
     """
     loss = photometric_loss(out.rgb, gt, cfg.get("ssim_lambda", 0.2))
     terms = {"photo": float(loss.detach())}
@@ -375,6 +406,10 @@ def total_loss(
     if cfg.get("normal_lambda", 0) > 0 and step >= cfg.get("normal_from", 0):
         depth = out.median_depth if cfg.get("depth_for_normal", "expected") == "median" else out.depth
         weight = out.alpha * image_edge_weight(gt) if cfg.get("normal_edge_weight", False) else out.alpha
+        if cfg.get("normal_max_bend", 0.0) > 0:
+            weight = weight * depth_jump_weight(depth, cfg["normal_max_bend"])
+        if not cfg.get("normal_depth_gradient", True):  # the term turns surfels; it does not move the depth
+            depth = depth.detach()
         nc = depth_normal_consistency_loss(depth, out.normal, weight, K, viewmat)
         loss = loss + cfg["normal_lambda"] * nc
         terms["normal"] = float(nc.detach())

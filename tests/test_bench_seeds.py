@@ -38,8 +38,8 @@ def test_summary_means_stds_and_paired_differences():
     d = s["new"]["psnr_minus_old"]  # per seed: -2, -0.5, -2
     assert d["mean"] == pytest.approx(-1.5) and d["n"] == 3
     sd = math.sqrt(((0.5) ** 2 + 1.0**2 + 0.5**2) / 2)
-    assert d["std"] == pytest.approx(round(sd, 3))
-    assert d["t"] == pytest.approx(round(-1.5 / (round(sd, 3) / math.sqrt(3)), 2))
+    assert d["std"] == pytest.approx(sd, abs=1e-6)  # kept to 6 decimals (depth errors are ~1e-3)
+    assert d["t"] == pytest.approx(round(-1.5 / (sd / math.sqrt(3)), 2))
     assert s["new"]["psnr_in_mask_minus_old"]["mean"] == pytest.approx(-0.167, abs=1e-3)
     rows = seeds["table"](s, ["old", "new"])
     assert rows[0]["cell"] == "old" and rows[0]["psnr"] == "21.00 ± 1.00" and rows[0]["psnr change"] is None
@@ -48,6 +48,16 @@ def test_summary_means_stds_and_paired_differences():
     s = seeds["summarise"](runs + [_row("new", 3, 30.0)], ["old", "new"])
     assert s["new"]["psnr_minus_old"]["n"] == 3 and s["new"]["psnr"]["n"] == 4
     assert s["new"]["psnr_outside_mask"]["n"] == 3  # seed 3 has no mask figure: not counted as one
+    # depth and normal errors (scenes with ground truth): summarised, paired, shown in percent
+    for r, (depth, deg) in zip(
+        runs, [(0.008, 5.0), (0.009, 5.5), (0.010, 6.0), (0.006, 4.0), (0.007, 4.5), (0.007, 5.0)]
+    ):
+        r.update(depth_rel_err=depth, normal_deg_err=deg)
+    s = seeds["summarise"](runs, ["old", "new"])
+    assert s["new"]["depth_rel_err_minus_old"]["mean"] == pytest.approx(-0.0023333, abs=1e-6)
+    assert s["new"]["normal_deg_err_minus_old"]["mean"] == pytest.approx(-1.0)
+    rows = seeds["table"](s, ["old", "new"])
+    assert rows[0]["depth %"] == "0.900 ± 0.100" and rows[0]["normals deg"] == "5.50 ± 0.50"
 
 
 def test_a_tiny_sweep_trains_each_cell_and_splits_psnr_by_the_masks(tmp_path):

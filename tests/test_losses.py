@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 
 from splat.losses import (
     _fused_ssim_applies,
+    depth_jump_weight,
     depth_normal_consistency_loss,
     depth_to_normal,
     depth_to_points,
@@ -339,3 +341,92 @@ def test_normal_edge_weight_multiplies_the_normal_terms_alpha():
     assert weighted["normal"] < plain["normal"]  # every weight is at most 1, the border's 0
     loss.backward()
     assert depth.grad.abs().sum() > 0 and normal.grad.abs().sum() > 0
+
+
+def test_depth_jump_weight_keeps_tilted_planes_and_drops_jumps():
+    """1 everywhere inside on a steeply tilted plane (its inverse depth is
+    affine in the pixels); 0 on the two columns that straddle a jump to a
+    second plane, on the border and next to uncovered pixels."""
+    H, W = 10, 16
+    K = torch.tensor([[30.0, 0, 8], [0, 30.0, 5], [0, 0, 1]], dtype=torch.float64)
+    tilted = _plane_depth(H, W, K, torch.tensor([0.8, 0.1, 0.3], dtype=torch.float64), 0.9)  # ~70 deg
+    assert float(tilted.min()) > 0 and float(tilted.max() / tilted.min()) > 2  # a real slope
+    w = depth_jump_weight(tilted, 1e-9)
+    assert torch.equal(w[1:-1, 1:-1], torch.ones(H - 2, W - 2, dtype=torch.float64))
+    assert torch.equal(w[0], torch.zeros(W, dtype=torch.float64)) and torch.equal(
+        w[:, -1], torch.zeros(H, dtype=torch.float64)
+    )
+    # A second plane 5 % farther from column 8 on: a jump between columns 7 and 8.
+    front = _plane_depth(H, W, K, torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64), 2.0)
+    step = torch.where(torch.arange(W) < 8, front, 1.05 * front)
+    w = depth_jump_weight(step, 0.01)
+    assert torch.equal(w[1:-1, 7], torch.zeros(H - 2, dtype=torch.float64))
+    assert torch.equal(w[1:-1, 8], torch.zeros(H - 2, dtype=torch.float64))
+    assert torch.equal(w[1:-1, 1:7], torch.ones(H - 2, 6, dtype=torch.float64))
+    assert torch.equal(w[1:-1, 9:-1], torch.ones(H - 2, W - 10, dtype=torch.float64))
+    assert torch.equal(depth_jump_weight(step, 0.1)[1:-1, 1:-1], torch.ones(H - 2, W - 2, dtype=torch.float64))
+    # An uncovered pixel: it and its four neighbours get 0.
+    holed = front.clone()
+    holed[4, 5] = 0.0
+    w = depth_jump_weight(holed, 0.01)
+    for y, x in ((4, 5), (3, 5), (5, 5), (4, 4), (4, 6)):
+        assert w[y, x] == 0
+    assert w[4, 3] == 1 and w[2, 5] == 1
+    assert torch.equal(depth_jump_weight(torch.ones(2, 9), 0.01), torch.zeros(2, 9))  # no interior
+
+
+def _normal_term_case(seed=5):
+    from splat.outputs import RasterOutput
+
+    g = torch.Generator().manual_seed(seed)
+    H, W = 12, 14
+    K = torch.tensor([[20.0, 0, 7], [0, 20.0, 6], [0, 0, 1]], dtype=torch.float64)
+    base = _plane_depth(H, W, K, torch.tensor([0.2, -0.1, 1.0], dtype=torch.float64), 2.0)
+    base = torch.where(torch.arange(W) < 7, base, 1.3 * base)  # a jump between columns 6 and 7
+    depth = (base * (1 + 1e-4 * torch.rand(H, W, generator=g, dtype=torch.float64))).requires_grad_(True)
+    normal = torch.nn.functional.normalize(torch.randn(H, W, 3, generator=g, dtype=torch.float64), dim=-1)
+    normal.requires_grad_(True)
+    alpha = torch.rand(H, W, generator=g, dtype=torch.float64)
+    gt = torch.rand(H, W, 3, generator=g, dtype=torch.float64)
+    out = RasterOutput(
+        rgb=gt.clone(), alpha=alpha, depth=depth, median_depth=depth, normal=normal,
+        distortion=torch.zeros(H, W, dtype=torch.float64), radii=None, means2d=None,
+    )  # fmt: skip
+    return out, gt, K, torch.eye(4, dtype=torch.float64)
+
+
+def test_normal_max_bend_leaves_depth_jumps_out_of_the_normal_term():
+    """loss.normal_max_bend: the normal term with alpha x depth_jump_weight;
+    its gradients match float64 finite differences (the weight is a
+    constant there: the noise bends u by ~1e-4, the jump by ~0.3)."""
+    out, gt, K, viewmat = _normal_term_case()
+    cfg = dict(ssim_lambda=0.0, dist_lambda=0.0, normal_lambda=1.0, normal_from=0, normal_max_bend=0.02)
+    _, terms = total_loss(out, gt, K, viewmat, 0, cfg)
+    mask = depth_jump_weight(out.depth, 0.02)
+    assert float(mask[1:-1, 1:-1].sum()) == (12 - 2) * (14 - 2 - 2)  # only the two jump columns go
+    with torch.no_grad():
+        expected = normal_consistency_loss(out.normal, depth_to_normal(out.depth, K, viewmat), out.alpha * mask)
+    assert terms["normal"] == pytest.approx(float(expected), rel=1e-12)
+
+    def normal_term(depth, normal):
+        o = dataclasses.replace(out, depth=depth, median_depth=depth, normal=normal)
+        return total_loss(o, gt, K, viewmat, 0, cfg)[0]  # the photometric part is a constant here
+
+    assert torch.autograd.gradcheck(normal_term, (out.depth, out.normal), eps=1e-7, atol=1e-8)
+
+
+def test_normal_depth_gradient_false_turns_surfels_only():
+    """loss.normal_depth_gradient=false: the same value and normal gradient,
+    and no gradient to the depth from the normal term."""
+    out, gt, K, viewmat = _normal_term_case()
+    cfg = dict(ssim_lambda=0.0, dist_lambda=0.0, normal_lambda=1.0, normal_from=0)
+    loss, terms = total_loss(out, gt, K, viewmat, 0, cfg)
+    loss.backward()
+    attached = out.normal.grad.clone()
+    assert float(out.depth.grad.abs().sum()) > 0
+    out.depth.grad, out.normal.grad = None, None
+    loss, detached = total_loss(out, gt, K, viewmat, 0, dict(cfg, normal_depth_gradient=False))
+    loss.backward()
+    assert detached["normal"] == terms["normal"]
+    assert out.depth.grad is None or float(out.depth.grad.abs().sum()) == 0
+    assert torch.equal(out.normal.grad, attached)
