@@ -470,16 +470,24 @@ def check_intrinsics(source: str, fx: float, fy: float, cx: float, cy: float) ->
         raise DataError(f"{source}: non-positive focal length ({fx}, {fy})")
 
 
-def scaled_K(fx: float, fy: float, cx: float, cy: float, downscale: int) -> torch.Tensor:
-    """Intrinsics ``[3, 3]`` float32 for an image downscaled by ``downscale``.
+def downscaled_K(K: torch.Tensor, downscale: int) -> torch.Tensor:
+    """Intrinsics ``K`` [3, 3] of an image, for that image downscaled by
+    ``downscale``: a new tensor, K's first two rows divided.
 
     With pixel centres at ``j + 0.5`` the scaling is exact: downscaled pixel
     ``J`` covers full-resolution ``[sJ, sJ + s)`` and its centre ``J + 0.5``
     maps to ``s(J + 0.5)``, so every coordinate is simply divided by ``s``.
     """
-    s = float(downscale)
-    K = torch.tensor([[fx / s, 0.0, cx / s], [0.0, fy / s, cy / s], [0.0, 0.0, 1.0]], dtype=torch.float64)
-    return K.float()
+    out = K.clone()
+    out[:2] /= float(downscale)
+    return out
+
+
+def scaled_K(fx: float, fy: float, cx: float, cy: float, downscale: int) -> torch.Tensor:
+    """Intrinsics ``[3, 3]`` float32 for an image downscaled by ``downscale``
+    (:func:`downscaled_K` of the full-resolution ones, in float64)."""
+    K = torch.tensor([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    return downscaled_K(K, downscale).float()
 
 
 def holdout_split(source: str, n: int, test_every: int) -> tuple[list[int], list[int]]:

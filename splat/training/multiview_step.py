@@ -38,6 +38,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
+from ..data.types import downscaled_K
 from ..distributed.sharded_render import Camera
 from ..multiview import ViewGeometry, grey, multiview_losses
 from ..neighbour_views import lonely_cameras_message, neighbour_views
@@ -94,9 +95,9 @@ class MultiViewTerms:
         s = int(self.cfg["neighbour_downscale"])
         if s == 1:
             return camera
-        K = camera.K.clone()  # [3, 3]
-        K[:2] /= s
-        return dataclasses.replace(camera, K=K, width=max(camera.width // s, 1), height=max(camera.height // s, 1))
+        return dataclasses.replace(
+            camera, K=downscaled_K(camera.K, s), width=max(camera.width // s, 1), height=max(camera.height // s, 1)
+        )
 
     @staticmethod
     def canonical_grey(frame, index: int, appearance, device) -> torch.Tensor:

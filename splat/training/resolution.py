@@ -11,7 +11,7 @@ resolution comes at the latest at the middle of the run
 ``--iterations`` still spends half its steps at full resolution.  A coarse
 view is the loader's own downscale of the frame (``area_downscale`` of every
 image and mask, K divided: exact with pixel centres at j + 0.5, see
-:func:`splat.data.types.scaled_K`), made once per view and factor.  The
+:func:`splat.data.types.downscaled_K`), made once per view and factor.  The
 densification statistics are already resolution-free (normalised-device
 gradients, screen sizes as fractions of the image), so the strategy needs no
 change."""
@@ -22,7 +22,7 @@ import dataclasses
 import sys
 from typing import Dict
 
-from ..data.types import area_downscale
+from ..data.types import area_downscale, downscaled_K
 
 
 def resolution_factor(step: int, coarse_factor: int, coarse_until: int) -> int:
@@ -52,8 +52,6 @@ def coarse_frame(frame, s: int):
     larger: images and masks area-averaged, K's first two rows divided by s."""
     if s == 1:
         return frame
-    K = frame.K.clone()  # [3, 3]
-    K[:2] /= s
     image = area_downscale(frame.image, s)  # [H // s, W // s, 3]
     return dataclasses.replace(
         frame,
@@ -61,7 +59,7 @@ def coarse_frame(frame, s: int):
         mask=_downscale_map(frame.mask, s),
         loss_mask=_downscale_map(frame.loss_mask, s),
         object_mask=_downscale_map(frame.object_mask, s),
-        K=K,
+        K=downscaled_K(frame.K, s),
         width=int(image.shape[1]),
         height=int(image.shape[0]),
     )
