@@ -516,11 +516,7 @@ def check_config(cfg: Dict) -> Dict:
             "strategy.name=mcmc needs strategy.max_gaussians > 0, the number of primitives it grows to "
             "(e.g. strategy.max_gaussians=100000)"
         )
-    mv = out["loss"]["multiview"]
-    if mv["enabled"] and out["train"]["pose_opt"]:
-        # The multi-view homographies use the given poses; with corrected ones they would disagree.
-        raise ConfigError("loss.multiview.enabled with train.pose_opt: not supported together yet (turn one off)")
-    tr = out["train"]
+    tr, mv = out["train"], out["loss"]["multiview"]
     if tr["pose_opt"] and tr["pose_opt_from"] >= tr["iterations"]:
         raise ConfigError(
             f"train.pose_opt_from: {tr['pose_opt_from']} is not before the last step "

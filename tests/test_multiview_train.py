@@ -1,7 +1,7 @@
 """``loss.multiview`` in training steps (issue 41): the terms are logged and
 reach the parameters on both rendering paths, lonely cameras are named once,
-photos are compared under no appearance correction, and pose optimisation
-is refused with a one-line error.  The tiny scene of tests/test_train.py;
+photos are compared under no appearance correction, and with pose
+optimisation the terms use the corrected poses.  The tiny scene of tests/test_train.py;
 several processes: tests/test_distributed_train.py."""
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from test_batch import _grads_of_one_step
 from test_train import tiny_config, tiny_scene  # noqa: F401 (fixture)
 
 from splat.appearance import AffineAppearance
-from splat.errors import ConfigError
 from splat.multiview import grey
 from splat.trainer import Trainer
 from splat.training.capability import check_distributed
@@ -132,10 +131,34 @@ def test_several_processes_accept_the_terms(tiny_scene):  # noqa: F811
     check_distributed(tiny_config(tiny_scene, 10, MV_ON))  # no error: partners render on their camera's rank
 
 
-def test_pose_optimisation_is_refused_in_one_line(tiny_scene):  # noqa: F811
-    """The terms' homographies use the given poses, pose_opt would move them."""
-    with pytest.raises(ConfigError, match="loss.multiview.enabled with train.pose_opt"):
-        tiny_config(tiny_scene, 10, MV_ON + ["train.pose_opt=true"])
+@pytest.mark.parametrize("backend", ["auto", "torch"])  # sharded / camera by camera
+def test_with_pose_optimisation_the_terms_use_the_corrected_poses(tiny_scene, tmp_path, monkeypatch, backend):  # noqa: F811
+    """train.pose_opt: both cameras of a pair are rendered from, and the
+    terms' homographies use, the poses as corrected this step (constants to
+    the terms: the pose gradient comes from the photometric loss)."""
+    seen = []
+    original = MultiViewTerms.loss
+
+    def loss(self, out, partner_out, frames, index, partner, viewmats, *a, **k):
+        seen.append((index, partner, [v.clone() for v in viewmats], [v.requires_grad for v in viewmats]))
+        return original(self, out, partner_out, frames, index, partner, viewmats, *a, **k)
+
+    monkeypatch.setattr(MultiViewTerms, "loss", loss)
+    extra = MV_ON + ["train.pose_opt=true", "train.pose_opt_from=1", f"render.backend={backend}"]
+    t = Trainer(tiny_config(tiny_scene, 10, extra), tmp_path / "run")
+    with torch.no_grad():  # a correction on every camera, as after some training
+        t.pose.delta.copy_(0.02 * torch.randn(t.pose.delta.shape, generator=torch.Generator().manual_seed(0)))
+        frames = t.scene.train
+        corrected = [t.pose.viewmat(i, f.viewmat) for i, f in enumerate(frames)]  # before the step moves them
+    terms = t.train_step(1)
+    assert terms["mv_geo"] >= 0 and 0 < terms["mv_ncc"] < 1
+    index, partner, (ref, nb), needs_grad = seen[0]
+    assert torch.allclose(ref, corrected[index], atol=1e-6) and torch.allclose(nb, corrected[partner], atol=1e-6)
+    assert not torch.allclose(nb, frames[partner].viewmat, atol=1e-4)  # not the given pose
+    assert needs_grad[1] is False
+    g = _grads_of_one_step(t, 2)
+    assert all(torch.isfinite(v).all() for v in g.values())
+    assert float(t.pose.delta.grad.abs().sum()) > 0  # the photometric loss still reaches the corrections
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -13,6 +13,12 @@ may render at 1/``neighbour_downscale`` of the size (:meth:`MultiViewTerms.partn
 and, with ``neighbour_gradient`` false, forward only: its maps are detached,
 so autograd never reaches its raster node.
 
+With ``train.pose_opt`` both cameras render from, and the homographies
+use, the poses as corrected this step, held constant by the terms: the
+corrections learn from the photometric loss alone, as without the terms.
+(The neighbour lists come from the given poses, which a correction of a
+fraction of a degree does not change.)
+
 Photos under one appearance: with ``train.appearance=affine`` a photo i
 is ``A_i c + b_i`` of the scene's colour c, so both photos are taken back to
 c, ``(photo - b_i) A_i^-1`` (the corrections as they are this step, without
@@ -112,20 +118,24 @@ class MultiViewTerms:
         return grey(img)
 
     def loss(
-        self, out, partner_out, frames, index: int, partner: int, appearance, step: int, slot: int, device
+        self, out, partner_out, frames, index: int, partner: int, viewmats, appearance, step: int, slot: int, device
     ) -> tuple[torch.Tensor, Dict[str, float]]:
         """(geo_lambda L_geo + ncc_lambda L_ncc, logging terms) of train view
         ``index`` rendered as ``out`` with neighbour ``partner`` rendered as
-        ``partner_out``; ``frames``: the train views at this step's resolution
-        (coarse-to-fine: their photos and K, so that ``loss.multiview.pixel_noise``
-        and ``patch_size`` are in the pixels of the images compared)."""
+        ``partner_out``, from the world -> camera poses ``viewmats`` (the two
+        [4, 4] they were rendered from: with ``train.pose_opt`` the corrected
+        ones, which the terms treat as constants); ``frames``: the train views
+        at this step's resolution (coarse-to-fine: their photos and K, so that
+        ``loss.multiview.pixel_noise`` and ``patch_size`` are in the pixels of
+        the images compared)."""
         c = self.cfg
         f, g = frames[index], frames[partner]
-        ref = ViewGeometry(out.depth, out.normal, out.alpha, f.K.to(device), f.viewmat.to(device))
+        ref_viewmat, nb_viewmat = (v.detach().to(device) for v in viewmats)
+        ref = ViewGeometry(out.depth, out.normal, out.alpha, f.K.to(device), ref_viewmat)
         nb_maps = (partner_out.depth, partner_out.normal, partner_out.alpha)
         if not c["neighbour_gradient"]:  # unreached by the loss, the partner's render has no backward
             nb_maps = tuple(t.detach() for t in nb_maps)
-        nb = ViewGeometry(*nb_maps, g.K.to(device), g.viewmat.to(device))
+        nb = ViewGeometry(*nb_maps, g.K.to(device), nb_viewmat)
         H, W = out.depth.shape
         order = torch.from_numpy(self._rng(step, slot, 1).permutation(H * W)).to(device)
         geo, ncc, _ = multiview_losses(

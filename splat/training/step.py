@@ -188,6 +188,9 @@ class BatchStep:
             None if p is None else mv.partner_camera(camera_of(frames[p], bg, self.device))
             for p, bg in zip(partners, backgrounds)
         ]
+        for camera, p in zip(partner_cameras, partners if pose is not None else ()):
+            if camera is not None:  # the partner as the run now places it; its pose gets no gradient here
+                camera.viewmat = pose.viewmat(p, camera.viewmat).detach()
         sums, present = dict.fromkeys(TERMS, 0.0), dict.fromkeys(TERMS, 0)
 
         def loss_of(b: int, out, partner_out=None) -> torch.Tensor:
@@ -197,8 +200,9 @@ class BatchStep:
             gt = gt_image(frame, backgrounds[b], self.background).to(self.device)
             loss, terms = camera_loss(out, gt, frame, step, cfg["loss"], self.device, cameras[b].viewmat)
             if partner_out is not None:
+                poses = (cameras[b].viewmat.detach(), partner_cameras[b].viewmat)
                 mv_loss, mv_terms = mv.loss(
-                    geometry, partner_out, frames, views[b], partners[b], appearance, step, b, self.device
+                    geometry, partner_out, frames, views[b], partners[b], poses, appearance, step, b, self.device
                 )
                 loss = loss + mv_loss
                 terms.update(mv_terms)
