@@ -183,19 +183,21 @@ class TrainConfig:
 class MultiViewConfig:
     """Multi-view photometric and geometric consistency (PGSR; splat/multiview.py, docs/training.md)."""
 
-    enabled: bool = _f(False, "render a neighbour view each step and add the multi-view terms")
-    start: int = _f(1000, "step where the multi-view terms start (PGSR: 7k of 30k steps)", ge=0)
-    every: int = _f(1, "from start, the terms (and the neighbour's render) on every n-th step (PGSR: 1)", ge=1)
+    enabled: bool = _f(True, "render a neighbour view each step and add the multi-view terms")
+    start: int = _f(
+        2500, "step where the multi-view terms start (PGSR: 7k of 30k; here the end of densification)", ge=0
+    )
+    every: int = _f(2, "from start, the terms (and the neighbour's render) on every n-th step (PGSR: 1)", ge=1)
     neighbour_gradient: bool = _f(
         True,
         "the geometric term's gradient reaches the neighbour's render too (PGSR); false: the neighbour "
-        "renders forward only, one backward less a step (weakens the geometric term: docs/training.md)",
+        "renders forward only, one backward less a step (loses most of the gain: docs/training.md)",
     )
     neighbour_downscale: int = _f(
-        1, "render the neighbour at 1/n of the step's resolution (its depth is all the terms read of it)", ge=1
+        2, "render the neighbour at 1/n of the step's resolution (its depth is all the terms read of it; PGSR: 1)", ge=1
     )
     geo_pixels: int = _f(
-        0, "pixels of the geometric term a step, drawn at random among those covered (0: every one, PGSR)", ge=0
+        16384, "pixels of the geometric term a step, drawn at random among those covered (0: every one, PGSR)", ge=0
     )
     geo_lambda: float = _f(0.03, "weight of the forward-backward reprojection error (pixels)", ge=0.0)
     ncc_lambda: float = _f(0.15, "weight of 1 - NCC of grey patches warped by the rendered plane", ge=0.0)

@@ -227,7 +227,8 @@ def test_multiview_terms_on_several_processes(scene, tmp_path, cheap):
     model are those of one process, bitwise, through densification; also
     with the partner forward only, at half size, and the geometric term on a
     pixel subset."""
-    mv = ["loss.multiview.enabled=true", "loss.multiview.start=0", "loss.multiview.max_angle=90", *cheap]
+    mv = ["loss.multiview.enabled=true", "loss.multiview.start=0", "loss.multiview.max_angle=90"]
+    mv += ["loss.multiview.every=1", "loss.multiview.neighbour_downscale=1", "loss.multiview.geo_pixels=0", *cheap]
     cfg = config(scene, 40, ["strategy.refine_start=20", "strategy.refine_every=10", *mv])
     one = run(1, cfg, tmp_path / "one")[0]
     two = run(2, cfg, tmp_path / "two")

@@ -19,8 +19,10 @@ from splat.trainer import Trainer
 from splat.training.capability import check_distributed
 from splat.training.multiview_step import MultiViewTerms
 
+#: PGSR's settings of the terms (default.yaml's are cheaper: every other step, a half-size neighbour).
+PGSR = ["loss.multiview.every=1", "loss.multiview.neighbour_downscale=1", "loss.multiview.geo_pixels=0"]
 #: The multi-view terms from step 1, neighbours within 90 deg so that every tiny-scene camera has some.
-MV_ON = ["loss.multiview.enabled=true", "loss.multiview.start=0", "loss.multiview.max_angle=90"]
+MV_ON = ["loss.multiview.enabled=true", "loss.multiview.start=0", "loss.multiview.max_angle=90", *PGSR]
 
 
 @pytest.mark.parametrize(
@@ -124,14 +126,21 @@ def test_photos_are_compared_without_their_appearance_correction():
 def tiny_config_multiview() -> dict:
     from splat.config import DEFAULT_CONFIG
 
-    return dict(DEFAULT_CONFIG["loss"]["multiview"], enabled=True)
+    return dict(DEFAULT_CONFIG["loss"]["multiview"], enabled=True, every=1, neighbour_downscale=1, geo_pixels=0)
 
 
 def test_several_processes_accept_the_terms(tiny_scene):  # noqa: F811
     check_distributed(tiny_config(tiny_scene, 10, MV_ON))  # no error: partners render on their camera's rank
 
 
-@pytest.mark.parametrize("backend", ["auto", "torch"])  # sharded / camera by camera
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "auto",
+        "torch",
+        pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")),
+    ],
+)  # sharded / camera by camera / the CUDA kernels (the GPU campaign runs it)
 def test_with_pose_optimisation_the_terms_use_the_corrected_poses(tiny_scene, tmp_path, monkeypatch, backend):  # noqa: F811
     """train.pose_opt: both cameras of a pair are rendered from, and the
     terms' homographies use, the poses as corrected this step (constants to
@@ -144,7 +153,8 @@ def test_with_pose_optimisation_the_terms_use_the_corrected_poses(tiny_scene, tm
         return original(self, out, partner_out, frames, index, partner, viewmats, *a, **k)
 
     monkeypatch.setattr(MultiViewTerms, "loss", loss)
-    extra = MV_ON + ["train.pose_opt=true", "train.pose_opt_from=1", f"render.backend={backend}"]
+    device = ["device=cuda"] if backend == "cuda" else [f"render.backend={backend}"]
+    extra = MV_ON + ["train.pose_opt=true", "train.pose_opt_from=1"] + device
     t = Trainer(tiny_config(tiny_scene, 10, extra), tmp_path / "run")
     with torch.no_grad():  # a correction on every camera, as after some training
         t.pose.delta.copy_(0.02 * torch.randn(t.pose.delta.shape, generator=torch.Generator().manual_seed(0)))
@@ -153,8 +163,10 @@ def test_with_pose_optimisation_the_terms_use_the_corrected_poses(tiny_scene, tm
     terms = t.train_step(1)
     assert terms["mv_geo"] >= 0 and 0 < terms["mv_ncc"] < 1
     index, partner, (ref, nb), needs_grad = seen[0]
+    ref, nb = ref.cpu(), nb.cpu()
+    corrected = [v.cpu() for v in corrected]
     assert torch.allclose(ref, corrected[index], atol=1e-6) and torch.allclose(nb, corrected[partner], atol=1e-6)
-    assert not torch.allclose(nb, frames[partner].viewmat, atol=1e-4)  # not the given pose
+    assert not torch.allclose(nb, frames[partner].viewmat.cpu(), atol=1e-4)  # not the given pose
     assert needs_grad[1] is False
     g = _grads_of_one_step(t, 2)
     assert all(torch.isfinite(v).all() for v in g.values())
