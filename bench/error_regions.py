@@ -1,0 +1,131 @@
+"""Where in the image one run's test error differs from another's: near
+depth discontinuities, on textured or smooth surface, or on background.
+Prints JSON (and writes it with --out).
+
+    OMP_NUM_THREADS=2 python bench/error_regions.py --runs RUN_A RUN_B --out bench/results/X.json
+
+Both runs (folders of ``train.py``) must be of the same scene, whose test
+views have ground-truth depth next to the data (``<stem>_depth.npy``,
+:func:`splat.evaluation.ground_truth_geometry`).  Every test pixel falls in
+one region:
+
+* ``near_jumps``: within ``--dilate`` pixels of a depth discontinuity of the
+  ground truth (:func:`splat.losses.depth_jump_weight` of it is 0 at
+  ``--max-bend``);
+* ``textured`` / ``smooth``: the other pixels with geometry, split at the
+  ``--texture-quantile`` of the photo's normalised gradient
+  (``1 - sqrt(image_edge_weight)``) over them;
+* ``background``: no geometry (ground-truth depth 0).
+
+For each run and region: the summed squared error (mean over channels,
+summed over the pixels of every test view) and its share of the total; and
+each region's share of the difference between the runs' totals (the first
+run minus each other).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from report import commit, emit, machine  # noqa: E402
+
+REGIONS = ("near_jumps", "textured", "smooth", "background")
+
+
+def region_masks(depth_gt, image, max_bend: float, dilate: int, texture_threshold=None):
+    """Boolean masks [H, W] of :data:`REGIONS` for one view (module doc),
+    and the view's gradient values on surface pixels away from jumps (for
+    the quantile).  ``texture_threshold`` None: textured is empty."""
+    import torch
+    import torch.nn.functional as F
+
+    from splat.losses import depth_jump_weight, image_edge_weight
+
+    geometry = depth_gt > 0
+    interior = torch.zeros_like(geometry)
+    interior[1:-1, 1:-1] = True  # depth_jump_weight is 0 on the border: no discontinuity there
+    jump = (depth_jump_weight(depth_gt.double(), max_bend) == 0) & geometry & interior
+    near = F.max_pool2d(jump[None, None].float(), 2 * dilate + 1, 1, dilate)[0, 0] > 0
+    gradient = (1.0 - image_edge_weight(image).sqrt()) * interior  # [H, W] in [0, 1]; the border has none
+    surface = geometry & ~near
+    thr = float("inf") if texture_threshold is None else texture_threshold
+    textured = surface & (gradient > thr)
+    masks = dict(near_jumps=near, textured=textured, smooth=surface & ~textured, background=~geometry & ~near)
+    return masks, gradient[surface] if bool(surface.any()) else torch.zeros(0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", nargs="+", required=True, help="run folders; the first is the reference")
+    ap.add_argument("--max-bend", type=float, default=0.02)
+    ap.add_argument("--dilate", type=int, default=2, help="pixels around a discontinuity counted as near it")
+    ap.add_argument("--texture-quantile", type=float, default=0.75)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+
+    import torch
+
+    from splat.data import load_scene_from_config
+    from splat.evaluation import ground_truth_geometry
+    from splat.model_render import render_frame
+    from splat.trained_run import load_run
+
+    errors, scene, data_dir = {}, None, None
+    for run in args.runs:
+        with open(os.devnull, "w") as quiet:
+            model, cfg, _ = load_run(Path(run), log=quiet)
+        if scene is None:
+            scene, data_dir = load_scene_from_config(cfg["data"]), Path(cfg["data"]["path"])
+        background = torch.tensor(cfg["data"]["background"], dtype=torch.float32)
+        per_view = []
+        with torch.no_grad():
+            for f in scene.test:
+                out = render_frame(model, f, background, near=cfg["render"]["near"], far=cfg["render"]["far"])
+                per_view.append(((out.rgb.clamp(0, 1).cpu() - f.image) ** 2).mean(-1))  # [H, W]
+        errors[run] = per_view
+
+    depths = []
+    for f in scene.test:
+        depth, _ = ground_truth_geometry(data_dir, f.stem, f.height, f.width)
+        if depth is None:
+            sys.exit(f"error: {data_dir}: test view {f.stem} has no {f.stem}_depth.npy (ground-truth depth)")
+        depths.append(depth)
+    gradients = [region_masks(d, f.image, args.max_bend, args.dilate)[1] for d, f in zip(depths, scene.test)]
+    threshold = float(torch.cat(gradients).quantile(args.texture_quantile))
+    masks = [region_masks(d, f.image, args.max_bend, args.dilate, threshold)[0] for d, f in zip(depths, scene.test)]
+    pixels = sum(m["near_jumps"].numel() for m in masks)
+
+    def sse(run, region):
+        return float(sum(e[m[region]].sum() for e, m in zip(errors[run], masks)))
+
+    ref = args.runs[0]
+    report = dict(
+        command=f"python bench/error_regions.py {' '.join(sys.argv[1:])}",
+        commit=commit(str(ROOT)),
+        machine=machine(),
+        runs=args.runs,
+        texture_threshold=threshold,
+        pixel_share={r: sum(float(m[r].sum()) for m in masks) / pixels for r in REGIONS},
+        squared_error={run: {r: sse(run, r) for r in REGIONS} for run in args.runs},
+    )
+    totals = {run: sum(report["squared_error"][run].values()) for run in args.runs}
+    report["difference_share"] = {
+        run: {
+            r: (report["squared_error"][ref][r] - report["squared_error"][run][r]) / (totals[ref] - totals[run])
+            for r in REGIONS
+        }
+        for run in args.runs[1:]
+        if totals[ref] != totals[run]
+    }
+    emit(report, args.out)
+
+
+if __name__ == "__main__":
+    main()
