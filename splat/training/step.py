@@ -200,7 +200,7 @@ class BatchStep:
             gt = gt_image(frame, backgrounds[b], self.background).to(self.device)
             loss, terms = camera_loss(out, gt, frame, step, cfg["loss"], self.device, cameras[b].viewmat)
             if partner_out is not None:
-                poses = (cameras[b].viewmat.detach(), partner_cameras[b].viewmat)
+                poses = (cameras[b].viewmat, partner_cameras[b].viewmat)  # the terms detach them
                 mv_loss, mv_terms = mv.loss(
                     geometry, partner_out, frames, views[b], partners[b], poses, appearance, step, b, self.device
                 )
