@@ -39,10 +39,10 @@ from report import commit, emit, machine  # noqa: E402
 REGIONS = ("near_jumps", "textured", "smooth", "background")
 
 
-def region_masks(depth_gt, image, max_bend: float, dilate: int, texture_threshold=None):
-    """Boolean masks [H, W] of :data:`REGIONS` for one view (module doc),
-    and the view's gradient values on surface pixels away from jumps (for
-    the quantile).  ``texture_threshold`` None: textured is empty."""
+def view_regions(depth_gt, image, max_bend: float, dilate: int):
+    """One view's masks [H, W] (module doc) before the texture split:
+    ``near_jumps``, ``surface`` (geometry away from jumps), ``background``,
+    and the photo's normalised gradient [H, W] that splits the surface."""
     import torch
     import torch.nn.functional as F
 
@@ -54,11 +54,18 @@ def region_masks(depth_gt, image, max_bend: float, dilate: int, texture_threshol
     jump = (depth_jump_weight(depth_gt.double(), max_bend) == 0) & geometry & interior
     near = F.max_pool2d(jump[None, None].float(), 2 * dilate + 1, 1, dilate)[0, 0] > 0
     gradient = (1.0 - image_edge_weight(image).sqrt()) * interior  # [H, W] in [0, 1]; the border has none
-    surface = geometry & ~near
-    thr = float("inf") if texture_threshold is None else texture_threshold
-    textured = surface & (gradient > thr)
-    masks = dict(near_jumps=near, textured=textured, smooth=surface & ~textured, background=~geometry & ~near)
-    return masks, gradient[surface] if bool(surface.any()) else torch.zeros(0)
+    return dict(near_jumps=near, surface=geometry & ~near, background=~geometry & ~near), gradient
+
+
+def split_texture(regions: dict, gradient, texture_threshold: float) -> dict:
+    """:data:`REGIONS` of one view: its surface split at ``texture_threshold``."""
+    textured = regions["surface"] & (gradient > texture_threshold)
+    return dict(
+        near_jumps=regions["near_jumps"],
+        textured=textured,
+        smooth=regions["surface"] & ~textured,
+        background=regions["background"],
+    )
 
 
 def main() -> None:
@@ -97,9 +104,9 @@ def main() -> None:
         if depth is None:
             sys.exit(f"error: {data_dir}: test view {f.stem} has no {f.stem}_depth.npy (ground-truth depth)")
         depths.append(depth)
-    gradients = [region_masks(d, f.image, args.max_bend, args.dilate)[1] for d, f in zip(depths, scene.test)]
-    threshold = float(torch.cat(gradients).quantile(args.texture_quantile))
-    masks = [region_masks(d, f.image, args.max_bend, args.dilate, threshold)[0] for d, f in zip(depths, scene.test)]
+    views = [view_regions(d, f.image, args.max_bend, args.dilate) for d, f in zip(depths, scene.test)]
+    threshold = float(torch.cat([g[r["surface"]] for r, g in views]).quantile(args.texture_quantile))
+    masks = [split_texture(r, g, threshold) for r, g in views]
     pixels = sum(m["near_jumps"].numel() for m in masks)
 
     def sse(run, region):

@@ -24,9 +24,9 @@ def test_regions_split_every_pixel_once():
     image = torch.zeros(H, W, 3)
     image[:, 5:] = 1.0
     image[:, 6:] = 0.5  # a weaker edge, then flat
-    masks, gradient = regions["region_masks"](depth, image, max_bend=0.02, dilate=1)
-    assert gradient.numel() > 0
-    masks, _ = regions["region_masks"](depth, image, max_bend=0.02, dilate=1, texture_threshold=0.9)
+    view, gradient = regions["view_regions"](depth, image, max_bend=0.02, dilate=1)
+    assert gradient.shape == (H, W)
+    masks = regions["split_texture"](view, gradient, 0.9)
     total = sum(m.long() for m in masks.values())
     assert torch.equal(total, torch.ones(H, W, dtype=torch.long))  # each pixel in exactly one region
     assert bool(masks["near_jumps"][1:-1, 8:12].all()) and not bool(masks["near_jumps"][:, :8].any())
