@@ -20,7 +20,16 @@ one region:
 For each run and region: the summed squared error (mean over channels,
 summed over the pixels of every test view) and its share of the total; and
 each region's share of the difference between the runs' totals (the first
-run minus each other).
+run minus each other).  The same for the depth error as
+:func:`splat.evaluation.frame_metrics` measures it (``|z - z_gt| / z_gt``
+of the depth ``render.depth`` names, on pixels with geometry, so the
+background has none): ``depth_error`` and ``depth_difference_share``;
+``depth_error`` divided by the number of geometry pixels of every view,
+summed over the regions, is the run's ``test.depth_rel_err``.
+``depth_error_near_jumps`` splits the ``near_jumps`` part between
+``silhouettes`` (within ``--dilate`` pixels of a pixel without geometry:
+the edge of the scene against its sky or backdrop) and ``occlusions`` (one
+surface in front of another).
 """
 
 from __future__ import annotations
@@ -57,6 +66,15 @@ def view_regions(depth_gt, image, max_bend: float, dilate: int):
     return dict(near_jumps=near, surface=geometry & ~near, background=~geometry & ~near), gradient
 
 
+def silhouettes(depth_gt, dilate: int):
+    """[H, W] bool: the pixels within ``dilate`` pixels of one without
+    geometry (ground-truth depth 0), themselves included."""
+    import torch.nn.functional as F
+
+    empty = (depth_gt <= 0)[None, None].float()
+    return F.max_pool2d(empty, 2 * dilate + 1, 1, dilate)[0, 0] > 0
+
+
 def split_texture(regions: dict, gradient, texture_threshold: float) -> dict:
     """:data:`REGIONS` of one view: its surface split at ``texture_threshold``."""
     textured = regions["surface"] & (gradient > texture_threshold)
@@ -84,19 +102,24 @@ def main() -> None:
     from splat.model_render import render_frame
     from splat.trained_run import load_run
 
-    errors, scene, data_dir = {}, None, None
+    # Runs are named by their path below the folder holding them all: two
+    # runs of one scene often share the last folder name.
+    parent = os.path.commonpath([os.path.dirname(os.path.abspath(r)) for r in args.runs])
+    names = {run: os.path.relpath(os.path.abspath(run), parent) for run in args.runs}
+    errors, depths_of, scene, data_dir = {}, {}, None, None
     for run in args.runs:
         with open(os.devnull, "w") as quiet:
             model, cfg, _ = load_run(Path(run), log=quiet)
         if scene is None:
             scene, data_dir = load_scene_from_config(cfg["data"]), Path(cfg["data"]["path"])
         background = torch.tensor(cfg["data"]["background"], dtype=torch.float32)
-        per_view = []
+        per_view, depth_per_view = [], []
         with torch.no_grad():
             for f in scene.test:
                 out = render_frame(model, f, background, near=cfg["render"]["near"], far=cfg["render"]["far"])
                 per_view.append(((out.rgb.clamp(0, 1).cpu() - f.image) ** 2).mean(-1))  # [H, W]
-        errors[run] = per_view
+                depth_per_view.append((out.median_depth if cfg["render"]["depth"] == "median" else out.depth).cpu())
+        errors[names[run]], depths_of[names[run]] = per_view, depth_per_view
 
     depths = []
     for f in scene.test:
@@ -112,25 +135,45 @@ def main() -> None:
     def sse(run, region):
         return float(sum(e[m[region]].sum() for e, m in zip(errors[run], masks)))
 
-    ref = args.runs[0]
+    edges = [silhouettes(z_gt, args.dilate) for z_gt in depths]
+
+    def depth_error(run, region, within=None):
+        total = 0.0
+        for k, (z, z_gt, m) in enumerate(zip(depths_of[run], depths, masks)):
+            pick = m[region] & (z_gt > 0) & (within[k] if within is not None else True)
+            total += float(((z[pick] - z_gt[pick]).abs() / z_gt[pick]).sum())
+        return total
+
+    def shares(errors_of: dict) -> dict:
+        totals = {run: sum(errors_of[run].values()) for run in runs}
+        return {
+            run: {r: (errors_of[ref][r] - errors_of[run][r]) / (totals[ref] - totals[run]) for r in REGIONS}
+            for run in runs[1:]
+            if totals[ref] != totals[run]
+        }
+
+    runs = list(names.values())
+    ref = runs[0]
     report = dict(
         command=f"python bench/error_regions.py {' '.join(sys.argv[1:])}",
         commit=commit(str(ROOT)),
         machine=machine(),
-        runs=args.runs,
+        runs=runs,
         texture_threshold=threshold,
         pixel_share={r: sum(float(m[r].sum()) for m in masks) / pixels for r in REGIONS},
-        squared_error={run: {r: sse(run, r) for r in REGIONS} for run in args.runs},
+        squared_error={run: {r: sse(run, r) for r in REGIONS} for run in runs},
+        geometry_pixels=sum(int((z_gt > 0).sum()) for z_gt in depths),
+        depth_error={run: {r: depth_error(run, r) for r in REGIONS} for run in runs},
     )
-    totals = {run: sum(report["squared_error"][run].values()) for run in args.runs}
-    report["difference_share"] = {
+    report["depth_error_near_jumps"] = {
         run: {
-            r: (report["squared_error"][ref][r] - report["squared_error"][run][r]) / (totals[ref] - totals[run])
-            for r in REGIONS
+            "silhouettes": depth_error(run, "near_jumps", edges),
+            "occlusions": depth_error(run, "near_jumps", [~e for e in edges]),
         }
-        for run in args.runs[1:]
-        if totals[ref] != totals[run]
+        for run in runs
     }
+    report["difference_share"] = shares(report["squared_error"])
+    report["depth_difference_share"] = shares(report["depth_error"])
     emit(report, args.out)
 
 

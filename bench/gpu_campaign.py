@@ -978,34 +978,36 @@ def dig(data, keys):
 # ------------------------------------------------------------ peers' build
 def build_peers() -> int:
     """gsplat's JIT build and diff-surfel-rasterization's setup.py, into
-    .gpu_campaign/build; writes build/peers_status.json.  Exit 0 if both built."""
+    .gpu_campaign/build, side by side (the second run's serial build did not
+    finish within a call); writes build/peers_status.json.  Exit 0 if both built."""
     BUILD.mkdir(parents=True, exist_ok=True)
     env = child_env(SCRATCH, gpu=True, dry_run=False)
     status = {}
     wheels = sorted(PEERS.glob("gsplat-*.whl"))
+    if wheels and not (SITE / "gsplat").is_dir():  # setup installs it with the other carried wheels
+        pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
+        subprocess.run([*pip, "--no-cache-dir", "--upgrade", "--target", str(SITE), str(wheels[-1])], check=False)
+    src = PEERS / "diff-surfel-rasterization"
+    dsr, dsr_start = None, time.monotonic()
+    if not (src / "setup.py").is_file():
+        status["diff_surfel"] = {"ok": False, "reason": "no diff-surfel-rasterization source in .gpu_campaign/peers"}
+    else:
+        shutil.copytree(src, DSR_BUILD, dirs_exist_ok=True)
+        glm = DSR_BUILD / "third_party" / "glm"
+        if not (glm / "glm").is_dir():  # its glm submodule: gsplat's wheel ships the same headers
+            shutil.rmtree(glm, ignore_errors=True)
+            shipped = SITE / "gsplat" / "cuda" / "csrc" / "third_party" / "glm"
+            glm.symlink_to(shipped, target_is_directory=True)
+        # -include cstdint: its rasterizer_impl.h uses std::uintptr_t without the header, an error with GCC 13.
+        dsr = subprocess.Popen(
+            [sys.executable, "setup.py", "build_ext", "--inplace"],
+            cwd=DSR_BUILD,
+            env=dict(env, NVCC_APPEND_FLAGS="-include cstdint"),
+        )
     start = time.monotonic()
     if not wheels:
         status["gsplat"] = {"ok": False, "reason": "no gsplat wheel in .gpu_campaign/peers"}
     else:
-        if not (SITE / "gsplat").is_dir():  # setup installs it with the other carried wheels
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "install",
-                    "-q",
-                    "--no-index",
-                    "--no-deps",
-                    "--no-compile",
-                    "--no-cache-dir",
-                    "--upgrade",
-                    "--target",
-                    str(SITE),
-                    str(wheels[-1]),
-                ],
-                check=False,
-            )
         # Importing _C triggers gsplat's JIT build (every csrc/*.cu, for TORCH_CUDA_ARCH_LIST only).
         p = subprocess.run(
             [sys.executable, "-c", "from gsplat.cuda._backend import _C; raise SystemExit(_C is None)"],
@@ -1018,25 +1020,10 @@ def build_peers() -> int:
             "wheel": wheels[-1].name,
             "seconds": round(time.monotonic() - start, 1),
         }
-    src = PEERS / "diff-surfel-rasterization"
-    start = time.monotonic()
-    if not (src / "setup.py").is_file():
-        status["diff_surfel"] = {"ok": False, "reason": "no diff-surfel-rasterization source in .gpu_campaign/peers"}
-    else:
-        shutil.copytree(src, DSR_BUILD, dirs_exist_ok=True)
-        glm = DSR_BUILD / "third_party" / "glm"
-        if not (glm / "glm").is_dir():  # its glm submodule: gsplat's wheel ships the same headers
-            shutil.rmtree(glm, ignore_errors=True)
-            shipped = SITE / "gsplat" / "cuda" / "csrc" / "third_party" / "glm"
-            glm.symlink_to(shipped, target_is_directory=True)
-        # -include cstdint: its rasterizer_impl.h uses std::uintptr_t without the header, an error with GCC 13.
-        p = subprocess.run(
-            [sys.executable, "setup.py", "build_ext", "--inplace"],
-            cwd=DSR_BUILD,
-            env=dict(env, NVCC_APPEND_FLAGS="-include cstdint"),
-        )
+    if dsr is not None:
+        rc = dsr.wait()
         ok = (
-            p.returncode == 0
+            rc == 0
             and subprocess.run(
                 [sys.executable, "-c", "import diff_surfel_rasterization"], env=env, cwd=BUILD
             ).returncode
@@ -1044,8 +1031,8 @@ def build_peers() -> int:
         )
         status["diff_surfel"] = {
             "ok": ok,
-            "rc": p.returncode,
-            "seconds": round(time.monotonic() - start, 1),
+            "rc": rc,
+            "seconds": round(time.monotonic() - dsr_start, 1),
             "commit": (src / "COMMIT").read_text().strip() if (src / "COMMIT").is_file() else None,
         }
     (BUILD / "peers_status.json").write_text(json.dumps(status, indent=2) + "\n")

@@ -79,7 +79,13 @@ def portable(value, root=ROOT):
     if isinstance(value, str):
         return _ABSOLUTE_PATH.sub(lambda m: portable_path(m.group(0), root), value)
     if isinstance(value, dict):
-        return {portable(k, root): portable(v, root) for k, v in value.items()}
+        out = {}
+        for k, v in value.items():
+            key = portable(k, root)
+            if key in out:  # two paths with the same last component: one entry would silently replace the other
+                raise ValueError(f"report keys {k!r} and another both become {key!r}: name them apart")
+            out[key] = portable(v, root)
+        return out
     if isinstance(value, (list, tuple)):
         return [portable(v, root) for v in value]
     return value

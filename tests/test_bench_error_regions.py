@@ -35,3 +35,15 @@ def test_regions_split_every_pixel_once():
     textured_cols = masks["textured"].any(dim=0).nonzero().reshape(-1).tolist()
     assert set(textured_cols) <= {4, 5, 6} and textured_cols  # the strongest edge, not the flat parts
     assert bool(masks["smooth"][1:-1, 2].all())
+
+
+def test_silhouettes_are_the_pixels_next_to_no_geometry():
+    """A square of geometry in an empty image: with dilate 1 the square's
+    outer ring (and the empty pixels around it) are silhouette pixels, its
+    inside is not."""
+    depth = torch.zeros(9, 9)
+    depth[2:7, 2:7] = 3.0
+    edge = regions["silhouettes"](depth, 1)
+    assert bool(edge[2, 2:7].all()) and bool(edge[2:7, 6].all())
+    assert not bool(edge[3:6, 3:6].any())
+    assert bool(edge[0:2, :].all())  # no geometry at all: every such pixel is next to itself

@@ -105,3 +105,10 @@ def test_portable_paths_name_no_machine_folder():
         "url": "https://github.com/hbb1/diff-surfel-rasterization",
         "n": 3,
     }
+
+
+def test_portable_refuses_keys_that_collide():
+    """Two runs of one scene in different folders share a last component:
+    a report keyed by their paths must not keep one entry in place of two."""
+    with pytest.raises(ValueError, match="still_life_default_auto"):
+        portable({"/scratch/a/still_life_default_auto": 1, "/scratch/b/still_life_default_auto": 2}, "/srv/splat")
