@@ -101,10 +101,26 @@ def speed(r: dict) -> str:
             rows.append([f"{row['surfels']:,}", row["impl"], "-", "-", "-", "-", "-", why[:120]])
     head = ["surfels", "implementation", "forward ms", "backward ms", "sum ms", "bwd/fwd", "peak MiB"]
     head.append("colour vs splat")
-    return (
+    out = (
         f"{s['rows'][0]['width']}x{s['rows'][0]['height']}, surfels on surfaces (`splat.testing.surface_scene`), "
         "every output in the loss; CUDA-event medians.\n\n" + table(head, rows)
     )
+    t = s.get("targets") or {}
+    if t.get("speedup_vs_fastest_gsplat") is not None or t.get("speedup_vs_diff_surfel") is not None:
+        trows = [
+            [
+                "forward + backward over the fastest gsplat",
+                t.get("fastest_gsplat"),
+                t.get("speedup_vs_fastest_gsplat"),
+                ">= 2",
+            ],
+            ["forward + backward over diff-surfel-rasterization", "", t.get("speedup_vs_diff_surfel"), ">= 4"],
+            ["backward / forward", "", t.get("backward_over_forward"), "<= 1.5"],
+            ["peak memory over the leanest gsplat", "", t.get("memory_over_leanest_gsplat"), "<= 1"],
+        ]
+        out += "\n\nThe issue's targets at 1M surfels, measured side by side in this call:\n\n"
+        out += table(["target", "peer", "splat's ratio", "goal"], trows)
+    return out
 
 
 def fastmath(r: dict) -> str:
@@ -135,6 +151,35 @@ def training(r: dict) -> str:
     return table(["scene (default config)", "run", "steps", "it/s", "test PSNR"], rows)
 
 
+def extra_checks(r: dict) -> str:
+    """Device calls run by hand beside the campaign's three (their files say what and why)."""
+    parts = []
+    w = r.get("wheel")
+    if w:
+        t, race = w["test_cuda"], w["racecheck_test_cuda"]
+        parts.append(
+            f"{w['what']}\n\n"
+            + table(
+                ["through the wheel", "passed", "failed", "result"],
+                [
+                    ["tests/test_cuda.py", t["passed"], len(t["failed"]) + len(t["errors"]), f"{t['seconds']} s"],
+                    ["racecheck over tests/test_cuda.py", race["tests_passed"], race["reported"], race["summary"]],
+                ],
+            )
+        )
+    g = r.get("gpu_tests")
+    if g:
+        rows = [[f["test"], f["message"][:160]] for f in g["failed_on_the_gpu"]]
+        parts.append(
+            f"{g['what']}: {g['passed']} passed, {len(g['failed_on_the_gpu'])} failed on the GPU, "
+            f"{g['failed_outside_the_tree']['count']} failed only because {g['failed_outside_the_tree']['why']}."
+            "\n\n"
+            + table(["failed on the GPU", "message"], rows)
+            + (f"\n\nWhy: {g['resolution']}." if g.get("resolution") else "")
+        )
+    return "\n\n".join(parts)
+
+
 def profile(r: dict) -> str:
     p = r.get("profile")
     if not p:
@@ -160,6 +205,7 @@ def profile(r: dict) -> str:
 RUNS = (  # (results prefix, what that run measured)
     ("gpu_h200", "First run (commit 4b4ed2b): the projection as PyTorch ops on CUDA"),
     ("gpu_h200b", "After the fused CUDA projection (commit 8ff5dfc); the peers did not finish building in time"),
+    ("gpu_h200c", "Third run (commit d0a6655): the peers side by side, the wheel on a GPU"),
 )
 
 
@@ -176,6 +222,7 @@ def run_sections(prefix: str, title: str) -> list[str]:
         speed(r),
         *(["### Exact against fast maths (`--fmad`)", fastmath(r)] if "fastmath" in r else []),
         *(["### Training", training(r)] if "train" in r else []),
+        *(["### Checks beside the three calls", extra_checks(r)] if "wheel" in r or "gpu_tests" in r else []),
         "### Profile",
         profile(r),
     ]

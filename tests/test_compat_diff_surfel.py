@@ -259,7 +259,7 @@ def test_cuda_tensors_run_on_cuda_and_agree_with_the_cpu(path):
     s, cam = scene_and_cam(dtype=torch.float32)
     results = []
     for device in ("cpu", "cuda"):
-        means = s["means"].to(device).requires_grad_(True)
+        means = s["means"].detach().to(device).requires_grad_(True)  # a leaf on each device
         means2D = torch.zeros(14, 3, device=device, requires_grad=True)
         kw = (
             dict(scales=s["scales"].to(device), rotations=s["quats"].to(device))

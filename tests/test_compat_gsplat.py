@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from device_agreement import assert_devices_agree
 
 import splat
 from splat.compat import gsplat as shim
@@ -577,3 +578,24 @@ def test_gsplat_style_training_loop_reaches_psnr():
     assert len(params["means"]) > 2 * n  # densified through meta
     final = render(list(range(len(images))), 1, grad=False)[0][..., :3]
     assert splat.losses.psnr(final, images) >= 35.0
+
+
+def _device_agreement_case():
+    """Two cameras, every output of RGB+ED with the distortion, and the gradients gsplat's trainers take."""
+
+    def render(p):
+        colors, alphas, normals, surf, distort, median, meta = _call(p, render_mode="RGB+ED")
+        return colors, alphas, normals, surf, distort, median, meta["radii"]
+
+    return _scene(dtype=torch.float32), ("means", "quats", "scales", "opacities", "colors"), render
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_tensors_run_on_cuda_and_agree_with_the_cpu():
+    """gsplat's rasterization_2dgs on CUDA tensors: the CPU's outputs and gradients (tests/device_agreement.py)."""
+    assert_devices_agree(*_device_agreement_case())
+
+
+def test_the_device_agreement_case_runs_on_the_cpu():
+    """The GPU test's own inputs and render, CPU against CPU (the GPU test is skipped here)."""
+    assert_devices_agree(*_device_agreement_case(), devices=("cpu", "cpu"))

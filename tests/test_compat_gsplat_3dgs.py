@@ -11,6 +11,7 @@ tests/test_reference_3dgs.py instead)."""
 
 import pytest
 import torch
+from device_agreement import assert_devices_agree
 
 import splat
 from splat.compat import gsplat as shim
@@ -218,3 +219,24 @@ def test_radius_clip_drops_small_gaussians_and_keeps_meta_unclipped():
     )
     _, none_drawn, _ = _call(p, packed=False, radius_clip=1e9)
     assert float(none_drawn.abs().max()) == 0.0
+
+
+def _device_agreement_case():
+    """Two cameras, RGB+ED, and the gradients gsplat's trainers take."""
+
+    def render(p):
+        colors, alphas, meta = _call(p, render_mode="RGB+ED")
+        return colors, alphas, meta["radii"]
+
+    return _scene(dtype=torch.float32), ("means", "quats", "scales", "opacities", "colors"), render
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_tensors_run_on_cuda_and_agree_with_the_cpu():
+    """gsplat's rasterization on CUDA tensors: the CPU's outputs and gradients (tests/device_agreement.py)."""
+    assert_devices_agree(*_device_agreement_case())
+
+
+def test_the_device_agreement_case_runs_on_the_cpu():
+    """The GPU test's own inputs and render, CPU against CPU (the GPU test is skipped here)."""
+    assert_devices_agree(*_device_agreement_case(), devices=("cpu", "cpu"))

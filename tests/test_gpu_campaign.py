@@ -297,3 +297,13 @@ def test_the_wheel_step_tests_the_installed_wheel_not_the_tree(tmp_path, monkeyp
     assert f"splat {c.work / 'wheel_site' / 'splat'}" in probe, probe
     # test_cuda.py ran from outside the tree, against the stand-in (its outcome depends on the machine: no GPU here)
     assert r["status"] == "ran" and "tests/test_cuda.py" in r["command"], r
+
+
+def test_parity_runs_the_modules_that_use_a_gpu():
+    modules = _campaign_module().gpu_test_modules()
+    for name in ("test_mcmc", "test_pose_opt", "test_multiview", "test_native_cuda", "test_compat_diff_gaussian"):
+        assert f"tests/{name}.py" in modules, name
+    for name in ("test_compat_gsplat", "test_compat_gsplat_3dgs", "test_compat_diff_surfel"):
+        assert f"tests/{name}.py" in modules, name
+    # test_cuda.py runs first, alone; a module with no GPU test is left to CI
+    assert "tests/test_cuda.py" not in modules and "tests/test_docs.py" not in modules

@@ -138,8 +138,9 @@ def test_surfel_noise_stays_in_its_plane_and_follows_the_covariance():
 # ----------------------------------------------------- strategy on a model
 def _model(opacities, primitive="2dgs", device="cpu"):
     n = len(opacities)
-    g = torch.Generator().manual_seed(0)
-    model = create_from_points(torch.rand(n, 3, generator=g), torch.rand(n, 3, generator=g), 0, primitive=primitive)
+    g = torch.Generator().manual_seed(0)  # orientations too: a model per device must be the same model
+    points, colors = torch.rand(n, 3, generator=g), torch.rand(n, 3, generator=g)
+    model = create_from_points(points, colors, 0, generator=g, primitive=primitive)
     with torch.no_grad():
         model.params["opacities"].copy_(logit(torch.tensor(opacities, dtype=torch.float32)))
     model.to(device)

@@ -385,7 +385,7 @@ def test_the_losses_on_cuda_match_the_cpu():
     grey1, grey2 = a.rgb.mean(-1, keepdim=True), b.rgb.mean(-1, keepdim=True)
     results = []
     for dev in ("cpu", "cuda"):
-        depth = ga.depth.to(dev).requires_grad_(True)
+        depth = ga.depth.detach().to(dev).requires_grad_(True)  # a leaf on each device, ga.depth untouched
         ref = ViewGeometry(depth, ga.normal.to(dev), ga.alpha.to(dev), K.to(dev), V1.to(dev))
         nb = ViewGeometry(gb.depth.to(dev), gb.normal.to(dev), gb.alpha.to(dev), K.to(dev), V2.to(dev))
         order = torch.arange(17 * 13, device=dev)
