@@ -785,9 +785,10 @@ class Campaign:
 
 # ---------------------------------------------------------------------- helpers
 def gpu_test_modules() -> list[str]:
-    """tests/test_*.py that use CUDA when it is there (they ask torch.cuda.is_available() or are marked
-    for a GPU), tests/test_cuda.py excepted: parity runs it first, alone."""
-    marks = ("cuda.is_available()", "needs a GPU", "has_cuda_kernels")
+    """tests/test_*.py that use CUDA when it is there (they ask torch.cuda.is_available(), are marked
+    for a GPU or take tests/device_agreement.py's tests), tests/test_cuda.py excepted: parity runs it
+    first, alone."""
+    marks = ("cuda.is_available()", "needs a GPU", "has_cuda_kernels", "agreement_tests(")
     return [
         f"tests/{p.name}"
         for p in sorted((ROOT / "tests").glob("test_*.py"))

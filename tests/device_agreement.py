@@ -34,3 +34,18 @@ def assert_devices_agree(
         torch.testing.assert_close(b, a, rtol=RTOL, atol=ATOL, msg=lambda m, i=i: f"output {i}: {m}")
     for k in grad_keys:
         torch.testing.assert_close(grads_b[k], grads_a[k], rtol=RTOL, atol=ATOL, msg=lambda m, k=k: f"d/d{k}: {m}")
+
+
+def agreement_tests(case: Callable[[], tuple]):
+    """The two tests of a shim module's `case()` (inputs, grad_keys, render): CUDA against the CPU where a
+    GPU is, and the case's own code CPU against CPU everywhere.  Bind both names at module level."""
+    import pytest
+
+    @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+    def test_cuda_tensors_run_on_cuda_and_agree_with_the_cpu():
+        assert_devices_agree(*case())
+
+    def test_the_device_agreement_case_runs_on_the_cpu():
+        assert_devices_agree(*case(), devices=("cpu", "cpu"))
+
+    return test_cuda_tensors_run_on_cuda_and_agree_with_the_cpu, test_the_device_agreement_case_runs_on_the_cpu

@@ -17,7 +17,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from device_agreement import assert_devices_agree
+from device_agreement import agreement_tests
 from shim_install import assert_shim_installs
 from twodgs_style import cam_from_viewmat, fov2focal
 
@@ -259,14 +259,8 @@ def test_numpy_and_tensor_scalars_in_the_settings_are_taken_as_numbers():
         assert "\n" not in str(err.value)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_cuda_tensors_run_on_cuda_and_agree_with_the_cpu():
-    """INRIA's float32 inputs on the GPU (its .cuda() calls): the image, radii, inverse depth and gradients
-    of the CPU (tolerances: tests/device_agreement.py)."""
-    assert_devices_agree(*_device_agreement_case())
-
-
 def _device_agreement_case():
+    """INRIA's float32 inputs as its .cuda() calls give them: image, radii, inverse depth and gradients."""
     s = {k: v.float() for k, v in _scene().items()}
     cam = cam_from_viewmat(s["viewmat"], W0, H0, FOV0)
     settings = _settings(cam, antialiasing=False)
@@ -282,6 +276,7 @@ def _device_agreement_case():
     return inputs, ("means", "means2D", "opacities", "colors", "scales", "quats"), render
 
 
-def test_the_device_agreement_case_runs_on_the_cpu():
-    """The GPU test's own inputs and render, CPU against CPU (the GPU test is skipped here)."""
-    assert_devices_agree(*_device_agreement_case(), devices=("cpu", "cpu"))
+# CUDA against the CPU where a GPU is (tests/device_agreement.py), and the case itself on the CPU.
+test_cuda_tensors_run_on_cuda_and_agree_with_the_cpu, test_the_device_agreement_case_runs_on_the_cpu = agreement_tests(
+    _device_agreement_case
+)

@@ -11,7 +11,7 @@ tests/test_reference_3dgs.py instead)."""
 
 import pytest
 import torch
-from device_agreement import assert_devices_agree
+from device_agreement import agreement_tests
 
 import splat
 from splat.compat import gsplat as shim
@@ -231,12 +231,7 @@ def _device_agreement_case():
     return _scene(dtype=torch.float32), ("means", "quats", "scales", "opacities", "colors"), render
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_cuda_tensors_run_on_cuda_and_agree_with_the_cpu():
-    """gsplat's rasterization on CUDA tensors: the CPU's outputs and gradients (tests/device_agreement.py)."""
-    assert_devices_agree(*_device_agreement_case())
-
-
-def test_the_device_agreement_case_runs_on_the_cpu():
-    """The GPU test's own inputs and render, CPU against CPU (the GPU test is skipped here)."""
-    assert_devices_agree(*_device_agreement_case(), devices=("cpu", "cpu"))
+# CUDA against the CPU where a GPU is (tests/device_agreement.py), and the case itself on the CPU.
+test_cuda_tensors_run_on_cuda_and_agree_with_the_cpu, test_the_device_agreement_case_runs_on_the_cpu = agreement_tests(
+    _device_agreement_case
+)
