@@ -25,7 +25,7 @@ import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Literal, Optional, Sequence
+from typing import Dict, List, Literal, Optional, Sequence, Union
 
 from .errors import ConfigError
 
@@ -61,9 +61,11 @@ class DataConfig:
     )
     downscale: int = _f(1, "images are area-averaged by this integer factor", ge=1)
     test_every: int = _f(8, "COLMAP test split: every n-th image (<= 0: no test split)")
-    background: List[float] = _f(
-        [1.0, 1.0, 1.0],
-        "RGBA images are composited over this RGB; also the render background",
+    background: Union[Literal["auto"], List[float]] = _f(
+        "auto",
+        "the render's background RGB, which RGBA images are composited over; auto: the colour that covers at "
+        "least 10 % of the RGB training photos' pixels (a studio backdrop or sky), else white "
+        "(splat.data.background; the run's config.yaml holds the colour it chose)",
         length=3,
         ge=0.0,
         le=1.0,
@@ -404,6 +406,8 @@ DEFAULT_CONFIG: Dict = dataclasses.asdict(SplatConfig())
 
 # ------------------------------------------------------------- checking
 def _type_name(tp) -> str:
+    if typing.get_origin(tp) is Union:
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) is Literal:
         return "one of " + ", ".join(_literal_text(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) in (list, List):
@@ -469,6 +473,24 @@ def _check_range(value, meta, key: str) -> None:
 
 
 def _check_field(value, tp, meta, key: str):
+    if typing.get_origin(tp) is Union:
+        # A list is checked as the list alternative (its errors name the length or range); anything else
+        # must be one of the others.
+        alternatives = typing.get_args(tp)
+        lists = [a for a in alternatives if typing.get_origin(a) in (list, List)]
+        others = [a for a in alternatives if a not in lists]
+        if isinstance(value, (list, tuple)) and lists:
+            return _check_field(value, lists[0], meta, key)
+        for alt in others:
+            try:  # a choice ('auto') takes no range; the bounds are the list's
+                return (
+                    _check_scalar(value, alt, key)
+                    if typing.get_origin(alt) is Literal
+                    else _check_field(value, alt, meta, key)
+                )
+            except ConfigError:
+                pass
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
     if typing.get_origin(tp) in (list, List):
         (elem,) = typing.get_args(tp)
         if not isinstance(value, (list, tuple)):

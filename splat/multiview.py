@@ -52,6 +52,8 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from .conventions import pixel_centers_offset
+
 __all__ = [
     "GREY_WEIGHTS",
     "NCC_OUTLIER",
@@ -94,10 +96,11 @@ class ViewGeometry:
 
 
 def pixel_centres(H: int, W: int, dtype=torch.float32, device=None) -> torch.Tensor:
-    """(u, v) of every pixel centre, [H, W, 2] (column j, row i -> (j + 0.5, i + 0.5))."""
+    """(u, v) of every pixel centre, [H, W, 2] (column j, row i -> (j + c, i + c), c from splat.conventions)."""
+    c = pixel_centers_offset()
     v, u = torch.meshgrid(
-        torch.arange(H, dtype=dtype, device=device) + 0.5,
-        torch.arange(W, dtype=dtype, device=device) + 0.5,
+        torch.arange(H, dtype=dtype, device=device) + c,
+        torch.arange(W, dtype=dtype, device=device) + c,
         indexing="ij",
     )
     return torch.stack([u, v], dim=-1)

@@ -54,6 +54,7 @@ import torch
 
 from .checkpoints import checkpoint_state, load_latest_checkpoint, save_checkpoint, seed_everything, set_rng_state
 from .config import check_config
+from .data.background import resolve_background
 from .devices import peak_memory_mb, resolve_device  # noqa: F401 (re-exported)
 from .distributed import Group, from_environment, leave
 from .distributed.collectives import all_counts
@@ -139,10 +140,16 @@ class Trainer:
         self.out_dir = check_out_dir(Path(out_dir))  # before the (slow) data loading
         self.device = self.group.device if self.group.distributed else resolve_device(cfg["device"])
         dcfg = cfg["data"]
-        self.background = torch.tensor(dcfg["background"], dtype=torch.float32).reshape(3)
         self.scene = (
             scene if scene is not None else load_scene_from_config(dcfg, eval_masks=cfg["eval"]["masked"] is not False)
         )
+        if dcfg["background"] == "auto":
+            # The colour goes into this config, hence into config.yaml, the run id and every later reader.
+            dcfg["background"] = resolve_background(dcfg, self.scene)
+            if self.group.is_main:
+                rgb = ", ".join(str(round(c * 255)) for c in dcfg["background"])
+                print(f"data.background auto: ({rgb}) / 255", file=sys.stderr)
+        self.background = torch.tensor(dcfg["background"], dtype=torch.float32).reshape(3)
         if not self.scene.train:
             raise SplatInputError(f"{dcfg['path']}: no training images")
         n_train, batch = len(self.scene.train), cfg["train"]["batch_size"]

@@ -35,6 +35,8 @@ def _cell(text: str) -> str:
 
 def _type_text(tp) -> str:
     origin = typing.get_origin(tp)
+    if origin is typing.Union:
+        return " or ".join(_type_text(a) for a in typing.get_args(tp))
     if origin is typing.Literal:
         return " \\| ".join(f"`{_yaml_text(a)}`" for a in typing.get_args(tp))
     if origin in (list, typing.List):

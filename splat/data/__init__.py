@@ -37,6 +37,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Union
 
+from .background import WHITE
 from .colmap import find_sparse_dir, load_colmap
 from .nerf import load_nerf
 from .transforms import MASK_MODES, load_transforms
@@ -144,7 +145,7 @@ def load_scene_from_config(data_cfg: dict, eval_masks: bool = False) -> SceneDat
     return load_scene(
         d["path"],
         downscale=d["downscale"],
-        background=d["background"],
+        background=WHITE if d["background"] == "auto" else d["background"],  # auto: RGBA over white
         test_every=d["test_every"],
         layout=d["layout"],
         masks=d["masks"],

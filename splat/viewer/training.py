@@ -45,7 +45,7 @@ def train_with_viewer(
             backend=r["backend"],
             near=r["near"],
             far=r["far"],
-            background=cfg["data"]["background"],
+            background=trainer.cfg["data"]["background"],  # auto resolved by the trainer
             host=host,
             port=port,
             scene_radius=trainer.scene_radius,
