@@ -9,6 +9,7 @@ work (binning, blending, and its exact back-to-front gradient).  ``backend="torc
 
 from __future__ import annotations
 
+import array
 import math
 import warnings
 from typing import NamedTuple, Optional
@@ -562,12 +563,19 @@ def _check_tensor(name, t, shape, dtype, device):
         raise TypeError(f"{name} has dtype {t.dtype}, but means has {dtype}; all inputs must share one dtype")
     if t.device != device:
         raise ValueError(f"{name} is on {t.device}, but means is on {device}; all inputs must be on one device")
-    # One reduction: a sum is finite whenever every element is (it can only
-    # overflow, a false alarm the exact test below then clears).
-    if t.numel() and not math.isfinite(float(t.detach().sum())) and not bool(torch.isfinite(t).all()):
+
+
+def _check_finite(name, t):
+    if t.numel() and not bool(torch.isfinite(t).all()):
         finite = torch.isfinite(t)
         bad = (~finite).reshape(t.shape[0], -1).any(-1).nonzero().flatten()[:5].tolist() if t.dim() > 0 else []
         raise ValueError(f"{name} contains NaN or Inf (first bad rows: {bad})")
+
+
+def _close(a, b, atol=1e-8, rtol=1e-5):
+    """torch.allclose(a, b, rtol, atol) as a 0-dim bool tensor, without reading it back (False where it is
+    unsure: inf == inf, which the exact test then clears)."""
+    return ((a - b).abs() <= atol + rtol * b.abs()).all()
 
 
 def _check_clip_range(near, far, dtype):
@@ -580,7 +588,8 @@ def _check_clip_range(near, far, dtype):
         raise ValueError(f"far={far!r} is beyond the range of {dtype} (max {info.max:.3g})")
     if near < info.tiny**0.5:
         raise ValueError(f"near={near!r} is too small for {dtype} (need near >= {info.tiny**0.5:.3g})")
-    near_t, far_t = torch.tensor([near, far], dtype=torch.float64).to(dtype).tolist()
+    # as the dtype rounds them (array's "f" is float32), without a tensor to read back
+    near_t, far_t = array.array("f" if dtype == torch.float32 else "d", [near, far])
     if not near_t < far_t:
         raise ValueError(f"near={near!r} and far={far!r} round to the same {dtype} value; widen the range")
 
@@ -601,7 +610,10 @@ def _validate(
     sh_degree,
     backend,
     num_scales=2,
+    positive_scales=False,
 ):
+    """The inputs' types, shapes, devices and values; raises a one-line error naming the argument.
+    ``positive_scales``: scales must be > 0 (3D Gaussians), not only >= 0 (surfels)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if not isinstance(means, torch.Tensor):
@@ -640,8 +652,37 @@ def _validate(
     if not (isinstance(near, (int, float)) and isinstance(far, (int, float)) and 0 < near < far < math.inf):
         raise ValueError(f"need 0 < near < far < inf, got near={near!r}, far={far!r}")
     _check_clip_range(near, far, dtype)
-    # Cameras
+    # The value tests below as one [k] bool tensor and one readback: on CUDA each float() or bool() of a
+    # tensor waits for the GPU, and two dozen of them left it idle between the launches of a forward.
+    # Only if one fails do the tests run again one by one, for the message (a sum that overflowed while
+    # every element is finite fails the quick test and passes the exact one).
+    named = [("means", means), ("quats", quats), ("scales", scales), ("opacities", opacities), ("colors", colors)]
+    named += [("viewmat", viewmat), ("K", K)] + ([("background", background)] if background is not None else [])
     tol = 1e-4 if dtype == torch.float64 else 1e-3
+    bottom = viewmat.new_tensor([0, 0, 0, 1])
+    rot = viewmat.detach()[:3, :3]
+    eye = torch.eye(3, dtype=dtype, device=device)
+    k = K.detach()
+    quick = [torch.isfinite(t.detach().sum()) for _, t in named if t.numel()]
+    quick += [_close(viewmat.detach()[3], bottom), _close(rot @ rot.T, eye, atol=tol)]
+    r = rot.double()
+    quick += [torch.dot(r[0], torch.linalg.cross(r[1], r[2])) >= 0]  # det(rot), without a solver on CUDA
+    quick += [(k[2] == k.new_tensor([0, 0, 1])).all(), k[0, 0] > 0, k[1, 1] > 0, k[1, 0] == 0]
+    min_quat = torch.finfo(dtype).tiny ** 0.5
+    if n:
+        lo, hi = torch.aminmax(opacities.detach())
+        quick += [quats.detach().abs().amax(dim=-1).amin() >= min_quat, lo >= 0, hi <= 1]
+        quick += [scales.detach().amin() > 0 if positive_scales else scales.detach().amin() >= 0]
+    if bool(torch.stack(quick).all()):
+        return
+    for name, t in named:
+        _check_finite(name, t)
+    _explain_values(quats, scales, opacities, viewmat, K, tol, min_quat, positive_scales)
+
+
+def _explain_values(quats, scales, opacities, viewmat, K, tol, min_quat, positive_scales):
+    """The value tests of :func:`_validate`, one at a time: raises naming the argument and rows."""
+    dtype, device, n = viewmat.dtype, viewmat.device, quats.shape[0]
     bottom = viewmat.new_tensor([0, 0, 0, 1])
     rot = viewmat[:3, :3]
     if not torch.allclose(viewmat[3], bottom) or not torch.allclose(
@@ -655,12 +696,10 @@ def _validate(
         )
     if not torch.equal(K[2], K.new_tensor([0, 0, 1])) or K[0, 0] <= 0 or K[1, 1] <= 0 or K[1, 0] != 0:
         raise ValueError(f"K must be [[fx, s, cx], [0, fy, cy], [0, 0, 1]] with fx, fy > 0, got {K.tolist()}")
-    # Surfels
+    # Primitives
     if n:
         # Any larger finite quaternion is normalised exactly (reference.quat_to_rotmat
         # rescales it first); a smaller one has a gradient ~1/|q| the dtype cannot carry.
-        min_quat = torch.finfo(dtype).tiny ** 0.5
-        # Cheap whole-array tests first (one reduction each); rows only for the message.
         if float(quats.detach().abs().amax(dim=-1).amin()) < min_quat:
             zero_quat = quats.abs().amax(dim=-1) < min_quat
             raise ValueError(
@@ -671,6 +710,11 @@ def _validate(
             raise ValueError(
                 f"scales must be >= 0 (they are standard deviations, not log-scales); "
                 f"negative at rows {(scales < 0).any(-1).nonzero().flatten()[:5].tolist()}"
+            )
+        if positive_scales and float(scales.detach().amin()) <= 0:
+            bad = (scales <= 0).any(-1).nonzero().flatten()[:5].tolist()
+            raise ValueError(
+                f"scales must be > 0 for 3D Gaussians (their depth needs the inverse covariance); not at rows {bad}"
             )
         lo, hi = torch.aminmax(opacities.detach())
         if float(lo) < 0 or float(hi) > 1:

@@ -156,12 +156,8 @@ def rasterize_3dgs_and_inputs(
         sh_degree,
         backend,
         num_scales=3,
+        positive_scales=True,
     )
-    if scales.numel() and float(scales.detach().amin()) <= 0:
-        bad = (scales <= 0).any(-1).nonzero().flatten()[:5].tolist()
-        raise ValueError(
-            f"scales must be > 0 for 3D Gaussians (their depth needs the inverse covariance); not at rows {bad}"
-        )
     backend = resolve_backend(backend, means.device)
     n, dtype, device = means.shape[0], means.dtype, means.device
     inputs = (means, quats, scales, opacities, colors, viewmat, K, background)

@@ -338,3 +338,48 @@ def test_reflected_viewmat_is_refused(scene):
     flipped[0, :3] *= -1  # mirror camera x
     with pytest.raises(ValueError, match="viewmat .*determinant -1"):
         _call(scene, viewmat=flipped)
+
+
+def _count_readbacks(monkeypatch):
+    """Counts every read of a tensor's value into Python (on CUDA each waits for the GPU)."""
+    counts = {"n": 0}
+    for name in ("__bool__", "__float__", "__int__", "__index__", "item", "tolist"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, **kwargs):
+            counts["n"] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return counts
+
+
+@pytest.mark.parametrize("background", [None, torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)])
+@pytest.mark.parametrize("positive_scales", [False, True])
+def test_valid_inputs_are_checked_with_one_readback(scene, monkeypatch, background, positive_scales):
+    """Every value test of valid inputs shares one readback (the GPU waits for each one), and an
+    invalid value found by that one still gets its own message (the tests above)."""
+    from splat.rasterize import _validate
+
+    s = dict(scene)
+    args = [s[k] for k in ("means", "quats", "scales", "opacities", "colors", "viewmat", "K", "width", "height")]
+    if positive_scales:  # as rasterize_3dgs calls it
+        args[2] = torch.cat([s["scales"], s["scales"][:, :1]], 1)
+    counts = _count_readbacks(monkeypatch)
+    _validate(*args, 0.2, 100.0, background, None, "cpu", num_scales=3 if positive_scales else 2,
+              positive_scales=positive_scales)  # fmt: skip
+    assert counts["n"] == 1
+    # a sum that overflows while every element is finite: the quick test fails, the exact one passes
+    big = torch.full_like(s["means"], 1e308)
+    args[0] = big
+    _validate(*args, 0.2, 1e300, background, None, "cpu", num_scales=3 if positive_scales else 2,
+              positive_scales=positive_scales)  # fmt: skip
+    assert counts["n"] > 1
+
+
+def test_zero_scales_of_3d_gaussians_are_refused_naming_the_rows(scene):
+    s = dict(scene)
+    scales = torch.cat([s["scales"], s["scales"][:, :1]], 1)
+    scales[3, 2] = 0.0
+    with pytest.raises(ValueError, match=r"scales must be > 0 for 3D Gaussians .* not at rows \[3\]"):
+        splat.rasterize_3dgs(s["means"], s["quats"], scales, s["opacities"], s["colors"], s["viewmat"], s["K"], 20, 16)
