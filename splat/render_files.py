@@ -33,6 +33,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from .data.background import configured_background
 from .model_render import normalized_normals, render_frame
 from .progress import use_progress_bar
 from .trained_run import load_run
@@ -41,7 +42,7 @@ from .trained_run import load_run
 def _render_outputs(model, cfg, frame):
     """(rgb uint8 [H,W,3], depth [H,W], normal [H,W,3], alpha [H,W]) as numpy float32."""
     r = cfg["render"]
-    bg = torch.tensor(cfg["data"]["background"], dtype=torch.float32)
+    bg = torch.tensor(configured_background(cfg["data"]), dtype=torch.float32)
     with torch.no_grad():
         out = render_frame(model, frame, bg, backend=r["backend"], near=r["near"], far=r["far"])
     alpha = out.alpha.detach().cpu().float()

@@ -131,3 +131,11 @@ def test_training_writes_the_chosen_colour_and_renders_over_it(tiny_scene, tmp_p
         assert torch.allclose(out.rgb[empty], torch.tensor(want), atol=1e-3)
     finally:
         resumed.close()
+
+
+def test_readers_of_an_unresolved_config_render_over_white():
+    """A config no training resolved (the viewer given a PLY and the default config): white, photos unread."""
+    from splat.data.background import configured_background
+
+    assert configured_background(_data_cfg(background="auto")) == WHITE
+    assert configured_background(_data_cfg(background=[0.2, 0.4, 0.6])) == [0.2, 0.4, 0.6]

@@ -33,7 +33,7 @@ import torch
 
 from .initial_points import BACKGROUND_TOLERANCE
 
-__all__ = ["AUTO_MIN_SHARE", "WHITE", "backdrop_colour", "resolve_background"]
+__all__ = ["AUTO_MIN_SHARE", "WHITE", "backdrop_colour", "configured_background", "resolve_background"]
 
 #: The share of the loss's pixels one colour must cover to be taken as the backdrop.
 AUTO_MIN_SHARE = 0.10
@@ -84,3 +84,11 @@ def resolve_background(data_cfg: dict, scene) -> List[float]:
         return list(WHITE)
     colour, share = backdrop_colour(scene.train)
     return colour if share >= AUTO_MIN_SHARE else list(WHITE)
+
+
+def configured_background(data_cfg: dict) -> List[float]:
+    """The colour a reader of a config renders over (render.py, the viewer, meshing): the list a trained
+    run's config.yaml holds; ``auto`` only where no training resolved it (a config file given to the
+    viewer without a run), which renders over white without reading the photos."""
+    background = data_cfg["background"]
+    return list(WHITE) if background == "auto" else [float(c) for c in background]

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import numpy as np
 import torch
 
+from ..data.background import configured_background
 from ..geometry import project_points
 from ..progress import use_progress_bar
 
@@ -98,7 +99,7 @@ def render_fusion_views(
     from ..model_render import render_frame
 
     r = cfg["render"]
-    background = torch.tensor(cfg["data"]["background"], dtype=torch.float32)
+    background = torch.tensor(configured_background(cfg["data"]), dtype=torch.float32)
     it = frames
     if use_progress_bar(progress):
         from tqdm import tqdm

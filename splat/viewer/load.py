@@ -93,6 +93,7 @@ def load_for_viewer(
     background).  A relative data path that does not exist is looked up under
     ``root`` too (as train.py does for the bundled sample)."""
     from ..config import load_config
+    from ..data.background import configured_background
 
     log = log or sys.stderr  # the current one (pytest's capture replaces it), not the one at import
     path = Path(path)
@@ -112,7 +113,7 @@ def load_for_viewer(
         if root is not None and not d.is_absolute() and not d.exists() and (Path(root) / d).exists():
             cfg["data"]["path"] = str(Path(root) / d)
         inp.near, inp.far = float(cfg["render"]["near"]), float(cfg["render"]["far"])
-        inp.background = tuple(float(c) for c in cfg["data"]["background"])
+        inp.background = tuple(configured_background(cfg["data"]))
         found = start_from_data(cfg, center, log, cfg_path.parent if cfg_path.is_file() else None)
         if found is not None:
             inp.start, inp.scene_radius = found
