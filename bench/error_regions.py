@@ -98,6 +98,7 @@ def main() -> None:
     import torch
 
     from splat.data import load_scene_from_config
+    from splat.data.background import configured_background
     from splat.evaluation import ground_truth_geometry
     from splat.model_render import render_frame
     from splat.trained_run import load_run
@@ -112,7 +113,7 @@ def main() -> None:
             model, cfg, _ = load_run(Path(run), log=quiet)
         if scene is None:
             scene, data_dir = load_scene_from_config(cfg["data"]), Path(cfg["data"]["path"])
-        background = torch.tensor(cfg["data"]["background"], dtype=torch.float32)
+        background = torch.tensor(configured_background(cfg["data"]), dtype=torch.float32)
         per_view, depth_per_view = [], []
         with torch.no_grad():
             for f in scene.test:

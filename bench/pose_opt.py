@@ -167,9 +167,11 @@ def reuse_initial_model(cfg: dict) -> None:
     initialisation, ~10 minutes on a loaded 2-core machine, runs once)."""
     import splat.trainer
     from splat.data import load_scene_from_config
+    from splat.data.background import resolve_background
     from splat.distributed import Group
 
     scene = load_scene_from_config(cfg["data"])
+    cfg["data"]["background"] = resolve_background(cfg["data"], scene)  # as the trainers will
     background = torch.tensor(cfg["data"]["background"], dtype=torch.float32)
     torch.manual_seed(cfg["seed"])
     model = splat.trainer.initial_shard(cfg, scene, background, Group())

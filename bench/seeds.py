@@ -64,6 +64,7 @@ def evaluate(run_dir: Path) -> dict:
     import torch
 
     from splat.data import load_scene_from_config
+    from splat.data.background import configured_background
     from splat.losses import masked_psnr, psnr
     from splat.model_render import render_frame
     from splat.trained_run import load_run
@@ -71,7 +72,7 @@ def evaluate(run_dir: Path) -> dict:
     with open(os.devnull, "w") as quiet:
         model, cfg, _ = load_run(run_dir, log=quiet)
     scene = load_scene_from_config(cfg["data"], eval_masks=True)  # test views: given poses, and their masks
-    background = torch.tensor(cfg["data"]["background"], dtype=torch.float32)
+    background = torch.tensor(configured_background(cfg["data"]), dtype=torch.float32)
     whole, inside, outside = [], [], []
     with torch.no_grad():
         for f in scene.test:

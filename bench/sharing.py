@@ -90,12 +90,13 @@ def quality(ply: Path, primitive: str, cfg, scene) -> dict:
     """Test PSNR/SSIM of the PLY ``ply`` read as ``primitive``."""
     import torch
 
+    from splat.data.background import configured_background
     from splat.evaluation import evaluate_frames
     from splat.model_render import render_frame
     from splat.ply import load_ply
 
     model = load_ply(ply, primitive=primitive)
-    bg = torch.tensor(cfg["data"]["background"], dtype=torch.float32)
+    bg = torch.tensor(configured_background(cfg["data"]), dtype=torch.float32)
     r = cfg["render"]
 
     def render_views(views):

@@ -19,6 +19,7 @@ from splat.appearance import AffineAppearance, fit_affine
 from splat.checkpoints import load_latest_checkpoint
 from splat.config import load_config
 from splat.data import load_scene_from_config
+from splat.data.background import resolve_background
 from splat.errors import ConfigError
 from splat.trainer import Trainer
 
@@ -44,7 +45,7 @@ def recoloured_scene(cfg):
     background the loader painted into the masked pixels."""
     scene = load_scene_from_config(cfg["data"])
     gains, offsets = known_corrections(len(scene.train))
-    bg = torch.tensor(cfg["data"]["background"], dtype=torch.float32)
+    bg = torch.tensor(resolve_background(cfg["data"], scene), dtype=torch.float32)  # as the trainer will
 
     def recolour(f, G, b):
         a = f.mask[..., None]
