@@ -118,6 +118,9 @@ def speed(r: dict) -> str:
             ["backward / forward", "", t.get("backward_over_forward"), "<= 1.5"],
             ["peak memory over the leanest gsplat", "", t.get("memory_over_leanest_gsplat"), "<= 1"],
         ]
+        if t.get("speedup_3dgs_vs_gsplat") is not None:
+            trows.append(["3D Gaussians: forward + backward over gsplat's rasterization", "gsplat_3dgs",
+                          t["speedup_3dgs_vs_gsplat"], ""])  # fmt: skip
         out += "\n\nThe issue's targets at 1M surfels, measured side by side in this call:\n\n"
         out += table(["target", "peer", "splat's ratio", "goal"], trows)
     return out

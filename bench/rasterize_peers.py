@@ -1,8 +1,9 @@
 """splat against its peers, side by side in one process on the very same
 inputs: gsplat's ``rasterization_2dgs`` (distortion on, packed and dense) and
 diff-surfel-rasterization (the 2DGS paper's rasterizer, called through
-gsplat's ``rasterization_2dgs_inria_wrapper``).  Forward, backward, their sum
-and peak memory.  Prints JSON (and writes it with --out).  Not a test.
+gsplat's ``rasterization_2dgs_inria_wrapper``); and for 3D Gaussians,
+``splat.rasterize_3dgs`` against gsplat's ``rasterization`` (its defaults,
+packed).  Forward, backward, their sum and peak memory.  Prints JSON (and writes it with --out).  Not a test.
 
     python bench/rasterize_peers.py --out speed.json                # GPU: 0.5M / 1M / 3M surfels, 1080p
     python bench/rasterize_peers.py --device cpu --sizes 2000 --width 96 --height 64   # splat alone, CPU
@@ -16,7 +17,10 @@ Every implementation is asked for everything it renders (colour, alpha,
 depth, normal, distortion, and the median depth where it has one), and the
 loss is the plain sum of those outputs.  gsplat also derives normals from
 depth in its forward (render_mode RGB+ED), as does the diff-surfel wrapper;
-splat has no such output.  compat_gsplat is splat's drop-in for gsplat's
+splat has no such output.  The 3D Gaussians are the same surfels given a
+third scale a tenth of the smaller one; both renderers are asked for
+colour, expected depth (RGB+ED) and alpha, the outputs gsplat's
+``rasterization`` has.  compat_gsplat is splat's drop-in for gsplat's
 function (splat.compat.gsplat), called as gsplat_dense is: its cost over
 splat, and its colour against the real gsplat's.  Times are CUDA-event medians over --reps
 iterations after --warmup; memory is torch's peak allocation during one
@@ -43,7 +47,7 @@ sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 SIZES = (500_000, 1_000_000, 3_000_000)
 # compat_gsplat: splat.compat.gsplat.rasterization_2dgs, the drop-in for gsplat's, called exactly as
 # gsplat_dense is: its overhead over splat, and its colour against the real gsplat's (the shim's GPU parity).
-IMPLS = ("splat", "gsplat_packed", "gsplat_dense", "diff_surfel", "compat_gsplat")
+IMPLS = ("splat", "gsplat_packed", "gsplat_dense", "diff_surfel", "compat_gsplat", "splat_3dgs", "gsplat_3dgs")
 # Seen on an H200 (bench/results/gpu_h200_speed.json); gsplat's 2DGS trainer renders dense by default.
 GSPLAT_PACKED_2DGS = (
     "gsplat 1.5.3's rasterization_2dgs cannot take colours in packed mode: it gathers neither "
@@ -106,11 +110,16 @@ def renderer(impl, scene, device):
     leaf = {
         k: scene[k].to(device).clone().requires_grad_(True) for k in ("means", "quats", "scales", "opacities", "colors")
     }
-    if impl == "splat":
+    if impl.endswith("_3dgs"):  # the surfels with a third scale, a tenth of the smaller one
+        s = scene["scales"]
+        leaf["scales"] = torch.cat([s, 0.1 * s.amin(-1, keepdim=True)], 1).to(device).requires_grad_(True)
+    if impl in ("splat", "splat_3dgs"):
         import splat
 
+        rasterize = splat.rasterize_3dgs if impl == "splat_3dgs" else splat.rasterize
+
         def forward():
-            return splat.rasterize(
+            return rasterize(
                 leaf["means"],
                 leaf["quats"],
                 leaf["scales"],
@@ -126,25 +135,28 @@ def renderer(impl, scene, device):
             )
 
         def loss(o):
+            if impl == "splat_3dgs":  # what gsplat's rasterization renders
+                return o.rgb.sum() + o.depth.sum() + o.alpha.sum()
             return (
                 o.rgb.sum() + o.alpha.sum() + o.depth.sum() + o.normal.sum() + o.distortion.sum() + o.median_depth.sum()
             )
 
         return leaf, forward, loss, lambda o: o.rgb
-    # gsplat takes [N, 3] scales and ignores the third (the normal axis) for 2D Gaussians.
-    leaf["scales"] = torch.cat([scene["scales"], torch.zeros(n, 1)], 1).to(device).requires_grad_(True)
+    if impl != "gsplat_3dgs":  # gsplat takes [N, 3] scales and ignores the third (the normal axis) for 2D Gaussians
+        leaf["scales"] = torch.cat([scene["scales"], torch.zeros(n, 1)], 1).to(device).requires_grad_(True)
     if impl.startswith("gsplat") or impl == "compat_gsplat":
         if impl == "compat_gsplat":
-            from splat.compat.gsplat import rasterization_2dgs
+            from splat.compat.gsplat import rasterization_2dgs as rasterize
+        elif impl == "gsplat_3dgs":
+            from gsplat.rendering import rasterization as rasterize  # its defaults (packed)
         else:
-            from gsplat.rendering import rasterization_2dgs
+            from gsplat.rendering import rasterization_2dgs as rasterize
+        surfels = {} if impl == "gsplat_3dgs" else dict(packed=impl == "gsplat_packed", distloss=True)
 
         # gsplat appends its depth channel to post-activation colours only
         # when they are per camera, [C, N, 3].
-        packed = impl == "gsplat_packed"
-
         def forward():
-            return rasterization_2dgs(
+            return rasterize(
                 leaf["means"],
                 leaf["quats"],
                 leaf["scales"],
@@ -156,12 +168,14 @@ def renderer(impl, scene, device):
                 height,
                 near_plane=NEAR,
                 far_plane=FAR,
-                packed=packed,
                 render_mode="RGB+ED",
-                distloss=True,
+                **surfels,
             )
 
         def loss(o):
+            if impl == "gsplat_3dgs":
+                colors, alphas, _meta = o
+                return colors.sum() + alphas.sum()
             colors, alphas, normals, _surf_normals, distort, median, _meta = o
             return colors.sum() + alphas.sum() + normals.sum() + distort.sum() + median.sum()
 
@@ -289,6 +303,10 @@ def targets(rows, size):
     if s and ds:
         t["speedup_vs_diff_surfel"] = round(ds["total_ms"] / s["total_ms"], 3)
         t["speedup_ge_4x_diff_surfel"] = t["speedup_vs_diff_surfel"] >= 4.0
+    s3, g3 = at.get("splat_3dgs"), at.get("gsplat_3dgs")
+    if s3 and g3:  # no target in the issue: the figure beside the surfels'
+        t["speedup_3dgs_vs_gsplat"] = round(g3["total_ms"] / s3["total_ms"], 3)
+        t["memory_3dgs_over_gsplat"] = round(s3["peak_memory_mib"] / max(g3["peak_memory_mib"], 1e-9), 3)
     for name, measured in (("splat", s), ("gsplat", gs), ("diff_surfel", ds)):
         if not measured:  # say why a target could not be judged
             why = [
@@ -324,8 +342,8 @@ def run(
                 try:
                     result, rgb = measure(impl, scene, device, warmup, reps)
                     row.update(result)
-                    if impl == "splat":
-                        reference = rgb
+                    if impl in ("splat", "splat_3dgs"):
+                        reference = rgb  # each family's colour against splat's own
                     elif reference is not None:
                         row.update(agreement(rgb, reference, "splat"))
                     if impl == "gsplat_dense":

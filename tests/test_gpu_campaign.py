@@ -85,8 +85,8 @@ def test_dry_run_stage_contents(dry_run):
     assert r["peers"]["status"] == "skipped" and r["peers"]["reason"]
 
     rows = r["speed"]["rows"]
-    mine = [row for row in rows if row["impl"] in ("splat", "compat_gsplat")]  # splat's own: measured on the CPU
-    assert len(mine) == 4
+    mine = [row for row in rows if row["impl"] in ("splat", "compat_gsplat", "splat_3dgs")]  # measured on the CPU
+    assert len(mine) == 6
     for row in mine:
         for key in ("forward_ms", "backward_ms", "total_ms", "peak_memory_mib", "backward_over_forward"):
             assert row[key] > 0, (key, row)
