@@ -143,12 +143,8 @@ class Trainer:
         self.scene = (
             scene if scene is not None else load_scene_from_config(dcfg, eval_masks=cfg["eval"]["masked"] is not False)
         )
-        if dcfg["background"] == "auto":
-            # The colour goes into this config, hence into config.yaml, the run id and every later reader.
-            dcfg["background"] = resolve_background(dcfg, self.scene)
-            if self.group.is_main:
-                rgb = ", ".join(str(round(c * 255)) for c in dcfg["background"])
-                print(f"data.background auto: ({rgb}) / 255", file=sys.stderr)
+        # auto -> the colour, into this config: config.yaml, the run id and every later reader take it.
+        dcfg["background"] = resolve_background(dcfg, self.scene, log=sys.stderr if self.group.is_main else None)
         self.background = torch.tensor(dcfg["background"], dtype=torch.float32).reshape(3)
         if not self.scene.train:
             raise SplatInputError(f"{dcfg['path']}: no training images")

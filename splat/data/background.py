@@ -27,11 +27,12 @@ photos.
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, Optional, Sequence, TextIO
 
 import torch
 
 from .initial_points import BACKGROUND_TOLERANCE
+from .types import SceneData
 
 __all__ = ["AUTO_MIN_SHARE", "WHITE", "backdrop_colour", "configured_background", "resolve_background"]
 
@@ -74,16 +75,22 @@ def backdrop_colour(frames: Sequence) -> tuple[List[float], float]:
     return colour.tolist(), float(near)
 
 
-def resolve_background(data_cfg: dict, scene) -> List[float]:
+def resolve_background(data_cfg: dict, scene: SceneData, log: Optional[TextIO] = None) -> List[float]:
     """``data.background`` as an RGB list: itself if it is one, else the
-    ``auto`` rule of this module's doc on ``scene``'s training frames."""
+    ``auto`` rule of this module's doc on ``scene``'s training frames (and
+    one line on ``log`` saying what it chose)."""
     background = data_cfg["background"]
     if background != "auto":
         return [float(c) for c in background]
     if data_cfg["masks"] == "background" or any(f.mask is not None for f in scene.train):
-        return list(WHITE)
-    colour, share = backdrop_colour(scene.train)
-    return colour if share >= AUTO_MIN_SHARE else list(WHITE)
+        chosen, why = list(WHITE), "the loader composites over white"
+    else:
+        colour, share = backdrop_colour(scene.train)
+        chosen = colour if share >= AUTO_MIN_SHARE else list(WHITE)
+        why = f"{share:.0%} of the photos' pixels are ({', '.join(str(round(c * 255)) for c in colour)})"
+    if log is not None:
+        print(f"data.background auto: ({', '.join(str(round(c * 255)) for c in chosen)}) / 255: {why}", file=log)
+    return chosen
 
 
 def configured_background(data_cfg: dict) -> List[float]:
