@@ -79,18 +79,22 @@ def resolve_background(data_cfg: dict, scene: SceneData, log: Optional[TextIO] =
     """``data.background`` as an RGB list: itself if it is one, else the
     ``auto`` rule of this module's doc on ``scene``'s training frames (and
     one line on ``log`` saying what it chose)."""
-    background = data_cfg["background"]
-    if background != "auto":
-        return [float(c) for c in background]
+    if data_cfg["background"] != "auto":
+        return configured_background(data_cfg)
     if data_cfg["masks"] == "background" or any(f.mask is not None for f in scene.train):
         chosen, why = list(WHITE), "the loader composites over white"
     else:
         colour, share = backdrop_colour(scene.train)
         chosen = colour if share >= AUTO_MIN_SHARE else list(WHITE)
-        why = f"{share:.0%} of the photos' pixels are ({', '.join(str(round(c * 255)) for c in colour)})"
+        why = f"{share:.0%} of the photos' pixels are {_in_8_bits(colour)}"
     if log is not None:
-        print(f"data.background auto: ({', '.join(str(round(c * 255)) for c in chosen)}) / 255: {why}", file=log)
+        print(f"data.background auto: {_in_8_bits(chosen)} / 255: {why}", file=log)
     return chosen
+
+
+def _in_8_bits(colour: Sequence[float]) -> str:
+    """``(r, g, b)`` of a colour in [0, 1], as 8-bit values."""
+    return "(" + ", ".join(str(round(c * 255)) for c in colour) + ")"
 
 
 def configured_background(data_cfg: dict) -> List[float]:
